@@ -1,0 +1,49 @@
+# The one command surface. `make test` is what CI runs (.ci/run); `make simulate` is the
+# main job. Both create and fill the virtual environment .venv themselves.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.deps-stamp
+
+.PHONY: venv deps dev test test-rust test-python lint fmt bench simulate
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(PIP) install -U pip
+	$(PIP) install "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy
+	$(PIP) install torch
+	touch $(STAMP)
+
+deps: $(STAMP)
+
+# Build the extension in release mode and install it into the venv.
+dev: deps
+	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop --release -q
+
+test-rust:
+	cargo test --release -q
+
+test-python: dev
+	$(BIN)/python -m pytest -q
+
+test: test-rust test-python
+
+lint: deps
+	cargo fmt --all -- --check
+	cargo clippy --all-targets --all-features -- -D warnings
+	$(BIN)/ruff check python tests benches
+	$(BIN)/ruff format --check python tests benches
+	$(BIN)/mypy
+
+fmt:
+	cargo fmt --all
+	$(BIN)/ruff format python tests benches
+
+bench:
+	cargo bench
+
+simulate: dev
+	$(BIN)/kvblocks simulate

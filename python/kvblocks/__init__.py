@@ -1,0 +1,10 @@
+"""kvblocks: vLLM-compatible KV-cache block manager with a Rust core.
+
+`import kvblocks` never imports torch; `kvblocks.device` does.
+"""
+
+from __future__ import annotations
+
+from kvblocks._core import __version__
+
+__all__ = ["__version__"]

@@ -1,0 +1,18 @@
+//! PyO3 bindings, compiled only with the `python` feature. Conversion only: every rule of
+//! behaviour lives in the core. Each submodule exposes `register(module)`.
+
+use pyo3::prelude::*;
+
+mod errors;
+mod hashing;
+mod pool;
+
+/// The `kvblocks._core` extension module.
+#[pymodule(gil_used = false)]
+#[pyo3(name = "_core")]
+fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    hashing::register(m)?;
+    pool::register(m)?;
+    Ok(())
+}
