@@ -16,4 +16,4 @@ pub mod types;
 mod python;
 
 pub use error::{KvError, Result};
-pub use types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
+pub use types::{BlockHash, BlockId, GroupId, KeyValue, NULL_BLOCK_ID};

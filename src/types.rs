@@ -81,6 +81,27 @@ impl std::fmt::Debug for BlockHash {
     }
 }
 
+/// A Python-like value as it appears in block-hash extra keys and in events
+/// (`("lora", name, path)`, `("mm", identifier, offset)`, a salt string, a digest, ...).
+///
+/// Hash functions serialize this tree exactly as vLLM serializes the Python objects
+/// (CBOR or pickle), so the same extra keys give the same digest.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KeyValue {
+    /// Python `None`.
+    None,
+    /// Python `bool`.
+    Bool(bool),
+    /// Python `int` within i64.
+    Int(i64),
+    /// Python `str`.
+    Str(String),
+    /// Python `bytes`.
+    Bytes(Vec<u8>),
+    /// Python `tuple`.
+    Tuple(Vec<KeyValue>),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
