@@ -1,1 +1,430 @@
-//! The block pool: blocks as rows, the LRU free queue and the prefix cache map.
+//! The block pool: blocks as rows addressed by `u32` ids, the LRU free queue and the
+//! prefix cache map, with vLLM 0.33.0's exact ordering (section 3 of the semantics
+//! reference).
+//!
+//! ```
+//! use kvblocks::pool::BlockPool;
+//! let mut pool = BlockPool::new(8, true, 16, false).unwrap();
+//! let blocks = pool.get_new_blocks(3).unwrap();
+//! assert_eq!(blocks, vec![1, 2, 3]); // block 0 is the null block
+//! pool.free_blocks(blocks.iter().rev().copied()).unwrap();
+//! // unhashed blocks are prepended in the order given: LIFO reuse
+//! assert_eq!(pool.free_block_ids().take(4).collect::<Vec<_>>(), vec![3, 2, 1, 4]);
+//! ```
+
+pub mod events;
+pub mod free_queue;
+pub mod prefix_map;
+
+use crate::error::{KvError, Result};
+use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
+use events::{BlockRemoved, BlockStored, KvCacheEvent, StoredBlockSource, MEDIUM_GPU};
+use free_queue::FreeQueue;
+pub use prefix_map::HashKey;
+use prefix_map::PrefixMap;
+
+/// vLLM's `BlockPool`.
+///
+/// NOTE 1: `ref_cnt[b] == 0` iff block `b` is linked in the free queue, for every
+/// non-null block. The null block (id 0) is popped at construction, never linked, and
+/// its ref count stays 0.
+/// NOTE 2: `hash_of[b]` is `Some(key)` iff the prefix map holds `b` under `key`.
+/// NOTE 3: every public mutator validates its whole input before changing anything, so
+/// an error leaves the pool exactly as it was.
+#[derive(Debug, Clone)]
+pub struct BlockPool {
+    enable_caching: bool,
+    hash_block_size: usize,
+    enable_events: bool,
+    ref_cnt: Vec<u32>,
+    hash_of: Vec<Option<HashKey>>,
+    queue: FreeQueue,
+    map: PrefixMap,
+    events: Vec<KvCacheEvent>,
+    /// Scratch lists reused by `free_blocks` (no allocation per call).
+    to_front: Vec<BlockId>,
+    to_back: Vec<BlockId>,
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` blocks (null block included), all free but the null block.
+    pub fn new(
+        num_blocks: usize,
+        enable_caching: bool,
+        hash_block_size: usize,
+        enable_kv_cache_events: bool,
+    ) -> Result<Self> {
+        if num_blocks == 0 || num_blocks > (u32::MAX - 8) as usize {
+            return Err(KvError::InvalidArgument(format!(
+                "num_gpu_blocks must be in 1..={}, got {num_blocks}",
+                u32::MAX - 8
+            )));
+        }
+        if hash_block_size == 0 {
+            return Err(KvError::InvalidArgument(
+                "hash_block_size must be positive".into(),
+            ));
+        }
+        let mut queue = FreeQueue::new(num_blocks);
+        queue.popleft_n(1, |b| debug_assert_eq!(b, NULL_BLOCK_ID));
+        Ok(Self {
+            enable_caching,
+            hash_block_size,
+            enable_events: enable_kv_cache_events,
+            ref_cnt: vec![0; num_blocks],
+            hash_of: vec![None; num_blocks],
+            queue,
+            map: PrefixMap::default(),
+            events: Vec::new(),
+            to_front: Vec::new(),
+            to_back: Vec::new(),
+        })
+    }
+
+    /// Total blocks, null block included.
+    #[inline]
+    pub fn num_blocks(&self) -> usize {
+        self.ref_cnt.len()
+    }
+
+    /// Whether prefix caching is on.
+    #[inline]
+    pub fn enable_caching(&self) -> bool {
+        self.enable_caching
+    }
+
+    /// Tokens per hash block (`request.block_hashes` granularity).
+    #[inline]
+    pub fn hash_block_size(&self) -> usize {
+        self.hash_block_size
+    }
+
+    /// Whether events are recorded.
+    #[inline]
+    pub fn events_enabled(&self) -> bool {
+        self.enable_events
+    }
+
+    /// Free blocks (the queue length).
+    #[inline]
+    pub fn num_free_blocks(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// `1 - free / (N - 1)`, or 0 for a pool of only the null block.
+    pub fn usage(&self) -> f64 {
+        let total = self.num_blocks() - 1;
+        if total == 0 {
+            0.0
+        } else {
+            1.0 - self.num_free_blocks() as f64 / total as f64
+        }
+    }
+
+    /// The free queue from head (next to be allocated) to tail.
+    pub fn free_block_ids(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.queue.iter()
+    }
+
+    #[inline]
+    fn check_id(&self, block: BlockId) -> Result<()> {
+        if (block as usize) < self.num_blocks() {
+            Ok(())
+        } else {
+            Err(out_of_range(block.into(), self.num_blocks()))
+        }
+    }
+
+    /// The ref count of `block` (0 for the null block, as vLLM).
+    pub fn ref_cnt(&self, block: BlockId) -> Result<u32> {
+        self.check_id(block)?;
+        Ok(self.ref_cnt[block as usize])
+    }
+
+    /// The cache key of `block`, if it is cached.
+    pub fn block_hash(&self, block: BlockId) -> Result<Option<HashKey>> {
+        self.check_id(block)?;
+        Ok(self.hash_of[block as usize])
+    }
+
+    /// Number of distinct (hash, group) keys in the prefix cache.
+    pub fn num_cached_keys(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Pops `n` blocks from the head of the free queue, evicting any cached hash they
+    /// still carry, and returns them in queue order with ref count 1.
+    pub fn get_new_blocks(&mut self, n: usize) -> Result<Vec<BlockId>> {
+        let mut out = Vec::with_capacity(n);
+        self.get_new_blocks_into(n, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`get_new_blocks`](Self::get_new_blocks), appending to `out` (no allocation when
+    /// `out` has room).
+    pub fn get_new_blocks_into(&mut self, n: usize, out: &mut Vec<BlockId>) -> Result<()> {
+        if n > self.num_free_blocks() {
+            return Err(KvError::OutOfBlocks {
+                requested: n,
+                available: self.num_free_blocks(),
+            });
+        }
+        let start = out.len();
+        self.queue.popleft_n(n, |b| out.push(b));
+        for &b in &out[start..] {
+            if self.enable_caching {
+                self.evict_hash(b);
+            }
+            debug_assert_eq!(self.ref_cnt[b as usize], 0);
+            self.ref_cnt[b as usize] = 1;
+        }
+        Ok(())
+    }
+
+    /// Drops `block`'s cache entry, if any, emitting `BlockRemoved`. The block does not
+    /// move in the free queue.
+    fn evict_hash(&mut self, block: BlockId) {
+        let Some(key) = self.hash_of[block as usize].take() else {
+            return;
+        };
+        let removed = self.map.pop(&key, block);
+        debug_assert!(removed);
+        if self.enable_events {
+            self.events.push(KvCacheEvent::BlockRemoved(BlockRemoved {
+                block_hashes: vec![key.hash.external()],
+                medium: MEDIUM_GPU,
+                group_idx: key.group,
+            }));
+        }
+    }
+
+    /// Takes a reference on each block (a prefix-cache hit), unlinking blocks with ref
+    /// count 0 from the free queue. The null block is skipped.
+    pub fn touch(&mut self, blocks: &[BlockId]) -> Result<()> {
+        for &b in blocks {
+            self.check_id(b)?;
+        }
+        for &b in blocks {
+            if b == NULL_BLOCK_ID {
+                continue;
+            }
+            let rc = &mut self.ref_cnt[b as usize];
+            if *rc == 0 {
+                self.queue.remove(b);
+            }
+            *rc += 1;
+        }
+        Ok(())
+    }
+
+    /// Drops one reference on each block, in the given order (callers pass a request's
+    /// table reversed). Blocks reaching 0 without a hash (or with caching off) are
+    /// prepended to the queue as a group (LIFO reuse); hashed ones are appended (LRU).
+    /// The null block is skipped. Freeing a block whose count is already 0 is an error
+    /// and changes nothing.
+    pub fn free_blocks<I>(&mut self, blocks: I) -> Result<()>
+    where
+        I: IntoIterator<Item = BlockId> + Clone,
+    {
+        let n = self.num_blocks();
+        let mut front = std::mem::take(&mut self.to_front);
+        let mut back = std::mem::take(&mut self.to_back);
+        front.clear();
+        back.clear();
+        let mut failure = None;
+        let mut done = 0usize;
+        for b in blocks.clone() {
+            if b as usize >= n {
+                failure = Some(out_of_range(b.into(), n));
+                break;
+            }
+            if b == NULL_BLOCK_ID {
+                done += 1;
+                continue;
+            }
+            let rc = &mut self.ref_cnt[b as usize];
+            if *rc == 0 {
+                failure = Some(KvError::DoubleFree(b));
+                break;
+            }
+            *rc -= 1;
+            done += 1;
+            if *rc == 0 {
+                if self.enable_caching && self.hash_of[b as usize].is_some() {
+                    back.push(b);
+                } else {
+                    front.push(b);
+                }
+            }
+        }
+        if let Some(err) = failure {
+            // Undo the decrements made before the bad id: nothing was linked yet.
+            for b in blocks.into_iter().take(done) {
+                if b != NULL_BLOCK_ID {
+                    self.ref_cnt[b as usize] += 1;
+                }
+            }
+            self.to_front = front;
+            self.to_back = back;
+            return Err(err);
+        }
+        self.queue.prepend_n(&front);
+        self.queue.append_n(&back);
+        self.to_front = front;
+        self.to_back = back;
+        Ok(())
+    }
+
+    /// Caches the request's newly full blocks `blocks[num_cached..num_full]` under the
+    /// request's hashes, as vLLM's `cache_full_blocks`.
+    ///
+    /// `request_hashes` are all of the request's hashes at `hash_block_size`; a group whose
+    /// `block_size` is `k` times larger uses the last hash inside each of its blocks.
+    /// Null blocks and blocks whose `mask` entry is false are skipped. With events on,
+    /// one `BlockStored` is recorded for the call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cache_full_blocks(
+        &mut self,
+        request_hashes: &[BlockHash],
+        blocks: &[BlockId],
+        num_cached: usize,
+        num_full: usize,
+        block_size: usize,
+        group: GroupId,
+        mask: Option<&[bool]>,
+        source: &dyn StoredBlockSource,
+    ) -> Result<()> {
+        if num_cached >= num_full {
+            return Ok(());
+        }
+        if block_size == 0 || block_size % self.hash_block_size != 0 {
+            return Err(KvError::InvalidArgument(format!(
+                "block_size {block_size} is not a positive multiple of hash_block_size {}",
+                self.hash_block_size
+            )));
+        }
+        let k = block_size / self.hash_block_size;
+        if num_full > blocks.len() || num_full > request_hashes.len() / k {
+            return Err(KvError::InvalidArgument(format!(
+                "num_full_blocks {num_full} exceeds the request's {} blocks / {} full hashes",
+                blocks.len(),
+                request_hashes.len() / k
+            )));
+        }
+        if let Some(m) = mask {
+            if m.len() != num_full - num_cached {
+                return Err(KvError::InvalidArgument(format!(
+                    "block_mask has {} entries, expected {}",
+                    m.len(),
+                    num_full - num_cached
+                )));
+            }
+        }
+        let keep = |i: usize| mask.is_none_or(|m| m[i - num_cached]);
+        for (i, &b) in blocks.iter().enumerate().take(num_full).skip(num_cached) {
+            self.check_id(b)?;
+            if b != NULL_BLOCK_ID && keep(i) && self.hash_of[b as usize].is_some() {
+                return Err(KvError::InvalidArgument(format!(
+                    "block {b} is already cached; a block is cached once"
+                )));
+            }
+        }
+        let hash_at = |i: usize| request_hashes[(i + 1) * k - 1];
+        let mut stored = Vec::new();
+        for (i, &b) in blocks.iter().enumerate().take(num_full).skip(num_cached) {
+            if b == NULL_BLOCK_ID || !keep(i) {
+                continue;
+            }
+            let key = HashKey {
+                hash: hash_at(i),
+                group,
+            };
+            self.hash_of[b as usize] = Some(key);
+            self.map.insert(key, b);
+            if self.enable_events {
+                stored.push(i);
+            }
+        }
+        if self.enable_events {
+            let tokens = source.token_ids();
+            let (start, end) = (num_cached * block_size, num_full * block_size);
+            let token_ids = tokens[start.min(tokens.len())..end.min(tokens.len())].to_vec();
+            let extra_keys: Vec<_> = stored
+                .iter()
+                .map(|&i| source.event_extra_keys(i * block_size, (i + 1) * block_size))
+                .collect();
+            self.events.push(KvCacheEvent::BlockStored(BlockStored {
+                block_hashes: stored.iter().map(|&i| hash_at(i).external()).collect(),
+                parent_block_hash: (num_cached > 0).then(|| hash_at(num_cached - 1).external()),
+                token_ids,
+                block_size: block_size as u32,
+                lora_id: source.lora_id(),
+                medium: MEDIUM_GPU,
+                lora_name: source.lora_name().map(str::to_owned),
+                extra_keys: (!extra_keys.is_empty()).then_some(extra_keys),
+                group_idx: group,
+                kv_cache_spec_kind: None,
+                kv_cache_spec_sliding_window: None,
+            }));
+        }
+        Ok(())
+    }
+
+    /// The cached block for `hash` in `group`, if any (first-inserted wins).
+    #[inline]
+    pub fn cached_block(&self, hash: &BlockHash, group: GroupId) -> Option<BlockId> {
+        self.map.get_one(&HashKey { hash: *hash, group })
+    }
+
+    /// vLLM's `get_cached_block`: one block per group id, or `None` if any group misses.
+    pub fn get_cached_block(&self, hash: &BlockHash, groups: &[GroupId]) -> Option<Vec<BlockId>> {
+        groups.iter().map(|&g| self.cached_block(hash, g)).collect()
+    }
+
+    /// Drops the cache entries of the given blocks (in the given order), emitting
+    /// `BlockRemoved` for each. Blocks stay where they are (free or in use).
+    pub fn evict_blocks(&mut self, blocks: &[BlockId]) -> Result<()> {
+        for &b in blocks {
+            self.check_id(b)?;
+        }
+        for &b in blocks {
+            self.evict_hash(b);
+        }
+        Ok(())
+    }
+
+    /// Clears the whole prefix cache if no request holds a block; returns whether it did.
+    /// The free queue order is unchanged.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.num_blocks() - self.num_free_blocks() != 1 {
+            return false;
+        }
+        self.map.clear();
+        self.hash_of.iter_mut().for_each(|h| *h = None);
+        if self.enable_events {
+            self.events.push(KvCacheEvent::AllBlocksCleared);
+        }
+        true
+    }
+
+    /// Returns and clears the recorded events (empty when events are off).
+    pub fn take_events(&mut self) -> Vec<KvCacheEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Mutable access to the recorded events, for the manager's annotations.
+    pub fn events_mut(&mut self) -> &mut Vec<KvCacheEvent> {
+        &mut self.events
+    }
+}
+
+#[cold]
+fn out_of_range(block_id: u64, num_blocks: usize) -> KvError {
+    KvError::BlockOutOfRange {
+        block_id,
+        num_blocks,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,143 @@
+//! The prefix cache map: (block hash, group id) -> cached blocks, with vLLM's duplicate
+//! rule (no dedup; the earliest-inserted block still cached answers a lookup).
+
+use rustc_hash::FxHashMap;
+
+use crate::types::{BlockHash, BlockId, GroupId};
+
+/// vLLM's `BlockHashWithGroupId`: a block hash qualified by its KV cache group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HashKey {
+    /// The block hash.
+    pub hash: BlockHash,
+    /// The KV cache group the block belongs to.
+    pub group: GroupId,
+}
+
+/// NOTE 1: almost every key maps to one block, stored inline; a second block under the
+/// same key promotes the entry to an insertion-ordered list (block tables are
+/// append-only, so equal content cached twice keeps both blocks).
+#[derive(Debug, Clone)]
+enum Entry {
+    One(BlockId),
+    Many(Vec<BlockId>),
+}
+
+/// `BlockHashToBlockMap` of vLLM 0.33.
+#[derive(Debug, Clone, Default)]
+pub struct PrefixMap {
+    map: FxHashMap<HashKey, Entry>,
+}
+
+impl PrefixMap {
+    /// The first-inserted block still cached under `key`.
+    #[inline]
+    pub fn get_one(&self, key: &HashKey) -> Option<BlockId> {
+        match self.map.get(key)? {
+            Entry::One(b) => Some(*b),
+            Entry::Many(v) => v.first().copied(),
+        }
+    }
+
+    /// Whether `key` maps to `block`.
+    pub fn contains(&self, key: &HashKey, block: BlockId) -> bool {
+        match self.map.get(key) {
+            None => false,
+            Some(Entry::One(b)) => *b == block,
+            Some(Entry::Many(v)) => v.contains(&block),
+        }
+    }
+
+    /// Adds `block` under `key`, after any blocks already there.
+    pub fn insert(&mut self, key: HashKey, block: BlockId) {
+        match self.map.get_mut(&key) {
+            None => {
+                self.map.insert(key, Entry::One(block));
+            }
+            Some(e @ Entry::One(_)) => {
+                let Entry::One(first) = *e else {
+                    unreachable!()
+                };
+                *e = Entry::Many(vec![first, block]);
+            }
+            Some(Entry::Many(v)) => v.push(block),
+        }
+    }
+
+    /// Removes `block` from `key`; returns whether it was there. A key whose list
+    /// empties is dropped.
+    pub fn pop(&mut self, key: &HashKey, block: BlockId) -> bool {
+        let Some(entry) = self.map.get_mut(key) else {
+            return false;
+        };
+        match entry {
+            Entry::One(b) => {
+                if *b != block {
+                    return false;
+                }
+                self.map.remove(key);
+                true
+            }
+            Entry::Many(v) => {
+                let Some(pos) = v.iter().position(|&b| b == block) else {
+                    return false;
+                };
+                v.remove(pos);
+                if v.is_empty() {
+                    self.map.remove(key);
+                }
+                true
+            }
+        }
+    }
+
+    /// Number of distinct keys.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether no key is cached.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Drops every entry.
+    pub fn clear(&mut self) {
+        self.map = FxHashMap::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b: u8, group: GroupId) -> HashKey {
+        HashKey {
+            hash: BlockHash::from_slice(&[b; 4]).unwrap(),
+            group,
+        }
+    }
+
+    #[test]
+    fn duplicates_answer_first_inserted_and_pop_by_id() {
+        let mut m = PrefixMap::default();
+        m.insert(key(1, 0), 5);
+        m.insert(key(1, 0), 7);
+        m.insert(key(1, 1), 9);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m.get_one(&key(1, 0)), Some(5));
+        assert!(!m.pop(&key(1, 0), 8));
+        assert!(m.pop(&key(1, 0), 5));
+        assert_eq!(m.get_one(&key(1, 0)), Some(7));
+        m.insert(key(1, 0), 5);
+        assert_eq!(m.get_one(&key(1, 0)), Some(7));
+        assert!(m.pop(&key(1, 0), 7) && m.pop(&key(1, 0), 5));
+        assert_eq!(m.get_one(&key(1, 0)), None);
+        assert!(
+            !m.pop(&key(1, 1), 5),
+            "mismatched id on a single entry is a no-op"
+        );
+        assert!(m.contains(&key(1, 1), 9));
+        assert_eq!(m.len(), 1);
+    }
+}

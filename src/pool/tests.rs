@@ -1,0 +1,148 @@
+use super::events::{KvCacheEvent, TokensOnly};
+use super::*;
+
+fn h(i: u8) -> BlockHash {
+    BlockHash::from_slice(&[i; 32]).unwrap()
+}
+
+fn queue(p: &BlockPool) -> Vec<BlockId> {
+    p.free_block_ids().collect()
+}
+
+const NO_TOKENS: TokensOnly<'static> = TokensOnly(&[]);
+
+/// Section 3.9, trace A (vLLM's `test_prefill`), driven at the pool level.
+#[test]
+fn trace_a_free_order_is_vllm_033() {
+    let mut p = BlockPool::new(11, true, 16, false).unwrap();
+    let req0 = p.get_new_blocks(4).unwrap();
+    assert_eq!(req0, vec![1, 2, 3, 4]);
+    let hashes = [h(0), h(1), h(2)];
+    p.cache_full_blocks(&hashes, &req0, 0, 3, 16, 0, None, &NO_TOKENS)
+        .unwrap();
+    let hit: Vec<_> = hashes
+        .iter()
+        .map(|x| p.cached_block(x, 0).unwrap())
+        .collect();
+    assert_eq!(hit, vec![1, 2, 3]);
+    p.touch(&hit).unwrap();
+    assert_eq!(p.ref_cnt(1).unwrap(), 2);
+    let req1_new = p.get_new_blocks(1).unwrap();
+    assert_eq!(req1_new, vec![5]);
+    p.free_blocks(req0.iter().rev().copied()).unwrap();
+    let req1 = [1, 2, 3, 5];
+    p.free_blocks(req1.iter().rev().copied()).unwrap();
+    assert_eq!(queue(&p), vec![5, 4, 6, 7, 8, 9, 10, 3, 2, 1]);
+    assert_eq!(p.num_free_blocks(), 10);
+}
+
+/// Section 3.9, trace B: a touched hit leaves the queue; the next allocation evicts the
+/// other cached block instead.
+#[test]
+fn trace_b_hits_are_not_evicted() {
+    let mut p = BlockPool::new(3, true, 16, true).unwrap();
+    let a = p.get_new_blocks(1).unwrap();
+    p.cache_full_blocks(&[h(1)], &a, 0, 1, 16, 0, None, &NO_TOKENS)
+        .unwrap();
+    let b = p.get_new_blocks(1).unwrap();
+    p.cache_full_blocks(&[h(2)], &b, 0, 1, 16, 0, None, &NO_TOKENS)
+        .unwrap();
+    assert_eq!((a[0], b[0]), (1, 2));
+    p.free_blocks([1]).unwrap();
+    p.free_blocks([2]).unwrap();
+    assert_eq!(queue(&p), vec![1, 2]);
+    p.take_events();
+    p.touch(&[1]).unwrap();
+    assert_eq!(p.get_new_blocks(1).unwrap(), vec![2]);
+    assert_eq!(p.cached_block(&h(2), 0), None);
+    assert_eq!(
+        p.take_events(),
+        vec![KvCacheEvent::BlockRemoved(BlockRemoved {
+            block_hashes: vec![h(2).external()],
+            medium: MEDIUM_GPU,
+            group_idx: 0
+        })]
+    );
+}
+
+#[test]
+fn caching_off_prepends_everything() {
+    let mut p = BlockPool::new(6, false, 16, false).unwrap();
+    let t = p.get_new_blocks(3).unwrap();
+    p.free_blocks(t.iter().rev().copied()).unwrap();
+    assert_eq!(queue(&p), vec![3, 2, 1, 4, 5]);
+    assert_eq!(p.get_new_blocks(3).unwrap(), vec![3, 2, 1]);
+}
+
+#[test]
+fn bad_frees_change_nothing() {
+    let mut p = BlockPool::new(6, true, 16, false).unwrap();
+    let t = p.get_new_blocks(2).unwrap();
+    let before = queue(&p);
+    // 1 is held once: freeing it twice in one call underflows on the second occurrence.
+    assert_eq!(p.free_blocks([2, 1, 1]), Err(KvError::DoubleFree(1)));
+    assert!(matches!(
+        p.free_blocks([2, 9]),
+        Err(KvError::BlockOutOfRange { .. })
+    ));
+    assert_eq!(queue(&p), before);
+    assert_eq!((p.ref_cnt(1).unwrap(), p.ref_cnt(2).unwrap()), (1, 1));
+    p.free_blocks([0, 2, 1]).unwrap();
+    assert_eq!(queue(&p), vec![2, 1, 3, 4, 5]);
+    assert_eq!(p.free_blocks(t.clone()), Err(KvError::DoubleFree(t[0])));
+    assert!(p.get_new_blocks(6).is_err());
+    assert_eq!(p.num_free_blocks(), 5);
+}
+
+#[test]
+fn duplicate_hashes_and_eviction_events() {
+    let mut p = BlockPool::new(8, true, 4, true).unwrap();
+    let a = p.get_new_blocks(2).unwrap();
+    let b = p.get_new_blocks(2).unwrap();
+    let hs = [h(1), h(2)];
+    p.cache_full_blocks(&hs, &a, 0, 2, 4, 0, None, &TokensOnly(&[9; 8]))
+        .unwrap();
+    p.cache_full_blocks(&hs, &b, 1, 2, 4, 0, None, &TokensOnly(&[9; 8]))
+        .unwrap();
+    assert_eq!(p.cached_block(&h(2), 0), Some(a[1]));
+    assert_eq!(p.num_cached_keys(), 2);
+    let ev = p.take_events();
+    let KvCacheEvent::BlockStored(s) = &ev[1] else {
+        panic!("expected BlockStored, got {ev:?}")
+    };
+    assert_eq!(s.parent_block_hash, Some(h(1).external()));
+    assert_eq!(s.token_ids, vec![9; 4]);
+    assert_eq!(s.extra_keys, Some(vec![None]));
+    p.evict_blocks(&[a[1]]).unwrap();
+    assert_eq!(p.cached_block(&h(2), 0), Some(b[1]));
+    assert!(p.evict_blocks(&[1, 99]).is_err());
+    assert_eq!(
+        p.cached_block(&h(1), 0),
+        Some(a[0]),
+        "a failed evict evicts nothing"
+    );
+    assert!(!p.reset_prefix_cache());
+    p.free_blocks(a.iter().chain(&b).copied()).unwrap();
+    assert!(p.reset_prefix_cache());
+    assert_eq!(p.num_cached_keys(), 0);
+    assert_eq!(p.block_hash(b[1]).unwrap(), None);
+    assert_eq!(
+        p.take_events().last(),
+        Some(&KvCacheEvent::AllBlocksCleared)
+    );
+}
+
+#[test]
+fn group_view_uses_last_hash_of_each_big_block() {
+    let mut p = BlockPool::new(8, true, 16, false).unwrap();
+    let blocks = p.get_new_blocks(2).unwrap();
+    let hs = [h(1), h(2), h(3), h(4)];
+    p.cache_full_blocks(&hs, &blocks, 0, 2, 32, 1, None, &NO_TOKENS)
+        .unwrap();
+    assert_eq!(p.get_cached_block(&h(2), &[1]), Some(vec![blocks[0]]));
+    assert_eq!(p.get_cached_block(&h(4), &[1]), Some(vec![blocks[1]]));
+    assert_eq!(p.get_cached_block(&h(4), &[0, 1]), None);
+    assert!(p
+        .cache_full_blocks(&hs, &blocks, 0, 3, 32, 1, None, &NO_TOKENS)
+        .is_err());
+}
