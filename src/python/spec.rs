@@ -182,7 +182,8 @@ impl PyKVCacheSpec {
         max_num_encoder_input_tokens = None,
         max_concurrent_batches = Count(1),
         dcp_world_size = Count(1),
-    ))]
+    ), text_signature = "(self, *, max_model_len, max_num_batched_tokens=2048, \
+        max_num_encoder_input_tokens=None, max_concurrent_batches=1, dcp_world_size=1)")]
     fn max_memory_usage_bytes(
         &self,
         max_model_len: Count,
@@ -449,7 +450,8 @@ impl PySlidingWindowSpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, sliding_window, head_size_v = None,
         extra_retained_tokens = Count(0), page_size_padded = None, dcp_sharded = true,
-    ))]
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, sliding_window, \
+        head_size_v=None, extra_retained_tokens=0, page_size_padded=None, dcp_sharded=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: Count,
@@ -616,7 +618,9 @@ impl PyMambaSpec {
         *, block_size, shapes, dtypes, page_size_padded = None, mamba_type = "mamba2",
         mamba_cache_mode = "none", num_speculative_blocks = Count(0),
         num_prefill_checkpoint_blocks = Count(0), prefill_checkpoint_alignment = None,
-    ))]
+    ), text_signature = "(*, block_size, shapes, dtypes, page_size_padded=None, \
+        mamba_type='mamba2', mamba_cache_mode='none', num_speculative_blocks=0, \
+        num_prefill_checkpoint_blocks=0, prefill_checkpoint_alignment=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: Count,
