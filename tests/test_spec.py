@@ -5,6 +5,8 @@ Expected numbers are worked out here from vLLM 0.33's formulas, not read back fr
 
 from __future__ import annotations
 
+import importlib
+import itertools
 import math
 from typing import Any
 
@@ -374,3 +376,263 @@ def test_huge_sizes_do_not_overflow_silently() -> None:
         full(block_size=2**62, num_kv_heads=2**10)
     with pytest.raises((ValueError, OverflowError)):
         full(block_size=2**70)
+
+
+# --- parity with vLLM 0.33.0 (skipped unless vLLM is importable) ---------------------------
+
+
+@pytest.fixture(scope="module")
+def vk() -> Any:
+    """vLLM's kv_cache_interface module, or skip."""
+    pytest.importorskip("vllm")
+    return importlib.import_module("vllm.v1.kv_cache_interface")
+
+
+def _vllm_pair(vk: Any, kind: str, **kw: Any) -> tuple[Any, kb.KVCacheSpec]:
+    """The same spec built in vLLM (with torch dtypes) and in kvblocks (with names)."""
+    torch: Any = importlib.import_module("torch")
+
+    ours = {
+        "full": kb.FullAttentionSpec,
+        "mla": kb.MLAAttentionSpec,
+        "sink": kb.SinkFullAttentionSpec,
+        "swa": kb.SlidingWindowSpec,
+        "chunked": kb.ChunkedLocalAttentionSpec,
+        "cross": kb.CrossAttentionSpec,
+        "mamba": kb.MambaSpec,
+    }[kind]
+    theirs = {
+        "full": vk.FullAttentionSpec,
+        "mla": vk.MLAAttentionSpec,
+        "sink": vk.SinkFullAttentionSpec,
+        "swa": vk.SlidingWindowSpec,
+        "chunked": vk.ChunkedLocalAttentionSpec,
+        "cross": vk.CrossAttentionSpec,
+        "mamba": vk.MambaSpec,
+    }[kind]
+    vkw = dict(kw)
+    if "dtype" in kw:
+        vkw["dtype"] = getattr(torch, kw["dtype"])
+    if "dtypes" in kw:
+        vkw["dtypes"] = tuple(getattr(torch, d) for d in kw["dtypes"])
+    return theirs(**vkw), ours(**kw)
+
+
+def _attention_grid() -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    for bs, heads, head, dtype, hv in itertools.product(
+        (1, 16, 64), (1, 8), (64, 128), ("bfloat16", "float32", "float8_e4m3fn"), (None, 32)
+    ):
+        base: dict[str, Any] = dict(block_size=bs, num_kv_heads=heads, head_size=head, dtype=dtype)
+        with_v = dict(base, head_size_v=hv) if hv is not None else base
+        out.append(("full", with_v))
+        out.append(("full", dict(with_v, sliding_window=128)))
+        out.append(("cross", with_v))
+        out.append(("sink", dict(with_v, sink_len=bs * 2)))
+        for sw in (1, 128, 5000):
+            out.append(("swa", dict(with_v, sliding_window=sw)))
+        out.append(("swa", dict(with_v, sliding_window=100, extra_retained_tokens=9)))
+        for chunk in (16, 8192):
+            out.append(("chunked", dict(with_v, attention_chunk_size=chunk)))
+        for align in (None, 256, 1000):
+            mla_kw = dict(base, alignment=align) if align is not None else base
+            out.append(("mla", mla_kw))
+    return out
+
+
+def _mamba_grid() -> list[dict[str, Any]]:
+    out = []
+    for shapes, dtypes in (
+        (((3, 4),), ("float32",)),
+        (((2, 64), (8, 16, 16)), ("bfloat16", "float32")),
+    ):
+        for mode, spec, ckpt in itertools.product(("none", "align"), (0, 2), (0, 1)):
+            out.append(
+                dict(
+                    block_size=16,
+                    shapes=shapes,
+                    dtypes=dtypes,
+                    mamba_cache_mode=mode,
+                    num_speculative_blocks=spec,
+                    num_prefill_checkpoint_blocks=ckpt,
+                )
+            )
+    return out
+
+
+_MEMORY_GRID = [
+    dict(
+        max_model_len=mml,
+        max_num_batched_tokens=mnbt,
+        max_concurrent_batches=mcb,
+        dcp_world_size=dcp,
+        max_num_encoder_input_tokens=enc,
+    )
+    for mml, mnbt, mcb, dcp, enc in itertools.product(
+        (1, 100, 32768), (1, 2048, 8192), (1, 2), (1, 3), (1500, 7)
+    )
+]
+
+
+def _vllm_config(p: dict[str, int], mamba_cache_mode: str = "none") -> Any:
+    from types import SimpleNamespace as NS
+
+    return NS(
+        model_config=NS(max_model_len=p["max_model_len"]),
+        parallel_config=NS(decode_context_parallel_size=p["dcp_world_size"]),
+        scheduler_config=NS(
+            max_num_batched_tokens=p["max_num_batched_tokens"],
+            max_num_encoder_input_tokens=p["max_num_encoder_input_tokens"],
+        ),
+        max_in_flight_tokens=p["max_concurrent_batches"] * p["max_num_batched_tokens"],
+        cache_config=NS(mamba_cache_mode=mamba_cache_mode),
+    )
+
+
+def _memory_outcome(fn: Any, *args: Any, **kwargs: Any) -> int | str:
+    try:
+        return int(fn(*args, **kwargs))
+    except Exception:
+        return "error"
+
+
+@pytest.mark.vllm
+def test_page_size_and_max_memory_match_vllm(vk: Any) -> None:
+    cases = [(k, kw) for k, kw in _attention_grid()] + [("mamba", kw) for kw in _mamba_grid()]
+    for kind, kw in cases:
+        theirs, ours = _vllm_pair(vk, kind, **kw)
+        assert ours.page_size_bytes == theirs.page_size_bytes, (kind, kw)
+        mode = kw.get("mamba_cache_mode", "none")
+        for p in _MEMORY_GRID:
+            want = _memory_outcome(theirs.max_memory_usage_bytes, _vllm_config(p, mode))
+            got = _memory_outcome(ours.max_memory_usage_bytes, **p)
+            assert got == want, (kind, kw, p)
+
+
+def _signature(spec: Any) -> tuple[Any, ...]:
+    names = (
+        "block_size",
+        "num_kv_heads",
+        "head_size",
+        "head_size_v",
+        "page_size_padded",
+        "sliding_window",
+        "attention_chunk_size",
+        "sink_len",
+        "extra_retained_tokens",
+        "alignment",
+        "cache_dtype_str",
+    )
+    dtype = str(getattr(spec, "dtype", "")).removeprefix("torch.")
+    fields = tuple(getattr(spec, n, None) for n in names)
+    return (type(spec).__name__, spec.page_size_bytes, dtype, *fields)
+
+
+@pytest.mark.vllm
+def test_merge_equality_and_uniformity_match_vllm(vk: Any) -> None:
+    pool = [
+        ("full", dict(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")),
+        (
+            "full",
+            dict(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=64),
+        ),
+        (
+            "full",
+            dict(
+                block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=128
+            ),
+        ),
+        (
+            "full",
+            dict(
+                block_size=16,
+                num_kv_heads=8,
+                head_size=128,
+                dtype="bfloat16",
+                attention_chunk_size=256,
+            ),
+        ),
+        ("full", dict(block_size=32, num_kv_heads=8, head_size=128, dtype="bfloat16")),
+        ("full", dict(block_size=16, num_kv_heads=4, head_size=128, dtype="float16")),
+        ("sink", dict(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sink_len=32)),
+        ("sink", dict(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sink_len=16)),
+        ("mla", dict(block_size=16, num_kv_heads=1, head_size=576, dtype="bfloat16")),
+        (
+            "mla",
+            dict(block_size=16, num_kv_heads=1, head_size=576, dtype="bfloat16", alignment=1000),
+        ),
+        (
+            "mla",
+            dict(
+                block_size=16,
+                num_kv_heads=1,
+                head_size=576,
+                dtype="bfloat16",
+                cache_dtype_str="fp8_ds_mla",
+            ),
+        ),
+        (
+            "swa",
+            dict(
+                block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=128
+            ),
+        ),
+        (
+            "swa",
+            dict(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=64),
+        ),
+        (
+            "chunked",
+            dict(
+                block_size=16,
+                num_kv_heads=8,
+                head_size=128,
+                dtype="bfloat16",
+                attention_chunk_size=256,
+            ),
+        ),
+        ("cross", dict(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")),
+        ("mamba", dict(block_size=16, shapes=((3, 4),), dtypes=("float32",))),
+        ("mamba", dict(block_size=16, shapes=((6, 2),), dtypes=("float32",))),
+        (
+            "mamba",
+            dict(block_size=16, shapes=((3, 4),), dtypes=("float32",), num_speculative_blocks=1),
+        ),
+    ]
+    pairs = [_vllm_pair(vk, kind, **kw) for kind, kw in pool]
+    for (ta, oa), (tb, ob) in itertools.product(pairs, repeat=2):
+        assert (oa == ob) == (ta == tb), (ta, tb)
+        assert kb.UniformTypeKVCacheSpecs.is_uniform_type({"a": oa, "b": ob}) == (
+            vk.UniformTypeKVCacheSpecs.is_uniform_type({"a": ta, "b": tb})
+        ), (ta, tb)
+        for group in ([ta, tb], [ta, tb, ta]):
+            ours_group = [ob if t is tb else oa for t in group]
+            try:
+                want: Any = _signature(type(ta).merge(group))
+            except Exception:
+                want = "error"
+            try:
+                got: Any = _signature(type(oa).merge(ours_group))
+            except ValueError:
+                got = "error"
+            assert got == want, (ta, tb)
+
+
+@pytest.mark.vllm
+def test_uniform_type_memory_matches_vllm(vk: Any) -> None:
+    kw = dict(block_size=16, head_size=64, dtype="bfloat16")
+    groups = [
+        {n: ("full", dict(kw, num_kv_heads=n)) for n in (1, 4)},
+        {n: ("swa", dict(kw, num_kv_heads=n, sliding_window=300)) for n in (2, 8)},
+        {1: ("full", dict(kw, num_kv_heads=1)), 2: ("mla", dict(kw, num_kv_heads=1))},
+    ]
+    for layers in groups:
+        built = {f"l{n}": _vllm_pair(vk, kind, **args) for n, (kind, args) in layers.items()}
+        theirs = vk.UniformTypeKVCacheSpecs.from_specs({k: t for k, (t, _) in built.items()})
+        ours = kb.UniformTypeKVCacheSpecs.from_specs({k: o for k, (_, o) in built.items()})
+        assert theirs is not None and ours is not None
+        assert ours.page_size_bytes == theirs.page_size_bytes
+        for p in _MEMORY_GRID:
+            want = _memory_outcome(theirs.max_memory_usage_bytes, _vllm_config(p))
+            got = _memory_outcome(ours.max_memory_usage_bytes, **p)
+            assert got == want, (layers, p)
