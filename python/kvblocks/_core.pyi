@@ -267,5 +267,14 @@ class KVCacheConfig:
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]: ...
     @property
     def prefix_cache_retention_interval(self) -> int | None: ...
+    def resolve_block_sizes(
+        self,
+        *,
+        enable_prefix_caching: bool = True,
+        connector_enabled: bool = False,
+        dcp_world_size: int = 1,
+        prefix_match_unit: int | None = None,
+    ) -> tuple[int, int]:
+        """`(scheduler_block_size, hash_block_size)`, as vLLM's `resolve_kv_cache_block_sizes`."""
     def __eq__(self, other: object, /) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]

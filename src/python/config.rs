@@ -9,7 +9,7 @@ use pyo3::types::PyList;
 use pyo3::IntoPyObjectExt;
 
 use super::spec::{spec_to_py, Count, PyKVCacheSpec};
-use crate::config::{KvCacheConfig, KvCacheGroupSpec, KvCacheTensor};
+use crate::config::{BlockSizeParams, KvCacheConfig, KvCacheGroupSpec, KvCacheTensor};
 
 /// `==`/`!=` by value; other comparisons are not supported.
 fn compare<T: PartialEq>(a: &T, b: &T, op: CompareOp, py: Python<'_>) -> PyResult<PyObject> {
@@ -215,6 +215,28 @@ impl PyKVCacheConfig {
     #[getter]
     fn prefix_cache_retention_interval(&self) -> Option<u32> {
         self.inner.prefix_cache_retention_interval
+    }
+
+    /// `(scheduler_block_size, hash_block_size)` as vLLM's `resolve_kv_cache_block_sizes`.
+    #[pyo3(signature = (
+        *, enable_prefix_caching = true, connector_enabled = false, dcp_world_size = Count(1),
+        prefix_match_unit = None,
+    ), text_signature = "(self, *, enable_prefix_caching=True, connector_enabled=False, \
+        dcp_world_size=1, prefix_match_unit=None)")]
+    fn resolve_block_sizes(
+        &self,
+        enable_prefix_caching: bool,
+        connector_enabled: bool,
+        dcp_world_size: Count,
+        prefix_match_unit: Option<Count>,
+    ) -> PyResult<(usize, usize)> {
+        let params = BlockSizeParams {
+            enable_prefix_caching,
+            connector_enabled,
+            dcp_world_size: dcp_world_size.0,
+            prefix_match_unit: prefix_match_unit.map(|c| c.0),
+        };
+        Ok(self.inner.resolve_block_sizes(&params)?)
     }
 
     fn __richcmp__(&self, other: PyRef<'_, Self>, op: CompareOp) -> PyResult<PyObject> {

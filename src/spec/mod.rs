@@ -1330,6 +1330,21 @@ mod tests {
     }
 
     #[test]
+    fn display_reads_like_vllm_repr() {
+        assert_eq!(
+            swa(16, 8).to_string(),
+            "SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=128, \
+             dtype=torch.bfloat16, head_size_v=128, page_size_padded=None, dcp_sharded=True, \
+             sliding_window=8, extra_retained_tokens=0)"
+        );
+        let mut m = MambaSpec::new(16, vec![vec![4]], vec![Dtype::Int8]);
+        m.mamba_type = "it's".into();
+        let text = KvCacheSpec::from(m).build().unwrap().to_string();
+        assert!(text.contains("shapes=((4,),), dtypes=(torch.int8,)"), "{text}");
+        assert!(text.contains(r"mamba_type='it\'s'"), "{text}");
+    }
+
+    #[test]
     fn construction_validates() {
         assert!(
             KvCacheSpec::from(FullAttentionSpec::new(attn(0, 8, 128, Dtype::Int8)))
