@@ -245,11 +245,20 @@ mod tests {
         let c = config(vec![group(&["a"])]);
         let p = BlockSizeParams::default();
         assert_eq!(c.resolve_block_sizes(&p).unwrap(), (16, 16));
-        let dcp = BlockSizeParams { dcp_world_size: 2, ..p };
+        let dcp = BlockSizeParams {
+            dcp_world_size: 2,
+            ..p
+        };
         assert_eq!(c.resolve_block_sizes(&dcp).unwrap(), (32, 32));
-        let unit = BlockSizeParams { prefix_match_unit: Some(8), ..p };
+        let unit = BlockSizeParams {
+            prefix_match_unit: Some(8),
+            ..p
+        };
         assert!(c.resolve_block_sizes(&unit).is_err());
-        let off = BlockSizeParams { enable_prefix_caching: false, ..unit };
+        let off = BlockSizeParams {
+            enable_prefix_caching: false,
+            ..unit
+        };
         assert_eq!(c.resolve_block_sizes(&off).unwrap(), (16, 16));
         assert!(config(vec![]).resolve_block_sizes(&p).is_err());
     }
@@ -269,11 +278,20 @@ mod tests {
         ]);
         let p = BlockSizeParams::default();
         assert_eq!(c.resolve_block_sizes(&p).unwrap(), (32, 16));
-        let off = BlockSizeParams { enable_prefix_caching: false, ..p };
+        let off = BlockSizeParams {
+            enable_prefix_caching: false,
+            ..p
+        };
         assert_eq!(c.resolve_block_sizes(&off).unwrap(), (32, 32));
-        let unit = BlockSizeParams { prefix_match_unit: Some(8), ..p };
+        let unit = BlockSizeParams {
+            prefix_match_unit: Some(8),
+            ..p
+        };
         assert_eq!(c.resolve_block_sizes(&unit).unwrap(), (32, 8));
-        let bad = BlockSizeParams { prefix_match_unit: Some(12), ..p };
+        let bad = BlockSizeParams {
+            prefix_match_unit: Some(12),
+            ..p
+        };
         assert!(c.resolve_block_sizes(&bad).is_err());
 
         // lcm(16, 24) = 48; a Mamba group outside "align" mode disables finer hashing.
@@ -286,7 +304,10 @@ mod tests {
         let c = config(vec![group(&["a"]), spec_group(&["m"], align)]);
         assert_eq!(c.resolve_block_sizes(&p).unwrap(), (48, 8));
         // DCP scales attention groups only.
-        let dcp = BlockSizeParams { dcp_world_size: 2, ..p };
+        let dcp = BlockSizeParams {
+            dcp_world_size: 2,
+            ..p
+        };
         assert_eq!(c.resolve_block_sizes(&dcp).unwrap(), (96, 8));
     }
 }

@@ -1340,7 +1340,10 @@ mod tests {
         let mut m = MambaSpec::new(16, vec![vec![4]], vec![Dtype::Int8]);
         m.mamba_type = "it's".into();
         let text = KvCacheSpec::from(m).build().unwrap().to_string();
-        assert!(text.contains("shapes=((4,),), dtypes=(torch.int8,)"), "{text}");
+        assert!(
+            text.contains("shapes=((4,),), dtypes=(torch.int8,)"),
+            "{text}"
+        );
         assert!(text.contains(r"mamba_type='it\'s'"), "{text}");
     }
 
