@@ -1310,6 +1310,10 @@ mod tests {
         .unwrap();
         assert_eq!((w.kind(), w.sliding_window()), ("sliding_window", Some(8)));
         assert_eq!(w.manager_kind(), ManagerKind::SlidingWindow);
+        assert!(mla(None).is_instance(SpecClass::FullAttention));
+        assert!(mla(None).is_instance(SpecClass::Base));
+        assert!(!swa(16, 8).is_instance(SpecClass::FullAttention));
+        assert!(!full(16).is_instance(SpecClass::MlaAttention));
     }
 
     #[test]
