@@ -1,0 +1,627 @@
+"""KVPages: the KV cache memory of one worker, and page operations by block id."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
+
+import torch
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+from kvblocks.device._layout import (
+    Batch,
+    Geometry,
+    LayerGeom,
+    Layout,
+    Plane,
+    dtype_size,
+    plan,
+)
+
+Ids = Union[Sequence[int], torch.Tensor, "npt.NDArray[np.integer[Any]]"]
+"""Block ids: a sequence of ints, a 1-D integer tensor (host preferred) or a numpy array."""
+
+# copy_blocks moves runs of consecutive (src, dst) ids with plain slice copies instead of an
+# index gather + scatter when there are at most this many runs per plane...
+SLICE_COPY_MAX_RUNS = 4
+# ...or when the average run is at least this many bytes (per plane).
+SLICE_COPY_MIN_RUN_BYTES = 4 << 20
+# Host transfers use one DMA per run of consecutive host ids when the average run is at least
+# this many bytes (or there are few runs); otherwise they go through a pinned staging buffer
+# and a host-side index copy.
+DMA_MIN_RUN_BYTES = 256 << 10
+DMA_MAX_RUNS = 8
+
+
+@dataclass(frozen=True)
+class _Move:
+    """One plane of one batch: the device view `[num_blocks, buffers, rows, words]`."""
+
+    batch: Batch
+    plane: Plane
+    prefix: int  # bytes of the batch's earlier planes within one buffer's block
+    device: torch.Tensor
+
+
+def _host_ids(ids: Ids, what: str) -> torch.Tensor:
+    """Ids as a 1-D int64 CPU tensor; TypeError/ValueError for anything else."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"{what}: block ids must be integers, got {ids.dtype}")
+        tensor = ids.detach().to("cpu", torch.int64)
+    else:
+        try:
+            tensor = torch.as_tensor(ids)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"{what}: block ids must be a sequence of ints ({err})") from None
+        if tensor.numel() == 0:
+            tensor = tensor.reshape(0).to(torch.int64)
+        if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+            raise TypeError(f"{what}: block ids must be integers, got {tensor.dtype}")
+        tensor = tensor.to(torch.int64)
+    if tensor.dim() != 1:
+        raise ValueError(f"{what}: block ids must be 1-D, got shape {tuple(tensor.shape)}")
+    return tensor
+
+
+def _check_range(ids: torch.Tensor, limit: int, what: str) -> None:
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= limit):
+        bad = ids[(ids < 0) | (ids >= limit)][0]
+        raise IndexError(f"{what}: block id {int(bad)} out of range [0, {limit})")
+
+
+def _check_unique(ids: torch.Tensor, what: str) -> None:
+    if ids.numel() > 1:
+        uniq, counts = torch.unique(ids, return_counts=True)
+        if uniq.numel() != ids.numel():
+            raise ValueError(f"{what}: duplicate destination block id {int(uniq[counts > 1][0])}")
+
+
+def _runs(*columns: torch.Tensor) -> list[tuple[int, int]]:
+    """(position, length) of the maximal runs where every column advances by exactly 1."""
+    n = columns[0].numel()
+    if n == 0:
+        return []
+    breaks = torch.zeros(n - 1, dtype=torch.bool)
+    for col in columns:
+        breaks |= col[1:] - col[:-1] != 1
+    starts = [0, *(torch.nonzero(breaks).flatten() + 1).tolist()]
+    ends = [*starts[1:], n]
+    return [(s, e - s) for s, e in zip(starts, ends, strict=True)]
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    """Free memory on `device` (None when unknown)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as meminfo:
+                for line in meminfo:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def _allocate(nbytes: int, device: torch.device, pin: bool, what: str) -> torch.Tensor:
+    available = _available_bytes(device)
+    if available is not None and nbytes > available:
+        raise ValueError(f"{what} needs {nbytes} bytes but {device} has {available} available")
+    try:
+        return torch.zeros(nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
+    except (RuntimeError, torch.OutOfMemoryError) as err:
+        raise ValueError(f"{what}: cannot allocate {nbytes} bytes on {device}: {err}") from None
+
+
+def _event() -> torch.cuda.Event:
+    return torch.cuda.Event()  # type: ignore[no-untyped-call]
+
+
+class Transfer:
+    """A host<->device page transfer in flight.
+
+    `event` is recorded on the side stream after the last device-side step (for swap_out:
+    after the device pages were read, so they may be reused; for swap_in: after the pages were
+    written). It is None when the work ran synchronously (CPU pools). Call `wait()` before a
+    stream reads swapped-in pages, and `synchronize()` before the host reads swapped-out data.
+    """
+
+    def __init__(
+        self,
+        event: torch.cuda.Event | None,
+        keep: tuple[torch.Tensor, ...] = (),
+        finish: Callable[[], object] | None = None,
+    ) -> None:
+        self.event = event
+        self._keep = keep
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        if finish is not None:
+            self._thread = threading.Thread(target=self._finish, args=(finish,), daemon=True)
+            self._thread.start()
+
+    def _finish(self, finish: Callable[[], object]) -> None:
+        try:
+            if self.event is not None:
+                self.event.synchronize()
+            finish()
+        except BaseException as err:  # re-raised by synchronize()
+            self._error = err
+
+    def wait(self, stream: torch.cuda.Stream | None = None) -> None:
+        """Make `stream` (default: the current one) wait on the device side; no host block."""
+        if self.event is not None:
+            (stream or torch.cuda.current_stream(self.event.device)).wait_event(self.event)
+
+    def synchronize(self) -> None:
+        """Block the host until the transfer, including any host-side step, is complete."""
+        if self._thread is not None:
+            self._thread.join()
+        elif self.event is not None:
+            self.event.synchronize()
+        self._keep = ()
+        if self._error is not None:
+            raise self._error
+
+    def done(self) -> bool:
+        """True once the whole transfer is complete (never blocks)."""
+        if self._thread is not None:
+            return not self._thread.is_alive()
+        return self.event is None or bool(self.event.query())  # type: ignore[no-untyped-call]
+
+
+class KVPages:
+    """KV cache pages for every layer of a KVCacheConfig, moved by block id.
+
+    One allocation holds every KVCacheTensor (each a raw byte buffer shared by the layers it
+    names, as vLLM); per-layer views are typed. With `host_blocks`, a host pool of that many
+    blocks (pinned when the device is CUDA) backs swap_out/swap_in; a host block holds one
+    block of every buffer, contiguously (`block_bytes` bytes), which is also the row format of
+    `gather`/`scatter`.
+
+    `layout`: "NHD" (vLLM FlashAttention: physical `[2, num_blocks, block_size, heads, head]`)
+    or "HND" (physical `[2, num_blocks, heads, block_size, head]`); attention views are always
+    indexed `[.., block, slot, head, dim]`. `block_major=True` stores each block's K and V
+    together (vLLM's hybrid attention+mamba layout); buffers shared with mamba or MLA layers,
+    or with attention layers of other K/V widths, are block-major anyway.
+
+    Destination ids must be unique and in range; block 0 (the null block) may not be written
+    unless `protect_null_block=False`. Every check runs before any page is touched.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        device: torch.device | str | None = None,
+        *,
+        layout: Layout = "NHD",
+        block_major: bool = False,
+        host_blocks: int | None = None,
+        pin_memory: bool | None = None,
+        protect_null_block: bool = True,
+    ) -> None:
+        if layout not in ("NHD", "HND"):
+            raise ValueError(f"layout must be 'NHD' or 'HND', got {layout!r}")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if host_blocks is not None and host_blocks < 1:
+            raise ValueError(f"host_blocks must be >= 1, got {host_blocks}")
+        self.layout: Layout = layout
+        self.geometry: Geometry = plan(config, block_major)
+        self.num_blocks = self.geometry.num_blocks
+        self.block_bytes = self.geometry.block_bytes
+        self.host_blocks = host_blocks or 0
+        self._null = 1 if protect_null_block else 0
+        pin = self.device.type == "cuda" if pin_memory is None else pin_memory
+        host_bytes = self.host_blocks * self.block_bytes
+        cpu = torch.device("cpu")
+        if host_bytes and self.device.type == "cpu":
+            available = _available_bytes(cpu)
+            if available is not None and self.geometry.total_bytes + host_bytes > available:
+                raise ValueError(
+                    f"the device pool and host pool need "
+                    f"{self.geometry.total_bytes + host_bytes} bytes but the host "
+                    f"has {available} available"
+                )
+        self._storage = _allocate(self.geometry.total_bytes, self.device, False, "the KV cache")
+        self.host_pool: torch.Tensor | None = None
+        if host_bytes:
+            self.host_pool = _allocate(host_bytes, cpu, pin, "the host pool").view(
+                self.host_blocks, self.block_bytes
+            )
+        self._moves = tuple(self._make_moves())
+        self._side: torch.cuda.Stream | None = (
+            torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+            if self.device.type == "cuda"
+            else None
+        )
+
+    # ------------------------------------------------------------------ views
+
+    def _make_moves(self) -> list[_Move]:
+        moves = []
+        for batch in self.geometry.batches:
+            words = self._storage.view(_WORDS[batch.word])
+            prefix = 0
+            for plane in batch.planes:
+                w = batch.word
+                view = words.as_strided(
+                    (batch.num_blocks, len(batch.buffers), plane.rows, plane.width // w),
+                    (plane.width // w, batch.stride // w, batch.num_blocks * plane.width // w, 1),
+                    (batch.base + plane.offset) // w,
+                )
+                moves.append(_Move(batch, plane, prefix, view))
+                prefix += plane.rows * plane.width
+        return moves
+
+    def _rows_view(self, rows: torch.Tensor, move: _Move) -> torch.Tensor:
+        """`move`'s part of a contiguous `[n, block_bytes]` byte tensor, shaped like the device
+        view (`[n, buffers, rows, words]`)."""
+        batch, plane, w = move.batch, move.plane, move.batch.word
+        words = rows.view(_WORDS[w])
+        per_buffer = sum(p.rows * p.width for p in batch.planes)
+        return words.as_strided(
+            (rows.shape[0], len(batch.buffers), plane.rows, plane.width // w),
+            (self.block_bytes // w, per_buffer // w, plane.width // w, 1),
+            words.storage_offset() + (batch.host_offset + move.prefix) // w,
+        )
+
+    def layer_names(self) -> list[str]:
+        """Every layer with pages, in config order."""
+        return list(self.geometry.layers)
+
+    def buffers(self) -> list[torch.Tensor]:
+        """One raw uint8 tensor per KVCacheTensor, in config order."""
+        return [self._storage[b.base : b.base + b.size] for b in self.geometry.buffers]
+
+    def _layer(self, name: str, *kinds: str) -> LayerGeom:
+        try:
+            geom = self.geometry.layers[name]
+        except KeyError:
+            raise KeyError(f"no layer {name!r} in this KV cache") from None
+        if geom.kind not in kinds:
+            raise TypeError(f"layer {name!r} is a {geom.kind} layer, expected {' or '.join(kinds)}")
+        return geom
+
+    def _attention_view(self, geom: LayerGeom, value: bool, stacked: bool) -> torch.Tensor:
+        buf = self.geometry.buffers[geom.buffer]
+        size = dtype_size(geom.dtype)
+        heads, bs = geom.num_kv_heads, geom.block_size
+        dim = geom.head_size_v if value else geom.head_size
+        if buf.split:
+            block_stride = (geom.v_width if value else geom.k_width) // size
+            v_offset = buf.num_blocks * geom.k_width
+        else:
+            block_stride = geom.page // size
+            v_offset = geom.k_width
+        inner = (heads * dim, dim, 1) if self.layout == "NHD" else (dim, bs * dim, 1)
+        typed = self._storage.view(geom.dtype)
+        offset = (buf.base + (v_offset if value else 0)) // size
+        if stacked:
+            return typed.as_strided(
+                (2, buf.num_blocks, bs, heads, dim),
+                (v_offset // size, block_stride, *inner),
+                offset,
+            )
+        return typed.as_strided((buf.num_blocks, bs, heads, dim), (block_stride, *inner), offset)
+
+    def kv_cache(self, name: str) -> torch.Tensor:
+        """The layer's cache as vLLM's backends see it.
+
+        Attention: `[2, num_blocks, block_size, num_kv_heads, head_size]` (K then V; needs
+        `head_size_v == head_size`, else use key_cache/value_cache). MLA:
+        `[num_blocks, block_size, head_size]`. `num_blocks` is the buffer's block count.
+        """
+        geom = self._layer(name, "attention", "mla")
+        buf = self.geometry.buffers[geom.buffer]
+        if geom.kind == "mla":
+            size = dtype_size(geom.dtype)
+            return self._storage.view(geom.dtype).as_strided(
+                (buf.num_blocks, geom.block_size, geom.head_size),
+                (geom.page // size, geom.head_size, 1),
+                buf.base // size,
+            )
+        if geom.head_size_v != geom.head_size:
+            raise ValueError(
+                f"layer {name!r} has head_size {geom.head_size} != head_size_v "
+                f"{geom.head_size_v}: use key_cache() and value_cache()"
+            )
+        return self._attention_view(geom, value=False, stacked=True)
+
+    def key_cache(self, name: str) -> torch.Tensor:
+        """An attention layer's K: `[num_blocks, block_size, num_kv_heads, head_size]`."""
+        return self._attention_view(self._layer(name, "attention"), value=False, stacked=False)
+
+    def value_cache(self, name: str) -> torch.Tensor:
+        """An attention layer's V: `[num_blocks, block_size, num_kv_heads, head_size_v]`."""
+        return self._attention_view(self._layer(name, "attention"), value=True, stacked=False)
+
+    def mamba_states(self, name: str) -> tuple[torch.Tensor, ...]:
+        """A mamba layer's states, one `[num_blocks, *shape]` tensor per spec shape, packed
+        in order within each page (as vLLM)."""
+        geom = self._layer(name, "mamba")
+        buf = self.geometry.buffers[geom.buffer]
+        states = []
+        offset = 0
+        for shape, dtype in zip(geom.state_shapes, geom.state_dtypes, strict=True):
+            size = dtype_size(dtype)
+            inner = torch.empty(shape, device="meta").stride()
+            states.append(
+                self._storage.view(dtype).as_strided(
+                    (buf.num_blocks, *shape),
+                    (geom.page // size, *inner),
+                    (buf.base + offset) // size,
+                )
+            )
+            offset += torch.Size(shape).numel() * size
+        return tuple(states)
+
+    # ------------------------------------------------------------ validation
+
+    def _sources(self, ids: Ids, what: str, limit: int | None = None) -> torch.Tensor:
+        host = _host_ids(ids, what)
+        _check_range(host, self.num_blocks if limit is None else limit, what)
+        return host
+
+    def _destinations(self, ids: Ids, what: str, host_side: bool = False) -> torch.Tensor:
+        host = _host_ids(ids, what)
+        _check_range(host, self.host_blocks if host_side else self.num_blocks, what)
+        _check_unique(host, what)
+        if not host_side and self._null and bool((host == 0).any()):
+            raise ValueError(
+                f"{what}: block 0 is the null block and is never written "
+                f"(protect_null_block=False allows it)"
+            )
+        return host
+
+    def _same_length(self, a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+        if a.numel() != b.numel():
+            raise ValueError(f"{what}: {a.numel()} source ids but {b.numel()} destination ids")
+
+    def _need_host_pool(self, what: str) -> torch.Tensor:
+        if self.host_pool is None:
+            raise ValueError(f"{what} needs a host pool: create KVPages with host_blocks=N")
+        return self.host_pool
+
+    def _to_device(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return ids
+        return ids.pin_memory().to(self.device, non_blocking=True)
+
+    # ------------------------------------------------------------- operations
+
+    def copy_blocks(self, src: Ids, dst: Ids) -> None:
+        """Copy block `src[i]` to block `dst[i]` in every buffer. All sources are read before
+        any destination is written (as vLLM's copy_kv_cache_blocks_inplace)."""
+        s = self._sources(src, "copy_blocks src")
+        d = self._destinations(dst, "copy_blocks dst")
+        self._same_length(s, d, "copy_blocks")
+        if s.numel() == 0:
+            return
+        runs = _runs(s, d)
+        disjoint = not bool(torch.isin(s, d).any())
+        s_list, d_list = s.tolist(), d.tolist()
+        if disjoint:
+            sliced = [m for m in self._moves if self._slices_pay(len(runs), s.numel(), m)]
+            for move in sliced:
+                for pos, length in runs:
+                    a, b = s_list[pos], d_list[pos]
+                    move.device[b : b + length].copy_(move.device[a : a + length])
+        else:
+            sliced = []
+        rest = [m for m in self._moves if m not in sliced]
+        if rest:
+            s_dev, d_dev = self._to_device(s), self._to_device(d)
+            for move in rest:
+                move.device.index_copy_(0, d_dev, move.device.index_select(0, s_dev))
+
+    @staticmethod
+    def _slices_pay(num_runs: int, num_ids: int, move: _Move) -> bool:
+        run_bytes = num_ids * move.plane.rows * move.plane.width * len(move.batch.buffers)
+        return num_runs <= SLICE_COPY_MAX_RUNS or run_bytes >= num_runs * SLICE_COPY_MIN_RUN_BYTES
+
+    def zero_blocks(self, ids: Ids) -> None:
+        """Fill the given blocks of every buffer with zero bytes."""
+        d = self._destinations(ids, "zero_blocks")
+        if d.numel() == 0:
+            return
+        d_dev = self._to_device(d)
+        for move in self._moves:
+            move.device.index_fill_(0, d_dev, 0)
+
+    def gather(self, ids: Ids) -> torch.Tensor:
+        """The given blocks of every buffer as one contiguous uint8 `[len(ids), block_bytes]`
+        tensor on the device (the host-pool row format)."""
+        s = self._sources(ids, "gather")
+        out = torch.empty((s.numel(), self.block_bytes), dtype=torch.uint8, device=self.device)
+        if s.numel():
+            self._gather_into(out, self._to_device(s))
+        return out
+
+    def _gather_into(self, out: torch.Tensor, ids: torch.Tensor) -> None:
+        for move in self._moves:
+            torch.index_select(move.device, 0, ids, out=self._rows_view(out, move))
+
+    def scatter(self, ids: Ids, data: torch.Tensor) -> None:
+        """Write `data` (as returned by gather: uint8 `[len(ids), block_bytes]` on the
+        device) into the given blocks."""
+        d = self._destinations(ids, "scatter")
+        if not isinstance(data, torch.Tensor):
+            raise TypeError(f"scatter data must be a torch.Tensor, got {type(data).__name__}")
+        if data.dtype != torch.uint8:
+            raise TypeError(f"scatter data must be uint8, got {data.dtype}")
+        if tuple(data.shape) != (d.numel(), self.block_bytes):
+            raise ValueError(
+                f"scatter data must have shape ({d.numel()}, {self.block_bytes}), "
+                f"got {tuple(data.shape)}"
+            )
+        if data.device != self.device:
+            raise ValueError(f"scatter data is on {data.device}, the pages on {self.device}")
+        if d.numel():
+            self._scatter_from(data.contiguous(), self._to_device(d))
+
+    def _scatter_from(self, data: torch.Tensor, ids: torch.Tensor) -> None:
+        for move in self._moves:
+            move.device.index_copy_(0, ids, self._rows_view(data, move))
+
+    def _dma_pays(self, runs: list[tuple[int, int]], n: int) -> bool:
+        return len(runs) <= DMA_MAX_RUNS or n * self.block_bytes >= len(runs) * DMA_MIN_RUN_BYTES
+
+    def swap_out(self, device_ids: Ids, host_ids: Ids) -> Transfer:
+        """Copy device blocks to host-pool blocks on a side stream; returns the Transfer.
+
+        The side stream first waits for the current stream, so the pages hold everything
+        queued before the call. The device pages may be reused once `event` completes; the
+        host rows are valid after `synchronize()`.
+        """
+        host = self._need_host_pool("swap_out")
+        s = self._sources(device_ids, "swap_out device ids")
+        d = self._destinations(host_ids, "swap_out host ids", host_side=True)
+        self._same_length(s, d, "swap_out")
+        if s.numel() == 0:
+            return Transfer(None)
+        if self._side is None:
+            staging = self.gather(s)
+            host.index_copy_(0, d, staging.to("cpu"))
+            return Transfer(None)
+        self._side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._side):
+            staging = torch.empty(
+                (s.numel(), self.block_bytes), dtype=torch.uint8, device=self.device
+            )
+            self._gather_into(staging, self._to_device(s))
+            runs = _runs(d)
+            event = _event()
+            if self._dma_pays(runs, s.numel()):
+                first = d.tolist()
+                for pos, length in runs:
+                    host[first[pos] : first[pos] + length].copy_(
+                        staging[pos : pos + length], non_blocking=True
+                    )
+                event.record(self._side)
+                return Transfer(event, (staging,))
+            pinned = torch.empty_like(staging, device="cpu", pin_memory=True)
+            pinned.copy_(staging, non_blocking=True)
+            event.record(self._side)
+        return Transfer(event, (staging, pinned), lambda: host.index_copy_(0, d, pinned))
+
+    def swap_in(self, host_ids: Ids, device_ids: Ids) -> Transfer:
+        """Copy host-pool blocks into device blocks on a side stream; returns the Transfer.
+
+        The side stream first waits for the current stream (earlier readers of the target
+        pages finish first). Call `wait()` on the Transfer before reading the pages.
+        """
+        host = self._need_host_pool("swap_in")
+        s = self._sources(host_ids, "swap_in host ids", self.host_blocks)
+        d = self._destinations(device_ids, "swap_in device ids")
+        self._same_length(s, d, "swap_in")
+        if s.numel() == 0:
+            return Transfer(None)
+        if self._side is None:
+            self._scatter_from(host.index_select(0, s).to(self.device), d)
+            return Transfer(None)
+        runs = _runs(s)
+        if self._dma_pays(runs, s.numel()):
+            source = None
+        else:
+            source = torch.empty((s.numel(), self.block_bytes), dtype=torch.uint8, pin_memory=True)
+            torch.index_select(host, 0, s, out=source)
+        self._side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._side):
+            staging = torch.empty(
+                (s.numel(), self.block_bytes), dtype=torch.uint8, device=self.device
+            )
+            if source is None:
+                first = s.tolist()
+                for pos, length in runs:
+                    staging[pos : pos + length].copy_(
+                        host[first[pos] : first[pos] + length], non_blocking=True
+                    )
+            else:
+                staging.copy_(source, non_blocking=True)
+            self._scatter_from(staging, self._to_device(d))
+            event = _event()
+            event.record(self._side)
+        keep = (staging,) if source is None else (staging, source)
+        return Transfer(event, keep)
+
+    def write_slots(
+        self,
+        name: str,
+        key: torch.Tensor,
+        value: torch.Tensor | None,
+        slot_mapping: Ids,
+    ) -> None:
+        """Store new tokens' K/V (vLLM's reshape_and_cache): token i goes to block
+        `slot // block_size`, offset `slot % block_size`; negative slots are padding.
+
+        Attention: key `[T, num_kv_heads, head_size]`, value `[T, num_kv_heads, head_size_v]`.
+        MLA: key `[T, head_size]` (the latent and rope parts concatenated), value None.
+        Slots are validated on the host (a device slot_mapping costs one sync).
+        """
+        geom = self._layer(name, "attention", "mla")
+        slots = _host_ids(slot_mapping, "write_slots slot_mapping")
+        if geom.kind == "mla":
+            if value is not None:
+                raise ValueError(f"MLA layer {name!r} stores one latent: pass value=None")
+            pairs: list[tuple[torch.Tensor, tuple[int, ...], torch.Tensor]] = [
+                (key, (geom.head_size,), self.kv_cache(name))
+            ]
+        else:
+            if value is None:
+                raise ValueError(f"attention layer {name!r} needs a value tensor")
+            heads = geom.num_kv_heads
+            pairs = [
+                (key, (heads, geom.head_size), self.key_cache(name)),
+                (value, (heads, geom.head_size_v), self.value_cache(name)),
+            ]
+        for tensor, inner, _cache in pairs:
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(
+                    f"write_slots: expected a torch.Tensor, got {type(tensor).__name__}"
+                )
+            if tuple(tensor.shape) != (slots.numel(), *inner):
+                raise ValueError(
+                    f"write_slots {name!r}: expected shape "
+                    f"{(slots.numel(), *inner)}, got {tuple(tensor.shape)}"
+                )
+            if tensor.dtype != geom.dtype:
+                raise TypeError(f"write_slots {name!r}: expected {geom.dtype}, got {tensor.dtype}")
+            if tensor.device != self.device:
+                raise ValueError(
+                    f"write_slots {name!r}: tensor on {tensor.device}, pages on {self.device}"
+                )
+        valid = slots >= 0
+        kept = slots[valid]
+        bs = geom.block_size
+        _check_range(
+            torch.div(kept, bs, rounding_mode="floor"), self.num_blocks, "write_slots slot_mapping"
+        )
+        _check_unique(kept, "write_slots slot_mapping")
+        if self._null and bool((kept < bs).any()):
+            raise ValueError("write_slots: a slot falls in block 0, the null block")
+        if kept.numel() == 0:
+            return
+        rows = None if bool(valid.all()) else self._to_device(torch.nonzero(valid).flatten())
+        index = (self._to_device(kept // bs), self._to_device(kept % bs))
+        for tensor, _inner, cache in pairs:
+            cache.index_put_(index, tensor if rows is None else tensor.index_select(0, rows))
+
+
+_WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
