@@ -260,6 +260,9 @@ def test_zero_gather_scatter(device: str, config: str) -> None:
     assert_same(snapshot(pages), ref_copy(state, [5, 0, 5, 11], [1, 2, 3, 4]))
     # The rows are the layer bytes and nothing else: rows of equal blocks are equal.
     assert torch.equal(blob[0], blob[2]) and not torch.equal(blob[0], blob[3])
+    out = torch.empty((4, pages.block_bytes), dtype=torch.uint8, device=device)
+    assert pages.gather([5, 0, 5, 11], out=out) is out
+    assert torch.equal(out, blob)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -378,6 +381,12 @@ def test_block_table_and_slot_mapping() -> None:
         (lambda p: p.scatter([1], torch.zeros(1, p.block_bytes)), TypeError, "uint8"),
         (lambda p: p.scatter([1, 1], p.gather([2, 3])), ValueError, "duplicate"),
         (lambda p: p.swap_out([1], [0]), ValueError, "host pool"),
+        (
+            lambda p: p.gather([1], out=torch.empty(2, p.block_bytes, dtype=torch.uint8)),
+            ValueError,
+            "shape",
+        ),
+        (lambda p: p.scatter([1], p.gather([2]).tolist()), TypeError, "torch.Tensor"),
         (lambda p: p.key_cache("nope"), KeyError, "nope"),
         (
             lambda p: p.write_slots("layer.0", torch.zeros(1, 2, 8), torch.zeros(1, 2, 8), [4]),
@@ -513,3 +522,77 @@ def test_torch_dtype_objects_accepted() -> None:
     pages = KVPages(single_group(4, attn(torch.bfloat16), 1), "cpu")  # type: ignore[arg-type]
     assert pages.kv_cache("layer.0").dtype == torch.bfloat16
     assert math.prod(pages.kv_cache("layer.0").shape) * 2 == pages.block_bytes * 4
+
+
+# ------------------------------------------------------------- random op sequences
+
+
+def mixed_config() -> KVCacheConfig:
+    """Split K/V buffers, a two-plane diffkv buffer, an MLA buffer, and attention + mamba
+    layers sharing buffers, in one config (one id space)."""
+    full, diff = attn(), attn(head_size_v=4)
+    mla = MLAAttentionSpec(block_size=4, num_kv_heads=1, head_size=64, dtype="float16")
+    mamba = MambaSpec(MAMBA.block_size, MAMBA.shapes, MAMBA.dtypes, page_size_padded=256)
+    groups = [
+        KVCacheGroupSpec(["f.0", "f.1"], full),
+        KVCacheGroupSpec(["d.0"], diff),
+        KVCacheGroupSpec(["m.0"], mla),
+        KVCacheGroupSpec(["s.0", "s.1"], mamba),
+    ]
+    tensors = [
+        KVCacheTensor(NB * 256, ["f.0", "s.0"]),
+        KVCacheTensor(NB * 256, ["f.1", "s.1"]),
+        KVCacheTensor(NB * diff.page_size_bytes, ["d.0"]),
+        KVCacheTensor(NB * mla.page_size_bytes, ["m.0"]),
+    ]
+    return KVCacheConfig(NB, tensors, groups)
+
+
+def test_random_op_sequences_match_reference() -> None:
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+
+    ids = st.lists(st.integers(1, NB - 1), unique=True, max_size=6)
+    host = st.lists(st.integers(0, 7), unique=True, max_size=6)
+    op = st.one_of(
+        st.tuples(st.just("copy"), st.lists(st.integers(0, NB - 1), max_size=6), ids),
+        st.tuples(st.just("zero"), ids, st.just([])),
+        st.tuples(st.just("move"), st.lists(st.integers(0, NB - 1), max_size=6), ids),
+        st.tuples(st.just("out"), st.lists(st.integers(0, NB - 1), max_size=6), host),
+        st.tuples(st.just("in"), host, ids),
+    )
+
+    @hypothesis.settings(max_examples=60, deadline=None)
+    @hypothesis.given(st.lists(op, max_size=8), st.sampled_from(DEVICES), st.booleans())
+    def run(ops: list[tuple[str, list[int], list[int]]], device: str, block_major: bool) -> None:
+        pages = KVPages(mixed_config(), device, host_blocks=8, block_major=block_major)
+        randomize(pages, seed=len(ops))
+        model = snapshot(pages)
+        host_model: dict[int, dict[Any, torch.Tensor]] = {}
+        for kind, a, b in ops:
+            n = min(len(a), len(b))
+            a, b = a[:n] if kind != "zero" else a, b[:n]
+            if kind == "copy":
+                pages.copy_blocks(a, b)
+                model = ref_copy(model, a, b)
+            elif kind == "zero":
+                pages.zero_blocks(a)
+                for key in model:
+                    model[key][a] = 0
+            elif kind == "move":
+                pages.scatter(b, pages.gather(a))
+                model = ref_copy(model, a, b)
+            elif kind == "out":
+                pages.swap_out(a, b).synchronize()
+                for src, dst in zip(a, b, strict=True):
+                    host_model[dst] = {key: rows[src].clone() for key, rows in model.items()}
+            else:
+                known = [(h, d) for h, d in zip(a, b, strict=True) if h in host_model]
+                if known:
+                    pages.swap_in([h for h, _ in known], [d for _, d in known]).synchronize()
+                for h, d in known:
+                    for key in model:
+                        model[key][d] = host_model[h][key]
+            assert_same(snapshot(pages), model)
+
+    run()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -137,15 +138,18 @@ class Transfer:
     after the device pages were read, so they may be reused; for swap_in: after the pages were
     written). It is None when the work ran synchronously (CPU pools). Call `wait()` before a
     stream reads swapped-in pages, and `synchronize()` before the host reads swapped-out data.
+    KVPages itself orders its later swaps after earlier ones.
     """
 
     def __init__(
         self,
-        event: torch.cuda.Event | None,
+        event: torch.cuda.Event | None = None,
+        device: torch.device | None = None,
         keep: tuple[torch.Tensor, ...] = (),
         finish: Callable[[], object] | None = None,
     ) -> None:
         self.event = event
+        self._device = device
         self._keep = keep
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -164,7 +168,7 @@ class Transfer:
     def wait(self, stream: torch.cuda.Stream | None = None) -> None:
         """Make `stream` (default: the current one) wait on the device side; no host block."""
         if self.event is not None:
-            (stream or torch.cuda.current_stream(self.event.device)).wait_event(self.event)
+            (stream or torch.cuda.current_stream(self._device)).wait_event(self.event)
 
     def synchronize(self) -> None:
         """Block the host until the transfer, including any host-side step, is complete."""
@@ -175,6 +179,11 @@ class Transfer:
         self._keep = ()
         if self._error is not None:
             raise self._error
+
+    @property
+    def has_host_step(self) -> bool:
+        """True when part of the transfer runs on the host after the device part."""
+        return self._thread is not None
 
     def done(self) -> bool:
         """True once the whole transfer is complete (never blocks)."""
@@ -246,6 +255,8 @@ class KVPages:
                 self.host_blocks, self.block_bytes
             )
         self._moves = tuple(self._make_moves())
+        self._row_word = _WORDS[math.gcd(8, self.block_bytes)]
+        self._swap_outs: list[Transfer] = []
         self._side: torch.cuda.Stream | None = (
             torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
             if self.device.type == "cuda"
@@ -281,6 +292,10 @@ class KVPages:
             (self.block_bytes // w, per_buffer // w, plane.width // w, 1),
             words.storage_offset() + (batch.host_offset + move.prefix) // w,
         )
+
+    def _words(self, rows: torch.Tensor) -> torch.Tensor:
+        """A contiguous uint8 `[n, block_bytes]` tensor as wide words, for fast index ops."""
+        return rows.view(self._row_word)
 
     def layer_names(self) -> list[str]:
         """Every layer with pages, in config order."""
@@ -445,14 +460,31 @@ class KVPages:
         for move in self._moves:
             move.device.index_fill_(0, d_dev, 0)
 
-    def gather(self, ids: Ids) -> torch.Tensor:
+    def gather(self, ids: Ids, out: torch.Tensor | None = None) -> torch.Tensor:
         """The given blocks of every buffer as one contiguous uint8 `[len(ids), block_bytes]`
-        tensor on the device (the host-pool row format)."""
+        tensor on the device (the host-pool row format), written to `out` if given."""
         s = self._sources(ids, "gather")
-        out = torch.empty((s.numel(), self.block_bytes), dtype=torch.uint8, device=self.device)
+        if out is None:
+            out = torch.empty((s.numel(), self.block_bytes), dtype=torch.uint8, device=self.device)
+        else:
+            self._check_rows(out, s.numel(), "gather out")
+            if not out.is_contiguous():
+                raise ValueError("gather out must be contiguous")
         if s.numel():
             self._gather_into(out, self._to_device(s))
         return out
+
+    def _check_rows(self, rows: object, n: int, what: str) -> None:
+        if not isinstance(rows, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(rows).__name__}")
+        if rows.dtype != torch.uint8:
+            raise TypeError(f"{what} must be uint8, got {rows.dtype}")
+        if tuple(rows.shape) != (n, self.block_bytes):
+            raise ValueError(
+                f"{what} must have shape ({n}, {self.block_bytes}), got {tuple(rows.shape)}"
+            )
+        if rows.device != self.device:
+            raise ValueError(f"{what} is on {rows.device}, the pages on {self.device}")
 
     def _gather_into(self, out: torch.Tensor, ids: torch.Tensor) -> None:
         for move in self._moves:
@@ -462,17 +494,7 @@ class KVPages:
         """Write `data` (as returned by gather: uint8 `[len(ids), block_bytes]` on the
         device) into the given blocks."""
         d = self._destinations(ids, "scatter")
-        if not isinstance(data, torch.Tensor):
-            raise TypeError(f"scatter data must be a torch.Tensor, got {type(data).__name__}")
-        if data.dtype != torch.uint8:
-            raise TypeError(f"scatter data must be uint8, got {data.dtype}")
-        if tuple(data.shape) != (d.numel(), self.block_bytes):
-            raise ValueError(
-                f"scatter data must have shape ({d.numel()}, {self.block_bytes}), "
-                f"got {tuple(data.shape)}"
-            )
-        if data.device != self.device:
-            raise ValueError(f"scatter data is on {data.device}, the pages on {self.device}")
+        self._check_rows(data, d.numel(), "scatter data")
         if d.numel():
             self._scatter_from(data.contiguous(), self._to_device(d))
 
@@ -495,11 +517,12 @@ class KVPages:
         d = self._destinations(host_ids, "swap_out host ids", host_side=True)
         self._same_length(s, d, "swap_out")
         if s.numel() == 0:
-            return Transfer(None)
+            return Transfer()
+        self._settle(all_swap_outs=False)
         if self._side is None:
             staging = self.gather(s)
-            host.index_copy_(0, d, staging.to("cpu"))
-            return Transfer(None)
+            self._words(host).index_copy_(0, d, self._words(staging.to("cpu")))
+            return Transfer()
         self._side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._side):
             staging = torch.empty(
@@ -515,11 +538,30 @@ class KVPages:
                         staging[pos : pos + length], non_blocking=True
                     )
                 event.record(self._side)
-                return Transfer(event, (staging,))
+                return self._track(Transfer(event, self.device, (staging,)))
             pinned = torch.empty_like(staging, device="cpu", pin_memory=True)
             pinned.copy_(staging, non_blocking=True)
             event.record(self._side)
-        return Transfer(event, (staging, pinned), lambda: host.index_copy_(0, d, pinned))
+        finish = lambda: self._words(host).index_copy_(0, d, self._words(pinned))  # noqa: E731
+        return self._track(Transfer(event, self.device, (staging, pinned), finish))
+
+    def _track(self, transfer: Transfer) -> Transfer:
+        self._swap_outs.append(transfer)
+        return transfer
+
+    def _settle(self, all_swap_outs: bool) -> None:
+        """Finish earlier swap_outs that could race with a new host-pool access: those with a
+        host-side step (it writes host rows outside any stream), or all of them before the host
+        itself reads the pool. Device-side steps are already ordered on the side stream."""
+        pending = []
+        for transfer in self._swap_outs:
+            if transfer.done():
+                continue
+            if all_swap_outs or transfer.has_host_step:
+                transfer.synchronize()
+            else:
+                pending.append(transfer)
+        self._swap_outs = pending
 
     def swap_in(self, host_ids: Ids, device_ids: Ids) -> Transfer:
         """Copy host-pool blocks into device blocks on a side stream; returns the Transfer.
@@ -532,16 +574,19 @@ class KVPages:
         d = self._destinations(device_ids, "swap_in device ids")
         self._same_length(s, d, "swap_in")
         if s.numel() == 0:
-            return Transfer(None)
+            return Transfer()
         if self._side is None:
-            self._scatter_from(host.index_select(0, s).to(self.device), d)
-            return Transfer(None)
+            rows = self._words(host).index_select(0, s).view(torch.uint8)
+            self._scatter_from(rows.to(self.device), d)
+            return Transfer()
         runs = _runs(s)
         if self._dma_pays(runs, s.numel()):
+            self._settle(all_swap_outs=False)
             source = None
         else:
+            self._settle(all_swap_outs=True)
             source = torch.empty((s.numel(), self.block_bytes), dtype=torch.uint8, pin_memory=True)
-            torch.index_select(host, 0, s, out=source)
+            torch.index_select(self._words(host), 0, s, out=self._words(source))
         self._side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._side):
             staging = torch.empty(
@@ -559,7 +604,7 @@ class KVPages:
             event = _event()
             event.record(self._side)
         keep = (staging,) if source is None else (staging, source)
-        return Transfer(event, keep)
+        return Transfer(event, self.device, keep)
 
     def write_slots(
         self,
