@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
+from kvblocks.device import _kernels
 from kvblocks.device._layout import (
     Batch,
     Geometry,
@@ -40,7 +41,7 @@ DMA_MIN_RUN_BYTES = 256 << 10
 DMA_MAX_RUNS = 8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Move:
     """One plane of one batch: the device view `[num_blocks, buffers, rows, words]`."""
 
@@ -444,7 +445,10 @@ class KVPages:
         if rest:
             s_dev, d_dev = self._to_device(s), self._to_device(d)
             for move in rest:
-                move.device.index_copy_(0, d_dev, move.device.index_select(0, s_dev))
+                if disjoint and self._kernel_for(move):
+                    _kernels.copy(move.device, move.device, s_dev, d_dev, s.numel())
+                else:
+                    move.device.index_copy_(0, d_dev, move.device.index_select(0, s_dev))
 
     @staticmethod
     def _slices_pay(num_runs: int, num_ids: int, move: _Move) -> bool:
@@ -488,7 +492,14 @@ class KVPages:
 
     def _gather_into(self, out: torch.Tensor, ids: torch.Tensor) -> None:
         for move in self._moves:
-            torch.index_select(move.device, 0, ids, out=self._rows_view(out, move))
+            rows = self._rows_view(out, move)
+            if self._kernel_for(move):
+                _kernels.copy(move.device, rows, ids, None, ids.numel())
+            else:
+                torch.index_select(move.device, 0, ids, out=rows)
+
+    def _kernel_for(self, move: _Move) -> bool:
+        return _kernels.usable(self.device, len(move.batch.buffers) * move.plane.rows)
 
     def scatter(self, ids: Ids, data: torch.Tensor) -> None:
         """Write `data` (as returned by gather: uint8 `[len(ids), block_bytes]` on the
@@ -500,7 +511,11 @@ class KVPages:
 
     def _scatter_from(self, data: torch.Tensor, ids: torch.Tensor) -> None:
         for move in self._moves:
-            move.device.index_copy_(0, ids, self._rows_view(data, move))
+            rows = self._rows_view(data, move)
+            if self._kernel_for(move):
+                _kernels.copy(rows, move.device, None, ids, ids.numel())
+            else:
+                move.device.index_copy_(0, ids, rows)
 
     def _dma_pays(self, runs: list[tuple[int, int]], n: int) -> bool:
         return len(runs) <= DMA_MAX_RUNS or n * self.block_bytes >= len(runs) * DMA_MIN_RUN_BYTES
