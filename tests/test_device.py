@@ -617,3 +617,37 @@ def test_random_op_sequences_match_reference(device: str, kernel: str) -> None:
             assert_same(snapshot(pages), model)
 
     run()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_long_id_lists(device: str, kernel: str) -> None:
+    """Lists longer than the builtin fast path go through the tensor checks and run finder."""
+    nb = 300
+    pages = KVPages(single_group(nb, attn(), 1), device, host_blocks=nb)
+    randomize(pages)
+    gen = torch.Generator().manual_seed(7)
+    perm = (torch.randperm(nb - 1, generator=gen) + 1).tolist()
+    runs_src, runs_dst = list(range(1, 101)), list(range(150, 250))
+    cases = [
+        (perm[:100], perm[100:200]),  # scattered, disjoint
+        (perm[:100], perm[50:150]),  # scattered, overlapping
+        (runs_src, runs_dst),  # one long run
+        (torch.tensor(perm[:120]), torch.tensor(perm[120:240])),  # tensors
+    ]
+    for src, dst in cases:
+        before = snapshot(pages)
+        pages.copy_blocks(src, dst)
+        assert_same(snapshot(pages), ref_copy(before, list(src), list(dst)))
+    before = snapshot(pages)
+    pages.swap_out(perm[:100], list(range(100, 200))).synchronize()
+    pages.swap_in(list(range(100, 200)), perm[100:200]).synchronize()
+    assert_same(snapshot(pages), ref_copy(before, perm[:100], perm[100:200]))
+    long_dup = [*perm[:99], perm[0]]
+    for call, error in [
+        (lambda: pages.copy_blocks(perm[:100], long_dup), ValueError),
+        (lambda: pages.copy_blocks([*perm[:99], nb], perm[:100]), IndexError),
+        (lambda: pages.zero_blocks([*perm[:99], 0]), ValueError),
+        (lambda: pages.copy_blocks([0.5] * 100, perm[:100]), TypeError),
+    ]:
+        with pytest.raises(error):
+            call()

@@ -39,6 +39,8 @@ SLICE_COPY_MIN_RUN_BYTES = 4 << 20
 # and a host-side index copy.
 DMA_MIN_RUN_BYTES = 256 << 10
 DMA_MAX_RUNS = 8
+# Id lists up to this long are validated with Python builtins (cheaper than torch ops).
+SMALL = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,10 +55,14 @@ class _Move:
 
 def _host_ids(ids: Ids, what: str) -> torch.Tensor:
     """Ids as a 1-D int64 CPU tensor; TypeError/ValueError for anything else."""
+    if (
+        isinstance(ids, (list, tuple, range))
+        and len(ids) <= SMALL
+        and all(type(x) is int for x in ids)
+    ):
+        return torch.tensor(ids, dtype=torch.int64)
     if isinstance(ids, torch.Tensor):
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise TypeError(f"{what}: block ids must be integers, got {ids.dtype}")
-        tensor = ids.detach().to("cpu", torch.int64)
+        tensor = ids.detach()
     else:
         try:
             tensor = torch.as_tensor(ids)
@@ -64,25 +70,40 @@ def _host_ids(ids: Ids, what: str) -> torch.Tensor:
             raise TypeError(f"{what}: block ids must be a sequence of ints ({err})") from None
         if tensor.numel() == 0:
             tensor = tensor.reshape(0).to(torch.int64)
-        if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
-            raise TypeError(f"{what}: block ids must be integers, got {tensor.dtype}")
-        tensor = tensor.to(torch.int64)
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        raise TypeError(f"{what}: block ids must be integers, got {tensor.dtype}")
     if tensor.dim() != 1:
         raise ValueError(f"{what}: block ids must be 1-D, got shape {tuple(tensor.shape)}")
-    return tensor
+    return tensor.to("cpu", torch.int64)
 
 
 def _check_range(ids: torch.Tensor, limit: int, what: str) -> None:
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= limit):
-        bad = ids[(ids < 0) | (ids >= limit)][0]
-        raise IndexError(f"{what}: block id {int(bad)} out of range [0, {limit})")
+    if ids.numel() == 0:
+        return
+    if ids.numel() <= SMALL:
+        values = ids.tolist()
+        low, high = min(values), max(values)
+    else:
+        low, high = (int(v) for v in torch.aminmax(ids))
+    if low < 0 or high >= limit:
+        raise IndexError(f"{what}: block id {low if low < 0 else high} out of range [0, {limit})")
 
 
 def _check_unique(ids: torch.Tensor, what: str) -> None:
-    if ids.numel() > 1:
+    n = ids.numel()
+    if n <= 1:
+        return
+    if n <= SMALL:
+        values = ids.tolist()
+        if len(set(values)) == n:
+            return
+        dup = next(v for i, v in enumerate(values) if v in values[:i])
+    else:
         uniq, counts = torch.unique(ids, return_counts=True)
-        if uniq.numel() != ids.numel():
-            raise ValueError(f"{what}: duplicate destination block id {int(uniq[counts > 1][0])}")
+        if uniq.numel() == n:
+            return
+        dup = int(uniq[counts > 1][0])
+    raise ValueError(f"{what}: duplicate destination block id {dup}")
 
 
 def _runs(*columns: torch.Tensor) -> list[tuple[int, int]]:
@@ -90,12 +111,30 @@ def _runs(*columns: torch.Tensor) -> list[tuple[int, int]]:
     n = columns[0].numel()
     if n == 0:
         return []
-    breaks = torch.zeros(n - 1, dtype=torch.bool)
-    for col in columns:
-        breaks |= col[1:] - col[:-1] != 1
-    starts = [0, *(torch.nonzero(breaks).flatten() + 1).tolist()]
-    ends = [*starts[1:], n]
+    if n <= SMALL:
+        lists = [c.tolist() for c in columns]
+        cuts = [i for i in range(1, n) if any(v[i] - v[i - 1] != 1 for v in lists)]
+    else:
+        breaks = torch.zeros(n - 1, dtype=torch.bool)
+        for col in columns:
+            breaks |= col[1:] - col[:-1] != 1
+        cuts = (torch.nonzero(breaks).flatten() + 1).tolist()
+    starts = [0, *cuts]
+    ends = [*cuts, n]
     return [(s, e - s) for s, e in zip(starts, ends, strict=True)]
+
+
+def _contains_zero(ids: torch.Tensor) -> bool:
+    if ids.numel() <= SMALL:
+        return 0 in ids.tolist()
+    return bool((ids == 0).any())
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether any id is in both."""
+    if a.numel() <= SMALL and b.numel() <= SMALL:
+        return not set(a.tolist()).isdisjoint(b.tolist())
+    return bool(torch.isin(a, b).any())
 
 
 def _available_bytes(device: torch.device) -> int | None:
@@ -399,7 +438,7 @@ class KVPages:
         host = _host_ids(ids, what)
         _check_range(host, self.host_blocks if host_side else self.num_blocks, what)
         _check_unique(host, what)
-        if not host_side and self._null and bool((host == 0).any()):
+        if not host_side and self._null and _contains_zero(host):
             raise ValueError(
                 f"{what}: block 0 is the null block and is never written "
                 f"(protect_null_block=False allows it)"
@@ -431,7 +470,7 @@ class KVPages:
         if s.numel() == 0:
             return
         runs = _runs(s, d)
-        disjoint = not bool(torch.isin(s, d).any())
+        disjoint = not _overlap(s, d)
         s_list, d_list = s.tolist(), d.tolist()
         if disjoint:
             sliced = [m for m in self._moves if self._slices_pay(len(runs), s.numel(), m)]
