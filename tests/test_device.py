@@ -651,3 +651,29 @@ def test_long_id_lists(device: str, kernel: str) -> None:
     ]:
         with pytest.raises(error):
             call()
+
+
+def test_module_docstring_example_runs_on_cpu() -> None:
+    """The usage example of kvblocks.device, on CPU with a stand-in config."""
+    config = single_group(64, attn(block_size=16), 2, prefix="model.layers")
+    pages = KVPages(config, "cpu", host_blocks=16)
+    name = "model.layers.0"
+    assert pages.kv_cache(name).shape == (2, 64, 16, 2, 8)
+    pages.zero_blocks([1, 2, 3, 4])
+    table = block_table([[1, 2, 3], [4]], max_blocks=8)
+    slots = slot_mapping(
+        table, num_computed_tokens=[40, 0], num_scheduled_tokens=[1, 7], block_size=16
+    )
+    assert slots.tolist() == [3 * 16 + 8, *range(4 * 16, 4 * 16 + 7)]
+    key = torch.ones(8, 2, 8, dtype=torch.float16)
+    pages.write_slots(name, key, 2 * key, slots)
+    assert bool((pages.key_cache(name)[3, 8] == 1).all())
+    assert bool((pages.value_cache(name)[4, :7] == 2).all())
+    pages.copy_blocks(src=[3, 4], dst=[7, 8])
+    pages.swap_out([7, 8], [0, 1]).synchronize()
+    back = pages.swap_in([0, 1], [9, 10])
+    back.wait()
+    blob = pages.gather([9, 10])
+    pages.scatter([11, 12], blob)
+    assert torch.equal(pages.kv_cache(name)[:, 12], pages.kv_cache(name)[:, 4])
+    assert bool((pages.value_cache(name)[12, :7] == 2).all())

@@ -2,9 +2,11 @@
 
 `KVPages` allocates the KV cache of a `KVCacheConfig` (one raw byte buffer per KVCacheTensor,
 shared by the layers it names, as vLLM), hands out typed per-layer views, and moves pages by
-block id with one kernel per group of same-shaped buffers, whatever the number of blocks or
-layers. Only the config's attributes are used and spec kinds are told apart by class name, so
-kvblocks' own classes and vLLM's dataclasses both work.
+block id. Buffers of the same shape sit at one stride in a single allocation, so one kernel
+moves a block of every layer of such a group, whatever the number of blocks or layers; on
+CUDA that kernel is a Triton page copy that touches each byte once (torch index ops
+elsewhere, see `_kernels`). Only the config's attributes are used and spec kinds are told
+apart by class name, so kvblocks' own classes and vLLM's dataclasses both work.
 
 Example::
 
