@@ -55,6 +55,16 @@ def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     return str(request.param)
 
 
+@pytest.fixture(params=["dma", "kernel"])
+def swap_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, kernel: str) -> str:
+    """Swaps through the copy engines, or through the kernel on the pinned host pool (taken
+    only when the kernel fixture enabled it)."""
+    if request.param == "kernel" and kernel == "torch":
+        pytest.skip("the swap kernel needs the Triton path")
+    monkeypatch.setenv("KVBLOCKS_DEVICE_SWAP", request.param)
+    return str(request.param)
+
+
 def attn(dtype: str = "float16", **kw: Any) -> FullAttentionSpec:
     args: dict[str, Any] = {"block_size": 4, "num_kv_heads": 2, "head_size": 8, "dtype": dtype}
     args.update(kw)
@@ -287,7 +297,7 @@ def test_zero_gather_scatter(device: str, config: str, kernel: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("config", ["full", "diffkv", "attn+mamba shared", "uniform", "mla"])
-def test_swap_out_and_in(device: str, config: str, kernel: str) -> None:
+def test_swap_out_and_in(device: str, config: str, swap_path: str) -> None:
     pages = make(config, device, host_blocks=20)
     assert pages.host_pool is not None
     pages.host_pool.copy_(torch.randint(0, 256, pages.host_pool.shape, dtype=torch.uint8))
@@ -569,7 +579,7 @@ def mixed_config() -> KVCacheConfig:
 
 
 @pytest.mark.parametrize("device", [DEVICES[-1]])
-def test_random_op_sequences_match_reference(device: str, kernel: str) -> None:
+def test_random_op_sequences_match_reference(device: str, swap_path: str) -> None:
     hypothesis = pytest.importorskip("hypothesis")
     st = hypothesis.strategies
 
@@ -620,7 +630,7 @@ def test_random_op_sequences_match_reference(device: str, kernel: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_long_id_lists(device: str, kernel: str) -> None:
+def test_long_id_lists(device: str, swap_path: str) -> None:
     """Lists longer than the builtin fast path go through the tensor checks and run finder."""
     nb = 300
     pages = KVPages(single_group(nb, attn(), 1), device, host_blocks=nb)

@@ -7,7 +7,9 @@ CUDA. Views are 4-D `[ids, buffers, rows, words]` with a contiguous last dimensi
 
 KVBLOCKS_DEVICE_KERNEL selects the path: "auto" (default: Triton on CUDA when importable),
 "torch" (never), "triton" (always; on CPU tensors this needs TRITON_INTERPRET=1, which is how
-the tests check the kernel without a GPU).
+the tests check the kernel without a GPU). With KVBLOCKS_DEVICE_SWAP=kernel, swaps also run
+through it, the host side being the pinned host pool (device-accessible under unified
+addressing), with no staging copy.
 """
 
 from __future__ import annotations
@@ -27,6 +29,15 @@ def mode() -> str:
     value = os.environ.get("KVBLOCKS_DEVICE_KERNEL", "auto")
     if value not in ("auto", "torch", "triton"):
         raise ValueError(f"KVBLOCKS_DEVICE_KERNEL must be auto, torch or triton, not {value!r}")
+    return value
+
+
+def swap_mode() -> str:
+    """How swaps move bytes, from KVBLOCKS_DEVICE_SWAP: "dma" (default: copy engines) or
+    "kernel" (the kernel reads/writes pinned host memory directly; needs the kernel path)."""
+    value = os.environ.get("KVBLOCKS_DEVICE_SWAP", "dma")
+    if value not in ("dma", "kernel"):
+        raise ValueError(f"KVBLOCKS_DEVICE_SWAP must be dma or kernel, not {value!r}")
     return value
 
 

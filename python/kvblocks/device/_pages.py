@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -573,31 +574,59 @@ class KVPages:
         if s.numel() == 0:
             return Transfer()
         self._settle(all_swap_outs=False)
+        if self._swap_by_kernel():
+            with self._on_side():
+                s_dev, d_dev = self._to_device(s), self._to_device(d)
+                for move in self._moves:
+                    _kernels.copy(move.device, self._rows_view(host, move), s_dev, d_dev, len(s))
+                return self._track(self._transfer(()))
         if self._side is None:
             staging = self.gather(s)
             self._words(host).index_copy_(0, d, self._words(staging.to("cpu")))
             return Transfer()
-        self._side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._side):
-            staging = torch.empty(
-                (s.numel(), self.block_bytes), dtype=torch.uint8, device=self.device
-            )
+        runs = _runs(d)
+        with self._on_side():
+            staging = torch.empty((len(s), self.block_bytes), dtype=torch.uint8, device=self.device)
             self._gather_into(staging, self._to_device(s))
-            runs = _runs(d)
-            event = _event()
-            if self._dma_pays(runs, s.numel()):
+            if self._dma_pays(runs, len(s)):
                 first = d.tolist()
                 for pos, length in runs:
                     host[first[pos] : first[pos] + length].copy_(
                         staging[pos : pos + length], non_blocking=True
                     )
-                event.record(self._side)
-                return self._track(Transfer(event, self.device, (staging,)))
+                return self._track(self._transfer((staging,)))
             pinned = torch.empty_like(staging, device="cpu", pin_memory=True)
             pinned.copy_(staging, non_blocking=True)
-            event.record(self._side)
-        finish = lambda: self._words(host).index_copy_(0, d, self._words(pinned))  # noqa: E731
-        return self._track(Transfer(event, self.device, (staging, pinned), finish))
+            transfer = self._transfer(
+                (staging, pinned),
+                lambda: self._words(host).index_copy_(0, d, self._words(pinned)),
+            )
+        return self._track(transfer)
+
+    def _swap_by_kernel(self) -> bool:
+        """Swaps run as one kernel per plane reading/writing the pinned host pool directly
+        (over unified addressing) when KVBLOCKS_DEVICE_SWAP=kernel and the kernel is usable;
+        by default they use the copy engines (DMA)."""
+        return _kernels.swap_mode() == "kernel" and all(self._kernel_for(m) for m in self._moves)
+
+    def _on_side(self) -> contextlib.AbstractContextManager[object]:
+        """Run on the side stream after the work queued so far (no-op off CUDA)."""
+        if self._side is None:
+            return contextlib.nullcontext()
+        self._side.wait_stream(torch.cuda.current_stream(self.device))
+        return torch.cuda.stream(self._side)
+
+    def _transfer(
+        self, keep: tuple[torch.Tensor, ...], finish: Callable[[], object] | None = None
+    ) -> Transfer:
+        """A Transfer for the work just queued on the side stream (complete off CUDA)."""
+        if self._side is None:
+            if finish is not None:
+                finish()
+            return Transfer()
+        event = _event()
+        event.record(self._side)
+        return Transfer(event, self.device, keep, finish)
 
     def _track(self, transfer: Transfer) -> Transfer:
         self._swap_outs.append(transfer)
@@ -629,23 +658,27 @@ class KVPages:
         self._same_length(s, d, "swap_in")
         if s.numel() == 0:
             return Transfer()
+        if self._swap_by_kernel():
+            self._settle(all_swap_outs=False)
+            with self._on_side():
+                s_dev, d_dev = self._to_device(s), self._to_device(d)
+                for move in self._moves:
+                    _kernels.copy(self._rows_view(host, move), move.device, s_dev, d_dev, len(s))
+                return self._transfer(())
         if self._side is None:
             rows = self._words(host).index_select(0, s).view(torch.uint8)
             self._scatter_from(rows.to(self.device), d)
             return Transfer()
         runs = _runs(s)
-        if self._dma_pays(runs, s.numel()):
+        source = None
+        if self._dma_pays(runs, len(s)):
             self._settle(all_swap_outs=False)
-            source = None
         else:
             self._settle(all_swap_outs=True)
-            source = torch.empty((s.numel(), self.block_bytes), dtype=torch.uint8, pin_memory=True)
+            source = torch.empty((len(s), self.block_bytes), dtype=torch.uint8, pin_memory=True)
             torch.index_select(self._words(host), 0, s, out=self._words(source))
-        self._side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._side):
-            staging = torch.empty(
-                (s.numel(), self.block_bytes), dtype=torch.uint8, device=self.device
-            )
+        with self._on_side():
+            staging = torch.empty((len(s), self.block_bytes), dtype=torch.uint8, device=self.device)
             if source is None:
                 first = s.tolist()
                 for pos, length in runs:
@@ -655,10 +688,7 @@ class KVPages:
             else:
                 staging.copy_(source, non_blocking=True)
             self._scatter_from(staging, self._to_device(d))
-            event = _event()
-            event.record(self._side)
-        keep = (staging,) if source is None else (staging, source)
-        return Transfer(event, self.device, keep)
+            return self._transfer((staging,) if source is None else (staging, source))
 
     def write_slots(
         self,
