@@ -7,6 +7,12 @@ same path: device to device for copy/gather/scatter/zero, pinned device to host 
 and host to device for swap_in (on CPU: a host memcpy). Bandwidth counts the bytes of the
 pages moved once (not read + write), for the operation and the baseline alike.
 
+Ops: copy (random disjoint src/dst: one kernel), copy_runs (one run of consecutive ids: slice
+copies), gather/scatter/zero (random ids), swap_out/swap_in (random device ids, consecutive host
+ids), swap_*_frag (host ids shuffled too). On CUDA, `op[torch]` rows repeat an op with torch
+index ops instead of the Triton kernel and `op[kernel]` rows swap through the kernel on the
+pinned host pool instead of the copy engines.
+
     python benches/python/device_bandwidth.py                  # cuda if available, else cpu
     python benches/python/device_bandwidth.py --device cpu --pages 4K,64K --blocks 1,100
     python benches/python/device_bandwidth.py --plot bandwidth.png
@@ -15,6 +21,7 @@ pages moved once (not read + write), for the operation and the baseline alike.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -28,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from device_configs import FullAttentionSpec, single_group
 from kvblocks.device import KVPages
 
-OPS = ["copy", "copy_runs", "gather", "scatter", "zero", "swap_out", "swap_in", "swap_out_frag"]
+OPS = ["copy", "copy_runs", "gather", "scatter", "zero", "swap_out", "swap_in"]
 
 
 def parse_size(text: str) -> int:
@@ -98,20 +105,39 @@ def bench_case(
     nbytes = blocks * pages.block_bytes
 
     peak_d2d, peak_d2h, peak_h2d = peaks(nbytes, device, repeat)
+    out = torch.empty_like(blob)
     cases: dict[str, tuple[Callable[[], object], float]] = {
         "copy": (lambda: pages.copy_blocks(src, dst), peak_d2d),
         "copy_runs": (
             lambda: pages.copy_blocks(range(1, blocks + 1), range(blocks + 1, 2 * blocks + 1)),
             peak_d2d,
         ),
-        "gather": (lambda: pages.gather(src), peak_d2d),
+        "gather": (lambda: pages.gather(src, out=out), peak_d2d),
         "scatter": (lambda: pages.scatter(dst, blob), peak_d2d),
         "zero": (lambda: pages.zero_blocks(dst), peak_d2d),
         "swap_out": (lambda: pages.swap_out(src, host_ids).synchronize(), peak_d2h),
         "swap_in": (lambda: pages.swap_in(host_ids, dst).synchronize(), peak_h2d),
         "swap_out_frag": (lambda: pages.swap_out(src, host_frag).synchronize(), peak_d2h),
+        "swap_in_frag": (lambda: pages.swap_in(host_frag, dst).synchronize(), peak_h2d),
     }
-    return [(op, timed(fn, device, repeat), peak) for op, (fn, peak) in cases.items()]
+    results = [(op, timed(fn, device, repeat), peak) for op, (fn, peak) in cases.items()]
+    if device.type == "cuda":
+        # The alternatives to the default paths: torch index ops instead of the Triton
+        # kernel, and swaps through the kernel on the pinned host pool instead of DMA.
+        variants = [
+            ("KVBLOCKS_DEVICE_KERNEL", "torch", ["copy", "gather", "scatter", "swap_out_frag"]),
+            ("KVBLOCKS_DEVICE_SWAP", "kernel", [op for op in cases if op.startswith("swap")]),
+        ]
+        for key, value, ops in variants:
+            os.environ[key] = value
+            try:
+                results += [
+                    (f"{op}[{value}]", timed(cases[op][0], device, repeat), cases[op][1])
+                    for op in ops
+                ]
+            finally:
+                del os.environ[key]
+    return results
 
 
 def human(n: int) -> str:
@@ -177,7 +203,7 @@ def plot(results: list[tuple[str, int, int, float]], path: str, title: str) -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ops = [op for op in OPS if any(r[0] == op for r in results)]
+    ops = [op for op in OPS if any(r[0] == op for r in results)]  # the default paths
     fig, axes = plt.subplots(1, len(ops), figsize=(4 * len(ops), 3.5), sharey=True)
     for ax, op in zip(axes, ops, strict=True):
         for blocks in sorted({r[2] for r in results}):
