@@ -630,8 +630,12 @@ def test_random_op_sequences_match_reference(device: str, swap_path: str) -> Non
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_long_id_lists(device: str, swap_path: str) -> None:
-    """Lists longer than the builtin fast path go through the tensor checks and run finder."""
+def test_long_id_lists(device: str, swap_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lists longer than the builtin fast path go through the tensor checks and run finder;
+    index copies without the kernel go through a temporary of 3 blocks at a time."""
+    import kvblocks.device._pages as impl
+
+    monkeypatch.setattr(impl, "COPY_CHUNK_BYTES", 3 * 256)
     nb = 300
     pages = KVPages(single_group(nb, attn(), 1), device, host_blocks=nb)
     randomize(pages)

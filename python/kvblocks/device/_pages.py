@@ -40,6 +40,8 @@ SLICE_COPY_MIN_RUN_BYTES = 4 << 20
 # and a host-side index copy.
 DMA_MIN_RUN_BYTES = 256 << 10
 DMA_MAX_RUNS = 8
+# Temporaries of index copies without the kernel are cut to this size (cache-resident).
+COPY_CHUNK_BYTES = 2 << 20
 # Id lists up to this long are validated with Python builtins (cheaper than torch ops).
 SMALL = 64
 
@@ -136,6 +138,22 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.numel() <= SMALL and b.numel() <= SMALL:
         return not set(a.tolist()).isdisjoint(b.tolist())
     return bool(torch.isin(a, b).any())
+
+
+def _copy_indexed(
+    src: torch.Tensor, src_ids: torch.Tensor, dst: torch.Tensor, dst_ids: torch.Tensor
+) -> None:
+    """`dst[dst_ids[i]] = src[src_ids[i]]` with torch index ops, through a temporary of at
+    most COPY_CHUNK_BYTES that stays in cache. No destination may be a source."""
+    per_id = src[0].numel() * src.element_size()
+    chunk = max(1, COPY_CHUNK_BYTES // per_id)
+    scratch = torch.empty(
+        (min(chunk, len(src_ids)), *src.shape[1:]), dtype=src.dtype, device=src.device
+    )
+    for start in range(0, len(src_ids), chunk):
+        part = scratch[: len(src_ids[start : start + chunk])]
+        torch.index_select(src, 0, src_ids[start : start + chunk], out=part)
+        dst.index_copy_(0, dst_ids[start : start + chunk], part)
 
 
 def _available_bytes(device: torch.device) -> int | None:
@@ -487,6 +505,8 @@ class KVPages:
             for move in rest:
                 if disjoint and self._kernel_for(move):
                     _kernels.copy(move.device, move.device, s_dev, d_dev, s.numel())
+                elif disjoint:
+                    _copy_indexed(move.device, s_dev, move.device, d_dev)
                 else:
                     move.device.index_copy_(0, d_dev, move.device.index_select(0, s_dev))
 
@@ -581,8 +601,8 @@ class KVPages:
                     _kernels.copy(move.device, self._rows_view(host, move), s_dev, d_dev, len(s))
                 return self._track(self._transfer(()))
         if self._side is None:
-            staging = self.gather(s)
-            self._words(host).index_copy_(0, d, self._words(staging.to("cpu")))
+            for move in self._moves:
+                _copy_indexed(move.device, s, self._rows_view(host, move), d)
             return Transfer()
         runs = _runs(d)
         with self._on_side():
@@ -666,8 +686,8 @@ class KVPages:
                     _kernels.copy(self._rows_view(host, move), move.device, s_dev, d_dev, len(s))
                 return self._transfer(())
         if self._side is None:
-            rows = self._words(host).index_select(0, s).view(torch.uint8)
-            self._scatter_from(rows.to(self.device), d)
+            for move in self._moves:
+                _copy_indexed(self._rows_view(host, move), s, move.device, d)
             return Transfer()
         runs = _runs(s)
         source = None
