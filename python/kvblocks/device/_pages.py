@@ -267,7 +267,14 @@ class KVPages:
     or with attention layers of other K/V widths, are block-major anyway.
 
     Destination ids must be unique and in range; block 0 (the null block) may not be written
-    unless `protect_null_block=False`. Every check runs before any page is touched.
+    unless `protect_null_block=False`. Every check runs before any page is touched. Ids are
+    validated on the host: pass Python lists, numpy arrays or CPU tensors (a CUDA tensor of
+    ids costs a device sync).
+
+    On CUDA, copy_blocks/gather/scatter run one Triton kernel per group of same-shaped
+    buffers (see `_kernels`; the first call of each variant compiles it), copy_blocks with
+    overlapping source and destination sets goes through a temporary, and swaps run on a side
+    stream through the copy engines. Not thread-safe: one owner thread per KVPages.
     """
 
     def __init__(
