@@ -691,3 +691,39 @@ def test_module_docstring_example_runs_on_cpu() -> None:
     pages.scatter([11, 12], blob)
     assert torch.equal(pages.kv_cache(name)[:, 12], pages.kv_cache(name)[:, 4])
     assert bool((pages.value_cache(name)[12, :7] == 2).all())
+
+
+def test_other_devices_get_ids_on_their_device() -> None:
+    """A device that is neither CPU nor CUDA ("meta": shapes without data) takes every
+    device-side operation; ids and slots are moved to it."""
+    pages = KVPages(single_group(NB, attn(), 2), "meta")
+    assert pages.kv_cache("layer.1").device.type == "meta"
+    pages.copy_blocks([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
+    pages.copy_blocks([1, 3], [3, 4])
+    pages.zero_blocks([3])
+    blob = pages.gather([1, 2])
+    assert blob.device.type == "meta" and blob.shape == (2, pages.block_bytes)
+    pages.scatter([3, 4], blob)
+    kv = torch.zeros(2, 2, 8, dtype=torch.float16, device="meta")
+    pages.write_slots("layer.0", kv, kv, [4, 9])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_ops_every_dtype_and_layout(device: str, dtype: str, layout: str) -> None:
+    spec = attn(dtype, num_kv_heads=3)
+    pages = KVPages(single_group(NB, spec, 2), device, layout=layout, host_blocks=4)  # type: ignore[arg-type]
+    randomize(pages, seed=3)
+    state = snapshot(pages)
+    pages.copy_blocks([1, 2, 9], [2, 3, 4])  # overlapping
+    state = ref_copy(state, [1, 2, 9], [2, 3, 4])
+    pages.scatter([5, 6], pages.gather([4, 0]))
+    state = ref_copy(state, [4, 0], [5, 6])
+    pages.swap_out([3, 5], [2, 0]).synchronize()
+    pages.swap_in([0, 2], [7, 8]).synchronize()
+    state = ref_copy(state, [5, 3], [7, 8])
+    pages.zero_blocks([11])
+    for key in state:
+        state[key][11] = 0
+    assert_same(snapshot(pages), state)

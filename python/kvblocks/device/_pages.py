@@ -483,7 +483,9 @@ class KVPages:
     def _to_device(self, ids: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":
             return ids
-        return ids.pin_memory().to(self.device, non_blocking=True)
+        if self.device.type == "cuda":
+            return ids.pin_memory().to(self.device, non_blocking=True)
+        return ids.to(self.device)
 
     # ------------------------------------------------------------- operations
 
@@ -607,9 +609,12 @@ class KVPages:
                 for move in self._moves:
                     _kernels.copy(move.device, self._rows_view(host, move), s_dev, d_dev, len(s))
                 return self._track(self._transfer(()))
-        if self._side is None:
+        if self.device.type == "cpu":
             for move in self._moves:
                 _copy_indexed(move.device, s, self._rows_view(host, move), d)
+            return Transfer()
+        if self._side is None:  # another accelerator: synchronous, through host memory
+            self._words(host).index_copy_(0, d, self._words(self.gather(s).to("cpu")))
             return Transfer()
         runs = _runs(d)
         with self._on_side():
@@ -692,9 +697,13 @@ class KVPages:
                 for move in self._moves:
                     _kernels.copy(self._rows_view(host, move), move.device, s_dev, d_dev, len(s))
                 return self._transfer(())
-        if self._side is None:
+        if self.device.type == "cpu":
             for move in self._moves:
                 _copy_indexed(self._rows_view(host, move), s, move.device, d)
+            return Transfer()
+        if self._side is None:  # another accelerator: synchronous, through host memory
+            rows = self._words(host).index_select(0, s).view(torch.uint8)
+            self._scatter_from(rows.to(self.device), self._to_device(d))
             return Transfer()
         runs = _runs(s)
         source = None
