@@ -727,3 +727,43 @@ def test_ops_every_dtype_and_layout(device: str, dtype: str, layout: str) -> Non
     for key in state:
         state[key][11] = 0
     assert_same(snapshot(pages), state)
+
+
+@pytest.mark.vllm
+def test_vllm_spec_classes_work_unchanged() -> None:
+    """vLLM 0.33's own spec dataclasses (torch dtypes, kw-only fields) drive KVPages through
+    the attribute contract; pages are vLLM's page_size_bytes."""
+    kv = pytest.importorskip("vllm.v1.kv_cache_interface")
+    full = kv.FullAttentionSpec(16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    swa = kv.SlidingWindowSpec(
+        16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16, sliding_window=128
+    )
+    mla = kv.MLAAttentionSpec(16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    mamba = kv.MambaSpec(
+        16,
+        shapes=((3, 64), (4, 8, 8)),
+        dtypes=(torch.float32, torch.float32),
+        page_size_padded=full.page_size_bytes,
+    )
+    config = KVCacheConfig(
+        8,
+        [
+            KVCacheTensor(8 * full.page_size_bytes, ["f", "s", "m"]),
+            KVCacheTensor(8 * mla.page_size_bytes, ["l"]),
+        ],
+        [
+            KVCacheGroupSpec(["f"], full),
+            KVCacheGroupSpec(["s"], swa),
+            KVCacheGroupSpec(["m"], mamba),
+            KVCacheGroupSpec(["l"], mla),
+        ],
+    )
+    pages = KVPages(config, "cpu", host_blocks=2)
+    randomize(pages)
+    assert pages.block_bytes == full.page_size_bytes + mla.page_size_bytes
+    assert pages.key_cache("s").shape == (8, 16, 2, 64)
+    assert pages.kv_cache("l").shape == (8, 16, 576)
+    assert [t.shape for t in pages.mamba_states("m")] == [(8, 3, 64), (8, 4, 8, 8)]
+    before = snapshot(pages)
+    pages.copy_blocks([1, 2], [3, 4])
+    assert_same(snapshot(pages), ref_copy(before, [1, 2], [3, 4]))
