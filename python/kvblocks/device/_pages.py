@@ -510,10 +510,14 @@ class KVPages:
             sliced = []
         rest = [m for m in self._moves if m not in sliced]
         if rest:
-            s_dev, d_dev = self._to_device(s), self._to_device(d)
+            s_dev, d_dev = self._to_device(torch.stack([s, d])).unbind(0)
             for move in rest:
-                if disjoint and self._kernel_for(move):
-                    _kernels.copy(move.device, move.device, s_dev, d_dev, s.numel())
+                if self._kernel_for(move) and disjoint:
+                    _kernels.copy(move.device, move.device, s_dev, d_dev, len(s))
+                elif self._kernel_for(move):  # all sources read (into tmp) before any write
+                    tmp = move.device.new_empty((len(s), *move.device.shape[1:]))
+                    _kernels.copy(move.device, tmp, s_dev, None, len(s))
+                    _kernels.copy(tmp, move.device, None, d_dev, len(s))
                 elif disjoint:
                     _copy_indexed(move.device, s_dev, move.device, d_dev)
                 else:
@@ -605,7 +609,7 @@ class KVPages:
         self._settle(all_swap_outs=False)
         if self._swap_by_kernel():
             with self._on_side():
-                s_dev, d_dev = self._to_device(s), self._to_device(d)
+                s_dev, d_dev = self._to_device(torch.stack([s, d])).unbind(0)
                 for move in self._moves:
                     _kernels.copy(move.device, self._rows_view(host, move), s_dev, d_dev, len(s))
                 return self._track(self._transfer(()))
@@ -693,7 +697,7 @@ class KVPages:
         if self._swap_by_kernel():
             self._settle(all_swap_outs=False)
             with self._on_side():
-                s_dev, d_dev = self._to_device(s), self._to_device(d)
+                s_dev, d_dev = self._to_device(torch.stack([s, d])).unbind(0)
                 for move in self._moves:
                     _kernels.copy(self._rows_view(host, move), move.device, s_dev, d_dev, len(s))
                 return self._transfer(())
