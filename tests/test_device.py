@@ -767,3 +767,29 @@ def test_vllm_spec_classes_work_unchanged() -> None:
     before = snapshot(pages)
     pages.copy_blocks([1, 2], [3, 4])
     assert_same(snapshot(pages), ref_copy(before, [1, 2], [3, 4]))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_kernel_compiles_for_hopper_with_16_byte_accesses() -> None:
+    """The page-copy kernel compiles for sm_90 without a GPU, and pages whose word count is a
+    multiple of 16 are moved with 16-byte vector loads and stores."""
+    triton = pytest.importorskip("triton")
+    compiler = pytest.importorskip("triton.compiler")
+    backends = pytest.importorskip("triton.backends.compiler")
+    kernel = _kernels._kernel()
+    ints = ["src_id_stride", "src_buf_stride", "src_row_stride"]
+    ints += ["dst_id_stride", "dst_buf_stride", "dst_row_stride"]
+    signature = {"src": "*i64", "dst": "*i64", "src_ids": "*i64", "dst_ids": "*i64"}
+    signature |= {name: "i64" for name in ints}
+    signature |= {"rows": "i32", "width": "i32"}
+    signature |= {"SRC_IDS": "constexpr", "DST_IDS": "constexpr", "BLOCK": "constexpr"}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in [*range(10), 11]}
+    source = compiler.ASTSource(
+        fn=kernel,
+        signature=signature,
+        constexprs={"SRC_IDS": True, "DST_IDS": True, "BLOCK": 1024},
+        attrs=aligned,
+    )
+    compiled = triton.compile(source, target=backends.GPUTarget("cuda", 90, 32))
+    ptx = compiled.asm["ptx"]
+    assert "ld.global.v2.b64" in ptx and "st.global.v2.b64" in ptx
