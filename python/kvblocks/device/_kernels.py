@@ -14,6 +14,7 @@ addressing), with no staging copy.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import Any
@@ -125,21 +126,24 @@ def copy(
     if chunks > _MAX_GRID_YZ:
         raise ValueError(f"copy: a segment of {width} words needs too many chunks")
     placeholder = src_ids if src_ids is not None else dst_ids
-    _kernel()[(count, buffers * rows, chunks)](
-        src,
-        dst,
-        src_ids if src_ids is not None else placeholder,
-        dst_ids if dst_ids is not None else placeholder,
-        src.stride(0),
-        src.stride(1),
-        src.stride(2),
-        dst.stride(0),
-        dst.stride(1),
-        dst.stride(2),
-        rows,
-        width,
-        SRC_IDS=src_ids is not None,
-        DST_IDS=dst_ids is not None,
-        BLOCK=block,
-        num_warps=8 if block >= 2048 else 4,
-    )
+    cuda = next((t.device for t in (src, dst) if t.is_cuda), None)
+    # Triton launches on the current device: make it the pages' device.
+    with torch.cuda.device(cuda) if cuda is not None else contextlib.nullcontext():
+        _kernel()[(count, buffers * rows, chunks)](
+            src,
+            dst,
+            src_ids if src_ids is not None else placeholder,
+            dst_ids if dst_ids is not None else placeholder,
+            src.stride(0),
+            src.stride(1),
+            src.stride(2),
+            dst.stride(0),
+            dst.stride(1),
+            dst.stride(2),
+            rows,
+            width,
+            SRC_IDS=src_ids is not None,
+            DST_IDS=dst_ids is not None,
+            BLOCK=block,
+            num_warps=8 if block >= 2048 else 4,
+        )

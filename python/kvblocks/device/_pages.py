@@ -742,7 +742,8 @@ class KVPages:
 
         Attention: key `[T, num_kv_heads, head_size]`, value `[T, num_kv_heads, head_size_v]`.
         MLA: key `[T, head_size]` (the latent and rope parts concatenated), value None.
-        Slots are validated on the host (a device slot_mapping costs one sync).
+        Tensors must already be in the cache dtype (no fp8 scaling here). Slots are validated
+        on the host (a device slot_mapping costs one sync); valid slots must be unique.
         """
         geom = self._layer(name, "attention", "mla")
         slots = _host_ids(slot_mapping, "write_slots slot_mapping")
