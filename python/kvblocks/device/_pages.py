@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import array
+import collections
 import contextlib
 import math
 import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 import torch
 
@@ -42,7 +44,7 @@ DMA_MIN_RUN_BYTES = 256 << 10
 DMA_MAX_RUNS = 8
 # Temporaries of index copies without the kernel are cut to this size (cache-resident).
 COPY_CHUNK_BYTES = 2 << 20
-# Id lists up to this long are validated with Python builtins (cheaper than torch ops).
+# Runs in id lists up to this long are found with a Python loop (cheaper than torch ops).
 SMALL = 64
 
 
@@ -56,14 +58,27 @@ class _Move:
     device: torch.Tensor
 
 
-def _host_ids(ids: Ids, what: str) -> torch.Tensor:
-    """Ids as a 1-D int64 CPU tensor; TypeError/ValueError for anything else."""
-    if (
-        isinstance(ids, (list, tuple, range))
-        and len(ids) <= SMALL
-        and all(type(x) is int for x in ids)
-    ):
-        return torch.tensor(ids, dtype=torch.int64)
+class HostIds(NamedTuple):
+    """Validated block ids: a 1-D int64 CPU tensor and the same ids as Python ints (checks on
+    the host run on the list: set/min/max are C loops, cheaper than torch ops)."""
+
+    tensor: torch.Tensor
+    values: list[int]
+
+
+def _host_ids(ids: Ids, what: str) -> HostIds:
+    """Ids as a HostIds; TypeError/ValueError for anything that is not 1-D integers."""
+    if isinstance(ids, (list, tuple, range)):
+        try:
+            buffer = array.array("q", ids)  # ints only (C loop); anything else: torch's checks
+        except OverflowError:
+            raise IndexError(f"{what}: block id out of the int64 range") from None
+        except TypeError:
+            pass
+        else:
+            if not buffer:
+                return HostIds(torch.empty(0, dtype=torch.int64), [])
+            return HostIds(torch.frombuffer(buffer, dtype=torch.int64), buffer.tolist())
     if isinstance(ids, torch.Tensor):
         tensor = ids.detach()
     else:
@@ -77,67 +92,42 @@ def _host_ids(ids: Ids, what: str) -> torch.Tensor:
         raise TypeError(f"{what}: block ids must be integers, got {tensor.dtype}")
     if tensor.dim() != 1:
         raise ValueError(f"{what}: block ids must be 1-D, got shape {tuple(tensor.shape)}")
-    return tensor.to("cpu", torch.int64)
+    tensor = tensor.to("cpu", torch.int64)
+    return HostIds(tensor, tensor.tolist())
 
 
-def _check_range(ids: torch.Tensor, limit: int, what: str) -> None:
-    if ids.numel() == 0:
-        return
-    if ids.numel() <= SMALL:
-        values = ids.tolist()
-        low, high = min(values), max(values)
-    else:
-        low, high = (int(v) for v in torch.aminmax(ids))
-    if low < 0 or high >= limit:
-        raise IndexError(f"{what}: block id {low if low < 0 else high} out of range [0, {limit})")
+def _check_range(values: list[int], limit: int, what: str) -> None:
+    if values and (min(values) < 0 or max(values) >= limit):
+        bad = min(values) if min(values) < 0 else max(values)
+        raise IndexError(f"{what}: block id {bad} out of range [0, {limit})")
 
 
-def _check_unique(ids: torch.Tensor, what: str) -> None:
-    n = ids.numel()
-    if n <= 1:
-        return
-    if n <= SMALL:
-        values = ids.tolist()
-        if len(set(values)) == n:
-            return
-        dup = next(v for i, v in enumerate(values) if v in values[:i])
-    else:
-        uniq, counts = torch.unique(ids, return_counts=True)
-        if uniq.numel() == n:
-            return
-        dup = int(uniq[counts > 1][0])
-    raise ValueError(f"{what}: duplicate destination block id {dup}")
+def _check_unique(values: list[int], what: str) -> None:
+    if len(set(values)) != len(values):
+        dup = next(v for v, count in collections.Counter(values).items() if count > 1)
+        raise ValueError(f"{what}: duplicate destination block id {dup}")
 
 
-def _runs(*columns: torch.Tensor) -> list[tuple[int, int]]:
-    """(position, length) of the maximal runs where every column advances by exactly 1."""
-    n = columns[0].numel()
+def _runs(*columns: HostIds, most: int) -> list[tuple[int, int]] | None:
+    """(position, length) of the maximal runs where every column advances by exactly 1, or
+    None when there are more than `most` runs (then nobody iterates them)."""
+    n = len(columns[0].values)
     if n == 0:
         return []
     if n <= SMALL:
-        lists = [c.tolist() for c in columns]
-        cuts = [i for i in range(1, n) if any(v[i] - v[i - 1] != 1 for v in lists)]
+        cuts = [i for i in range(1, n) if any(c.values[i] - c.values[i - 1] != 1 for c in columns)]
     else:
         breaks = torch.zeros(n - 1, dtype=torch.bool)
         for col in columns:
-            breaks |= col[1:] - col[:-1] != 1
+            breaks |= col.tensor[1:] - col.tensor[:-1] != 1
+        if int(breaks.sum()) >= most:
+            return None
         cuts = (torch.nonzero(breaks).flatten() + 1).tolist()
+    if len(cuts) >= most:
+        return None
     starts = [0, *cuts]
     ends = [*cuts, n]
     return [(s, e - s) for s, e in zip(starts, ends, strict=True)]
-
-
-def _contains_zero(ids: torch.Tensor) -> bool:
-    if ids.numel() <= SMALL:
-        return 0 in ids.tolist()
-    return bool((ids == 0).any())
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether any id is in both."""
-    if a.numel() <= SMALL and b.numel() <= SMALL:
-        return not set(a.tolist()).isdisjoint(b.tolist())
-    return bool(torch.isin(a, b).any())
 
 
 def _copy_indexed(
@@ -455,25 +445,27 @@ class KVPages:
 
     # ------------------------------------------------------------ validation
 
-    def _sources(self, ids: Ids, what: str, limit: int | None = None) -> torch.Tensor:
+    def _sources(self, ids: Ids, what: str, limit: int | None = None) -> HostIds:
         host = _host_ids(ids, what)
-        _check_range(host, self.num_blocks if limit is None else limit, what)
+        _check_range(host.values, self.num_blocks if limit is None else limit, what)
         return host
 
-    def _destinations(self, ids: Ids, what: str, host_side: bool = False) -> torch.Tensor:
+    def _destinations(self, ids: Ids, what: str, host_side: bool = False) -> HostIds:
         host = _host_ids(ids, what)
-        _check_range(host, self.host_blocks if host_side else self.num_blocks, what)
-        _check_unique(host, what)
-        if not host_side and self._null and _contains_zero(host):
+        _check_range(host.values, self.host_blocks if host_side else self.num_blocks, what)
+        _check_unique(host.values, what)
+        if not host_side and self._null and 0 in host.values:
             raise ValueError(
                 f"{what}: block 0 is the null block and is never written "
                 f"(protect_null_block=False allows it)"
             )
         return host
 
-    def _same_length(self, a: torch.Tensor, b: torch.Tensor, what: str) -> None:
-        if a.numel() != b.numel():
-            raise ValueError(f"{what}: {a.numel()} source ids but {b.numel()} destination ids")
+    def _same_length(self, a: HostIds, b: HostIds, what: str) -> None:
+        if len(a.values) != len(b.values):
+            raise ValueError(
+                f"{what}: {len(a.values)} source ids but {len(b.values)} destination ids"
+            )
 
     def _need_host_pool(self, what: str) -> torch.Tensor:
         if self.host_pool is None:
@@ -495,45 +487,48 @@ class KVPages:
         s = self._sources(src, "copy_blocks src")
         d = self._destinations(dst, "copy_blocks dst")
         self._same_length(s, d, "copy_blocks")
-        if s.numel() == 0:
+        n = len(s.values)
+        if n == 0:
             return
-        runs = _runs(s, d)
-        disjoint = not _overlap(s, d)
-        s_list, d_list = s.tolist(), d.tolist()
-        if disjoint:
-            sliced = [m for m in self._moves if self._slices_pay(len(runs), s.numel(), m)]
+        disjoint = set(s.values).isdisjoint(d.values)
+        # Runs of consecutive (src, dst) pairs go as slice copies where they are few or long;
+        # they are counted only up to where no plane would take that path.
+        most = [self._slice_runs(n, m) for m in self._moves]
+        runs = _runs(s, d, most=max(most)) if disjoint else None
+        sliced = []
+        if runs is not None:
+            sliced = [m for m, k in zip(self._moves, most, strict=True) if len(runs) <= k]
             for move in sliced:
                 for pos, length in runs:
-                    a, b = s_list[pos], d_list[pos]
+                    a, b = s.values[pos], d.values[pos]
                     move.device[b : b + length].copy_(move.device[a : a + length])
-        else:
-            sliced = []
         rest = [m for m in self._moves if m not in sliced]
         if rest:
-            s_dev, d_dev = self._to_device(torch.stack([s, d])).unbind(0)
+            s_dev, d_dev = self._to_device(torch.stack([s.tensor, d.tensor])).unbind(0)
             for move in rest:
                 if self._kernel_for(move) and disjoint:
-                    _kernels.copy(move.device, move.device, s_dev, d_dev, len(s))
+                    _kernels.copy(move.device, move.device, s_dev, d_dev, n)
                 elif self._kernel_for(move):  # all sources read (into tmp) before any write
-                    tmp = move.device.new_empty((len(s), *move.device.shape[1:]))
-                    _kernels.copy(move.device, tmp, s_dev, None, len(s))
-                    _kernels.copy(tmp, move.device, None, d_dev, len(s))
+                    tmp = move.device.new_empty((n, *move.device.shape[1:]))
+                    _kernels.copy(move.device, tmp, s_dev, None, n)
+                    _kernels.copy(tmp, move.device, None, d_dev, n)
                 elif disjoint:
                     _copy_indexed(move.device, s_dev, move.device, d_dev)
                 else:
                     move.device.index_copy_(0, d_dev, move.device.index_select(0, s_dev))
 
     @staticmethod
-    def _slices_pay(num_runs: int, num_ids: int, move: _Move) -> bool:
-        run_bytes = num_ids * move.plane.rows * move.plane.width * len(move.batch.buffers)
-        return num_runs <= SLICE_COPY_MAX_RUNS or run_bytes >= num_runs * SLICE_COPY_MIN_RUN_BYTES
+    def _slice_runs(num_ids: int, move: _Move) -> int:
+        """The most runs for which slice copies beat the index path on `move`."""
+        plane_bytes = num_ids * move.plane.rows * move.plane.width * len(move.batch.buffers)
+        return max(SLICE_COPY_MAX_RUNS, plane_bytes // SLICE_COPY_MIN_RUN_BYTES)
 
     def zero_blocks(self, ids: Ids) -> None:
         """Fill the given blocks of every buffer with zero bytes."""
         d = self._destinations(ids, "zero_blocks")
-        if d.numel() == 0:
+        if not d.values:
             return
-        d_dev = self._to_device(d)
+        d_dev = self._to_device(d.tensor)
         for move in self._moves:
             move.device.index_fill_(0, d_dev, 0)
 
@@ -541,14 +536,15 @@ class KVPages:
         """The given blocks of every buffer as one contiguous uint8 `[len(ids), block_bytes]`
         tensor on the device (the host-pool row format), written to `out` if given."""
         s = self._sources(ids, "gather")
+        n = len(s.values)
         if out is None:
-            out = torch.empty((s.numel(), self.block_bytes), dtype=torch.uint8, device=self.device)
+            out = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
         else:
-            self._check_rows(out, s.numel(), "gather out")
+            self._check_rows(out, n, "gather out")
             if not out.is_contiguous():
                 raise ValueError("gather out must be contiguous")
-        if s.numel():
-            self._gather_into(out, self._to_device(s))
+        if n:
+            self._gather_into(out, self._to_device(s.tensor))
         return out
 
     def _check_rows(self, rows: object, n: int, what: str) -> None:
@@ -578,9 +574,9 @@ class KVPages:
         """Write `data` (as returned by gather: uint8 `[len(ids), block_bytes]` on the
         device) into the given blocks."""
         d = self._destinations(ids, "scatter")
-        self._check_rows(data, d.numel(), "scatter data")
-        if d.numel():
-            self._scatter_from(data.contiguous(), self._to_device(d))
+        self._check_rows(data, len(d.values), "scatter data")
+        if d.values:
+            self._scatter_from(data.contiguous(), self._to_device(d.tensor))
 
     def _scatter_from(self, data: torch.Tensor, ids: torch.Tensor) -> None:
         for move in self._moves:
@@ -590,8 +586,10 @@ class KVPages:
             else:
                 move.device.index_copy_(0, ids, rows)
 
-    def _dma_pays(self, runs: list[tuple[int, int]], n: int) -> bool:
-        return len(runs) <= DMA_MAX_RUNS or n * self.block_bytes >= len(runs) * DMA_MIN_RUN_BYTES
+    def _dma_runs(self, ids: HostIds) -> list[tuple[int, int]] | None:
+        """Runs of consecutive host ids, if few or long enough for one DMA each; else None."""
+        n = len(ids.values)
+        return _runs(ids, most=max(DMA_MAX_RUNS, n * self.block_bytes // DMA_MIN_RUN_BYTES))
 
     def swap_out(self, device_ids: Ids, host_ids: Ids) -> Transfer:
         """Copy device blocks to host-pool blocks on a side stream; returns the Transfer.
@@ -601,33 +599,35 @@ class KVPages:
         host rows are valid after `synchronize()`.
         """
         host = self._need_host_pool("swap_out")
-        s = self._sources(device_ids, "swap_out device ids")
-        d = self._destinations(host_ids, "swap_out host ids", host_side=True)
-        self._same_length(s, d, "swap_out")
-        if s.numel() == 0:
+        src = self._sources(device_ids, "swap_out device ids")
+        dst = self._destinations(host_ids, "swap_out host ids", host_side=True)
+        self._same_length(src, dst, "swap_out")
+        n = len(src.values)
+        if n == 0:
             return Transfer()
         self._settle(all_swap_outs=False)
         if self._swap_by_kernel():
             with self._on_side():
-                s_dev, d_dev = self._to_device(torch.stack([s, d])).unbind(0)
+                s_dev, d_dev = self._to_device(torch.stack([src.tensor, dst.tensor])).unbind(0)
                 for move in self._moves:
-                    _kernels.copy(move.device, self._rows_view(host, move), s_dev, d_dev, len(s))
+                    _kernels.copy(move.device, self._rows_view(host, move), s_dev, d_dev, n)
                 return self._track(self._transfer(()))
         if self.device.type == "cpu":
             for move in self._moves:
-                _copy_indexed(move.device, s, self._rows_view(host, move), d)
+                _copy_indexed(move.device, src.tensor, self._rows_view(host, move), dst.tensor)
             return Transfer()
         if self._side is None:  # another accelerator: synchronous, through host memory
-            self._words(host).index_copy_(0, d, self._words(self.gather(s).to("cpu")))
+            rows = self.gather(src.tensor).to("cpu")
+            self._words(host).index_copy_(0, dst.tensor, self._words(rows))
             return Transfer()
-        runs = _runs(d)
+        runs = self._dma_runs(dst)
         with self._on_side():
-            staging = torch.empty((len(s), self.block_bytes), dtype=torch.uint8, device=self.device)
-            self._gather_into(staging, self._to_device(s))
-            if self._dma_pays(runs, len(s)):
-                first = d.tolist()
+            staging = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
+            self._gather_into(staging, self._to_device(src.tensor))
+            if runs is not None:
                 for pos, length in runs:
-                    host[first[pos] : first[pos] + length].copy_(
+                    first = dst.values[pos]
+                    host[first : first + length].copy_(
                         staging[pos : pos + length], non_blocking=True
                     )
                 return self._track(self._transfer((staging,)))
@@ -635,7 +635,7 @@ class KVPages:
             pinned.copy_(staging, non_blocking=True)
             transfer = self._transfer(
                 (staging, pinned),
-                lambda: self._words(host).index_copy_(0, d, self._words(pinned)),
+                lambda: self._words(host).index_copy_(0, dst.tensor, self._words(pinned)),
             )
         return self._track(transfer)
 
@@ -689,46 +689,45 @@ class KVPages:
         pages finish first). Call `wait()` on the Transfer before reading the pages.
         """
         host = self._need_host_pool("swap_in")
-        s = self._sources(host_ids, "swap_in host ids", self.host_blocks)
-        d = self._destinations(device_ids, "swap_in device ids")
-        self._same_length(s, d, "swap_in")
-        if s.numel() == 0:
+        src = self._sources(host_ids, "swap_in host ids", self.host_blocks)
+        dst = self._destinations(device_ids, "swap_in device ids")
+        self._same_length(src, dst, "swap_in")
+        n = len(src.values)
+        if n == 0:
             return Transfer()
         if self._swap_by_kernel():
             self._settle(all_swap_outs=False)
             with self._on_side():
-                s_dev, d_dev = self._to_device(torch.stack([s, d])).unbind(0)
+                s_dev, d_dev = self._to_device(torch.stack([src.tensor, dst.tensor])).unbind(0)
                 for move in self._moves:
-                    _kernels.copy(self._rows_view(host, move), move.device, s_dev, d_dev, len(s))
+                    _kernels.copy(self._rows_view(host, move), move.device, s_dev, d_dev, n)
                 return self._transfer(())
         if self.device.type == "cpu":
             for move in self._moves:
-                _copy_indexed(self._rows_view(host, move), s, move.device, d)
+                _copy_indexed(self._rows_view(host, move), src.tensor, move.device, dst.tensor)
             return Transfer()
         if self._side is None:  # another accelerator: synchronous, through host memory
-            rows = self._words(host).index_select(0, s).view(torch.uint8)
-            self._scatter_from(rows.to(self.device), self._to_device(d))
+            rows = self._words(host).index_select(0, src.tensor).view(torch.uint8)
+            self._scatter_from(rows.to(self.device), self._to_device(dst.tensor))
             return Transfer()
-        runs = _runs(s)
-        source = None
-        if self._dma_pays(runs, len(s)):
-            self._settle(all_swap_outs=False)
-        else:
-            self._settle(all_swap_outs=True)
-            source = torch.empty((len(s), self.block_bytes), dtype=torch.uint8, pin_memory=True)
-            torch.index_select(self._words(host), 0, s, out=self._words(source))
+        runs = self._dma_runs(src)
+        self._settle(all_swap_outs=runs is None)  # the host reads the pool below if None
         with self._on_side():
-            staging = torch.empty((len(s), self.block_bytes), dtype=torch.uint8, device=self.device)
-            if source is None:
-                first = s.tolist()
+            staging = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
+            keep: tuple[torch.Tensor, ...] = (staging,)
+            if runs is not None:
                 for pos, length in runs:
+                    first = src.values[pos]
                     staging[pos : pos + length].copy_(
-                        host[first[pos] : first[pos] + length], non_blocking=True
+                        host[first : first + length], non_blocking=True
                     )
             else:
+                source = torch.empty((n, self.block_bytes), dtype=torch.uint8, pin_memory=True)
+                torch.index_select(self._words(host), 0, src.tensor, out=self._words(source))
                 staging.copy_(source, non_blocking=True)
-            self._scatter_from(staging, self._to_device(d))
-            return self._transfer((staging,) if source is None else (staging, source))
+                keep = (staging, source)
+            self._scatter_from(staging, self._to_device(dst.tensor))
+            return self._transfer(keep)
 
     def write_slots(
         self,
@@ -746,7 +745,7 @@ class KVPages:
         on the host (a device slot_mapping costs one sync); valid slots must be unique.
         """
         geom = self._layer(name, "attention", "mla")
-        slots = _host_ids(slot_mapping, "write_slots slot_mapping")
+        slots = _host_ids(slot_mapping, "write_slots slot_mapping").tensor
         if geom.kind == "mla":
             if value is not None:
                 raise ValueError(f"MLA layer {name!r} stores one latent: pass value=None")
@@ -780,11 +779,10 @@ class KVPages:
         valid = slots >= 0
         kept = slots[valid]
         bs = geom.block_size
-        _check_range(
-            torch.div(kept, bs, rounding_mode="floor"), self.num_blocks, "write_slots slot_mapping"
-        )
-        _check_unique(kept, "write_slots slot_mapping")
-        if self._null and bool((kept < bs).any()):
+        kept_values = kept.tolist()
+        _check_range(kept_values, self.num_blocks * bs, "write_slots slot")
+        _check_unique(kept_values, "write_slots slot_mapping")
+        if self._null and kept_values and min(kept_values) < bs:
             raise ValueError("write_slots: a slot falls in block 0, the null block")
         if kept.numel() == 0:
             return

@@ -26,7 +26,8 @@ def block_table(
     if max_blocks < 0:
         raise ValueError(f"max_blocks must be >= 0, got {max_blocks}")
     parts = [
-        _host_ids(ids, f"block_table request {r}") for r, ids in enumerate(block_ids_per_request)
+        _host_ids(ids, f"block_table request {r}").tensor
+        for r, ids in enumerate(block_ids_per_request)
     ]
     lengths = torch.tensor([p.numel() for p in parts], dtype=torch.int64)
     table = torch.zeros((len(parts), max_blocks), dtype=torch.int32)
@@ -64,8 +65,8 @@ def slot_mapping(
         raise TypeError(f"slot_mapping: table must hold integers, got {table.dtype}")
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    computed = _host_ids(num_computed_tokens, "slot_mapping num_computed_tokens")
-    scheduled = _host_ids(num_scheduled_tokens, "slot_mapping num_scheduled_tokens")
+    computed = _host_ids(num_computed_tokens, "slot_mapping num_computed_tokens").tensor
+    scheduled = _host_ids(num_scheduled_tokens, "slot_mapping num_scheduled_tokens").tensor
     rows = table.shape[0]
     if computed.numel() != rows or scheduled.numel() != rows:
         raise ValueError(
