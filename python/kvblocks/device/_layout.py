@@ -69,7 +69,6 @@ class LayerGeom:
 
     name: str
     kind: str
-    spec: Any
     page: int
     buffer: int
     block_size: int
@@ -100,14 +99,12 @@ class Plane:
 
 @dataclass(frozen=True)
 class BufferGeom:
-    """A buffer: its size, block count, planes, layers, and where it lies in the allocation."""
+    """A buffer: its size, block count, planes, and where it lies in the allocation."""
 
-    index: int
     size: int
     num_blocks: int
     split: bool  # True: vLLM's [2, num_blocks, ...] K/V split; False: block-major pages
     planes: tuple[Plane, ...]
-    layers: tuple[str, ...]
     base: int  # byte offset in the shared allocation
 
 
@@ -171,7 +168,6 @@ def _layer_geom(name: str, spec: Any, buffer: int) -> LayerGeom:
         geom = LayerGeom(
             name=name,
             kind="mla" if mla else "attention",
-            spec=spec,
             page=int(spec.page_size_bytes),
             buffer=buffer,
             block_size=int(spec.block_size),
@@ -219,7 +215,6 @@ def _layer_geom(name: str, spec: Any, buffer: int) -> LayerGeom:
         return LayerGeom(
             name,
             "mamba",
-            spec,
             page,
             buffer,
             int(spec.block_size),
@@ -273,7 +268,7 @@ def plan(config: Any, block_major: bool = False) -> Geometry:
         raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
     specs = _layer_specs(config)
     layers: dict[str, LayerGeom] = {}
-    raw: list[tuple[int, int, bool, tuple[Plane, ...], tuple[str, ...]]] = []
+    raw: list[tuple[int, int, bool, tuple[Plane, ...]]] = []
     for index, tensor in enumerate(config.kv_cache_tensors):
         size = int(tensor.size)
         names = tuple(tensor.shared_by)
@@ -309,14 +304,14 @@ def plan(config: Any, block_major: bool = False) -> Geometry:
         split, planes = _buffer_planes(geoms, buf_blocks, block_major)
         for g in geoms:
             layers[g.name] = g
-        raw.append((size, buf_blocks, split, planes, names))
+        raw.append((size, buf_blocks, split, planes))
     missing = sorted(set(specs) - set(layers))
     if missing:
         raise ValueError(f"layers {missing} are in a group but in no KV cache tensor")
 
     # Buffers with equal geometry are placed back to back at one stride (a batch).
     signatures: dict[tuple[int, int, tuple[Plane, ...]], list[int]] = {}
-    for index, (size, buf_blocks, _split, planes, _names) in enumerate(raw):
+    for index, (size, buf_blocks, _split, planes) in enumerate(raw):
         signatures.setdefault((size, buf_blocks, planes), []).append(index)
     bases: dict[int, int] = {}
     placed: list[tuple[tuple[int, ...], int, int, int, tuple[Plane, ...]]] = []
@@ -338,7 +333,7 @@ def plan(config: Any, block_major: bool = False) -> Geometry:
         batches.append(batch)
         host_offset += batch.block_bytes
     buffers = tuple(
-        BufferGeom(i, size, nb, split, planes, names, bases[i])
-        for i, (size, nb, split, planes, names) in enumerate(raw)
+        BufferGeom(size, nb, split, planes, bases[i])
+        for i, (size, nb, split, planes) in enumerate(raw)
     )
     return Geometry(num_blocks, layers, buffers, tuple(batches), offset)
