@@ -5,6 +5,18 @@
 
 from __future__ import annotations
 
-from kvblocks._core import __version__
+from kvblocks._core import (
+    AllBlocksCleared,
+    BlockPool,
+    BlockRemoved,
+    BlockStored,
+    __version__,
+)
 
-__all__ = ["__version__"]
+__all__ = [
+    "AllBlocksCleared",
+    "BlockPool",
+    "BlockRemoved",
+    "BlockStored",
+    "__version__",
+]

@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 mod errors;
+mod events;
 mod hashing;
 mod pool;
 
@@ -12,6 +13,7 @@ mod pool;
 #[pyo3(name = "_core")]
 fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    events::register(m)?;
     hashing::register(m)?;
     pool::register(m)?;
     Ok(())
