@@ -8,9 +8,8 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import pytest
-
 import kvblocks as kb
+import pytest
 
 BS = 16
 MASK64 = (1 << 64) - 1
@@ -310,9 +309,7 @@ def test_evict_blocks_keeps_queue_position_and_follows_set_order() -> None:
     pool.evict_blocks(ids)
     assert pool.get_free_block_ids() == queue
     assert [pool.get_ref_cnt(b) for b in (2, 4, 7, 9)] == [1, 1, 0, 0]
-    assert pool.take_events() == [
-        kb.BlockRemoved([external(hashes[b - 1])], "GPU", 0) for b in ids
-    ]
+    assert pool.take_events() == [kb.BlockRemoved([external(hashes[b - 1])], "GPU", 0) for b in ids]
     pool.evict_blocks([9, 2])  # already uncached: no event
     assert pool.take_events() == []
 

@@ -3,34 +3,50 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar, TypeAlias
+from typing import ClassVar, TypeAlias, final
 
 __version__: str
 
 # An extra key value as published in events: None, bool, int, str, bytes or a tuple of those.
-_ExtraKey: TypeAlias = None | bool | int | str | bytes | tuple["_ExtraKey", ...]
+_ExtraKey: TypeAlias = bool | int | str | bytes | tuple["_ExtraKey", ...] | None
 
+@final
 class BlockStored:
     """vLLM's `BlockStored` KV cache event (same fields, same order)."""
 
     __struct_fields__: ClassVar[list[str]]
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[_ExtraKey, ...] | None] | None
-    group_idx: int | None
-    kv_cache_spec_kind: str | None
-    kv_cache_spec_sliding_window: int | None
-    locality: str | None
-    ownership: str | None
-    session_id: str | None
-    lookahead_token_ids: list[list[int]] | None
-    def __init__(
-        self,
+    @property
+    def block_hashes(self) -> list[int]: ...
+    @property
+    def parent_block_hash(self) -> int | None: ...
+    @property
+    def token_ids(self) -> list[int]: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def lora_id(self) -> int | None: ...
+    @property
+    def medium(self) -> str | None: ...
+    @property
+    def lora_name(self) -> str | None: ...
+    @property
+    def extra_keys(self) -> list[tuple[_ExtraKey, ...] | None] | None: ...
+    @property
+    def group_idx(self) -> int | None: ...
+    @property
+    def kv_cache_spec_kind(self) -> str | None: ...
+    @property
+    def kv_cache_spec_sliding_window(self) -> int | None: ...
+    @property
+    def locality(self) -> str | None: ...
+    @property
+    def ownership(self) -> str | None: ...
+    @property
+    def session_id(self) -> str | None: ...
+    @property
+    def lookahead_token_ids(self) -> list[list[int]] | None: ...
+    def __new__(
+        cls,
         block_hashes: Sequence[int],
         parent_block_hash: int | None,
         token_ids: Sequence[int],
@@ -46,50 +62,58 @@ class BlockStored:
         ownership: str | None = None,
         session_id: str | None = None,
         lookahead_token_ids: Sequence[Sequence[int]] | None = None,
-    ) -> None: ...
-    def __eq__(self, other: object) -> bool: ...
+    ) -> BlockStored: ...
+    def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+@final
 class BlockRemoved:
     """vLLM's `BlockRemoved` KV cache event."""
 
     __struct_fields__: ClassVar[list[str]]
-    block_hashes: list[int]
-    medium: str | None
-    group_idx: int | None
-    locality: str | None
-    ownership: str | None
-    def __init__(
-        self,
+    @property
+    def block_hashes(self) -> list[int]: ...
+    @property
+    def medium(self) -> str | None: ...
+    @property
+    def group_idx(self) -> int | None: ...
+    @property
+    def locality(self) -> str | None: ...
+    @property
+    def ownership(self) -> str | None: ...
+    def __new__(
+        cls,
         block_hashes: Sequence[int],
         medium: str | None,
         group_idx: int | None = None,
         locality: str | None = None,
         ownership: str | None = None,
-    ) -> None: ...
-    def __eq__(self, other: object) -> bool: ...
+    ) -> BlockRemoved: ...
+    def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+@final
 class AllBlocksCleared:
     """vLLM's `AllBlocksCleared` KV cache event (no fields)."""
 
     __struct_fields__: ClassVar[list[str]]
-    def __init__(self) -> None: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __new__(cls) -> AllBlocksCleared: ...
+    def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
 _KVCacheEvent: TypeAlias = BlockStored | BlockRemoved | AllBlocksCleared
 
+@final
 class BlockPool:
     """vLLM 0.33's `BlockPool` over block ids; block 0 is the null block."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         num_gpu_blocks: int,
         enable_caching: bool = True,
         hash_block_size: int = 16,
         enable_kv_cache_events: bool = False,
-    ) -> None: ...
+    ) -> BlockPool: ...
     @property
     def num_gpu_blocks(self) -> int: ...
     @property
