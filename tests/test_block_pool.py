@@ -174,6 +174,18 @@ def test_free_order_given_is_kept() -> None:
     assert pool.get_free_block_ids() == [6, 5, 7, 3, 1, 4, 2]
 
 
+def test_id_sequences_of_any_kind() -> None:
+    pool = kb.BlockPool(8)
+    ids = pool.get_new_blocks(4)
+    pool.touch(tuple(ids))
+    pool.touch(range(1, 5))
+    assert [pool.get_ref_cnt(b) for b in ids] == [3, 3, 3, 3]
+    pool.free_blocks(range(4, 0, -1))
+    pool.free_blocks((4, 3, 2, 1))
+    pool.free_blocks([4, 3, 2, 1])
+    assert pool.get_free_block_ids() == [4, 3, 2, 1, 5, 6, 7]
+
+
 def test_shared_block_is_freed_when_last_reference_drops() -> None:
     pool = kb.BlockPool(4)
     [b] = pool.get_new_blocks(1)
@@ -415,6 +427,8 @@ def _bad_calls(
         (OverflowError, lambda: pool.cache_full_blocks(hashes, in_use, -1, 1, BS, 0)),
         (OverflowError, lambda: pool.cache_full_blocks(hashes, in_use, 0, 1, BS, -1)),
         (ValueError, lambda: pool.cache_full_blocks(hashes, [in_use[1], a], 0, 2, BS, 0)),
+        (TypeError, lambda: pool.cache_full_blocks(hashes, in_use[1:], 0, 1, BS, 0, ["x"])),  # type: ignore[list-item]
+        (OverflowError, lambda: pool.cache_full_blocks(hashes, in_use[1:], 0, 1, BS, 0, [-1])),
         (ValueError, lambda: pool.get_cached_block(b"\x00" * 33, [0])),
         (TypeError, lambda: pool.get_cached_block("abc", [0])),  # type: ignore[arg-type]
         (OverflowError, lambda: pool.get_cached_block(hashes[0], [-1])),

@@ -1,6 +1,9 @@
 //! Python bindings for the `pool` module: `kvblocks.BlockPool`, vLLM's `BlockPool` with
 //! blocks addressed by id.
 
+use std::os::raw::c_long;
+
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
@@ -15,6 +18,48 @@ pub(crate) struct PyBlockPool {
     inner: BlockPool,
     /// Reused output buffer of `get_new_blocks` (no allocation per call).
     scratch: Vec<BlockId>,
+}
+
+/// Extracts a sequence of `u32` (block ids, token ids): `list[int]` on the fast path, any
+/// sequence otherwise, raising `TypeError`/`OverflowError` for items out of type or range.
+pub(crate) fn extract_u32s(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    if let Ok(list) = obj.downcast_exact::<PyList>() {
+        if let Some(ids) = exact_int_list(list) {
+            return Ok(ids);
+        }
+    }
+    obj.extract()
+}
+
+/// The values of a list of exact `int`s within `u32`, read with no new reference per item;
+/// `None` as soon as an item is anything else (the caller then takes the generic path,
+/// which raises the right error).
+fn exact_int_list(list: &Bound<'_, PyList>) -> Option<Vec<u32>> {
+    let n = list.len();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: `list` is a live list object and `i < n`, its length; nothing in this
+        // loop runs Python code (exact ints convert without `__index__`), so the list
+        // cannot change and the borrowed item stays alive while it is read.
+        let v = unsafe {
+            let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
+            if item.is_null() || ffi::PyLong_CheckExact(item) == 0 {
+                None
+            } else {
+                Some(ffi::PyLong_AsLong(item))
+            }
+        };
+        match v {
+            Some(v) if (0..=c_long::from(u32::MAX)).contains(&v) => out.push(v as u32),
+            _ => {
+                // A failed read or conversion may have set an exception: drop it, the
+                // generic path raises its own.
+                drop(PyErr::take(list.py()));
+                return None;
+            }
+        }
+    }
+    Some(out)
 }
 
 /// Extracts `bytes` as a block hash (at most 32 bytes).
@@ -74,12 +119,13 @@ impl PyBlockPool {
         PyList::new(py, &self.scratch)
     }
 
-    fn free_blocks(&mut self, block_ids: Vec<BlockId>) -> PyResult<()> {
-        Ok(self.inner.free_blocks(block_ids.iter().copied())?)
+    fn free_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = extract_u32s(block_ids)?;
+        Ok(self.inner.free_blocks(ids.iter().copied())?)
     }
 
-    fn touch(&mut self, block_ids: Vec<BlockId>) -> PyResult<()> {
-        Ok(self.inner.touch(&block_ids)?)
+    fn touch(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        Ok(self.inner.touch(&extract_u32s(block_ids)?)?)
     }
 
     #[pyo3(signature = (request_block_hashes, block_ids, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id, token_ids=None))]
@@ -87,18 +133,23 @@ impl PyBlockPool {
     fn cache_full_blocks(
         &mut self,
         request_block_hashes: Vec<Bound<'_, PyAny>>,
-        block_ids: Vec<BlockId>,
+        block_ids: &Bound<'_, PyAny>,
         num_cached_blocks: usize,
         num_full_blocks: usize,
         block_size: usize,
         kv_cache_group_id: GroupId,
-        token_ids: Option<Vec<u32>>,
+        token_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let hashes = request_block_hashes
             .iter()
             .map(extract_hash)
             .collect::<PyResult<Vec<_>>>()?;
-        let tokens = token_ids.unwrap_or_default();
+        let block_ids = extract_u32s(block_ids)?;
+        // Tokens feed only `BlockStored` events: not read when events are off.
+        let tokens = match token_ids {
+            Some(t) if self.inner.events_enabled() => extract_u32s(t)?,
+            _ => Vec::new(),
+        };
         Ok(self.inner.cache_full_blocks(
             &hashes,
             &block_ids,
@@ -168,9 +219,17 @@ impl PyBlockPool {
             "BlockPool(num_gpu_blocks={}, enable_caching={}, hash_block_size={}, \
              enable_kv_cache_events={}, num_free_blocks={})",
             self.inner.num_blocks(),
-            if self.inner.enable_caching() { "True" } else { "False" },
+            if self.inner.enable_caching() {
+                "True"
+            } else {
+                "False"
+            },
             self.inner.hash_block_size(),
-            if self.inner.events_enabled() { "True" } else { "False" },
+            if self.inner.events_enabled() {
+                "True"
+            } else {
+                "False"
+            },
             self.inner.num_free_blocks(),
         )
     }
