@@ -167,7 +167,10 @@ impl PyBlockStored {
 
     /// One entry per stored block: a tuple of untagged extra keys, or `None`.
     #[getter]
-    fn extra_keys<'py>(&self, py: Python<'py>) -> PyResult<Option<Vec<Option<Bound<'py, PyTuple>>>>> {
+    fn extra_keys<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Vec<Option<Bound<'py, PyTuple>>>>> {
         self.extra_keys
             .as_ref()
             .map(|blocks| {
@@ -266,8 +269,13 @@ impl PyBlockRemoved {
 }
 
 impl PyBlockRemoved {
-    const FIELDS: [&'static str; 5] =
-        ["block_hashes", "medium", "group_idx", "locality", "ownership"];
+    const FIELDS: [&'static str; 5] = [
+        "block_hashes",
+        "medium",
+        "group_idx",
+        "locality",
+        "ownership",
+    ];
 }
 
 /// vLLM's `AllBlocksCleared` event (no fields).
@@ -330,9 +338,9 @@ pub(crate) fn event_to_py(py: Python<'_>, event: &KvCacheEvent) -> PyResult<PyOb
         )?
         .into_any()
         .unbind(),
-        KvCacheEvent::AllBlocksCleared => Bound::new(py, PyAllBlocksCleared {})?
-            .into_any()
-            .unbind(),
+        KvCacheEvent::AllBlocksCleared => {
+            Bound::new(py, PyAllBlocksCleared {})?.into_any().unbind()
+        }
     })
 }
 
