@@ -1,8 +1,6 @@
 //! Python bindings for the `pool` module: `kvblocks.BlockPool`, vLLM's `BlockPool` with
 //! blocks addressed by id.
 
-use std::os::raw::c_long;
-
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -46,11 +44,11 @@ fn exact_int_list(list: &Bound<'_, PyList>) -> Option<Vec<u32>> {
             if item.is_null() || ffi::PyLong_CheckExact(item) == 0 {
                 None
             } else {
-                Some(ffi::PyLong_AsLong(item))
+                Some(ffi::PyLong_AsSsize_t(item))
             }
         };
         match v {
-            Some(v) if (0..=c_long::from(u32::MAX)).contains(&v) => out.push(v as u32),
+            Some(v) if (0..=u32::MAX as ffi::Py_ssize_t).contains(&v) => out.push(v as u32),
             _ => {
                 // A failed read or conversion may have set an exception: drop it, the
                 // generic path raises its own.
@@ -165,10 +163,11 @@ impl PyBlockPool {
     fn get_cached_block(
         &self,
         block_hash: &Bound<'_, PyAny>,
-        kv_cache_group_ids: Vec<GroupId>,
+        kv_cache_group_ids: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Vec<BlockId>>> {
         let hash = extract_hash(block_hash)?;
-        Ok(self.inner.get_cached_block(&hash, &kv_cache_group_ids))
+        let groups: Vec<GroupId> = extract_u32s(kv_cache_group_ids)?;
+        Ok(self.inner.get_cached_block(&hash, &groups))
     }
 
     fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
