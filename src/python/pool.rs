@@ -37,8 +37,10 @@ fn exact_int_list(list: &Bound<'_, PyList>) -> Option<Vec<u32>> {
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         // SAFETY: `list` is a live list object and `i < n`, its length; nothing in this
-        // loop runs Python code (exact ints convert without `__index__`), so the list
-        // cannot change and the borrowed item stays alive while it is read.
+        // loop runs Python code (exact ints convert without `__index__`) and the module is
+        // built for the limited API, which has a GIL, so no other thread runs either: the
+        // list cannot change and the borrowed item stays alive while it is read. (A
+        // free-threaded build would need `PyList_GetItemRef` here.)
         let v = unsafe {
             let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
             if item.is_null() || ffi::PyLong_CheckExact(item) == 0 {
