@@ -55,12 +55,13 @@ class Req:
 class Driver:
     """Both pools plus the shared model of who holds which block."""
 
-    def __init__(self, seed: int, num_blocks: int, digest_size: int) -> None:
+    def __init__(self, seed: int, num_blocks: int, digest_size: int, caching: bool = True) -> None:
         self.rng = random.Random(seed)
+        self.caching = caching
         self.n = num_blocks
         self.digest_size = digest_size
-        self.vp = VllmBlockPool(num_blocks, True, HASH_BLOCK, enable_kv_cache_events=True)
-        self.kp = kb.BlockPool(num_blocks, True, HASH_BLOCK, enable_kv_cache_events=True)
+        self.vp = VllmBlockPool(num_blocks, caching, HASH_BLOCK, enable_kv_cache_events=True)
+        self.kp = kb.BlockPool(num_blocks, caching, HASH_BLOCK, enable_kv_cache_events=True)
         self.reqs: list[Req] = []
         self.bags: list[list[int]] = []  # extra references taken by bare touches
         # A few shared prompts so that requests hit each other's prefixes.
@@ -121,6 +122,8 @@ class Driver:
         return mine
 
     def cache(self, req: Req, num_full: int) -> None:
+        if not self.caching:  # vLLM never caches with prefix caching off
+            return
         args = (req.num_cached, num_full, req.block_size, req.group)
         self.vp.cache_full_blocks(self.fake_request(req), self.vblocks(req.table), *args)
         self.kp.cache_full_blocks(req.hashes, req.table, *args, req.tokens)
@@ -147,7 +150,7 @@ class Driver:
         tokens = tokens + [rng.randrange(6) for _ in range(rng.randrange(1, 12))]
         req = Req(tokens, self.hash_chain(tokens, None, 0), rng.randrange(2), rng.choice([4, 8]))
         hits: list[int] = []
-        for i in range(req.num_full()):
+        for i in range(req.num_full() if self.caching else 0):
             groups = [req.group] if rng.random() < 0.8 else [req.group, 1 - req.group]
             got = self.lookup(req.view(i), groups)
             if got is None:
@@ -290,3 +293,11 @@ def test_same_as_vllm(seed: int, num_blocks: int, digest_size: int) -> None:
     assert seen["hit"] > STEPS // 100
     assert seen["AllBlocksCleared"] > 0
     print(f"seed={seed} blocks={num_blocks}: {STEPS} steps, {driver.calls} calls, {dict(seen)}")
+
+
+def test_same_as_vllm_caching_off() -> None:
+    driver = Driver(4, 17, 32, caching=False)
+    driver.run(STEPS)
+    assert driver.seen["BlockStored"] == driver.seen["BlockRemoved"] == 0
+    assert driver.seen["AllBlocksCleared"] > 0
+    print(f"caching off, blocks=17: {STEPS} steps, {driver.calls} calls, {dict(driver.seen)}")
