@@ -6,7 +6,11 @@
 from __future__ import annotations
 
 from kvblocks._core import (
+    AllBlocksCleared,
     AttentionSpec,
+    BlockPool,
+    BlockRemoved,
+    BlockStored,
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -23,7 +27,11 @@ from kvblocks._core import (
 )
 
 __all__ = [
+    "AllBlocksCleared",
     "AttentionSpec",
+    "BlockPool",
+    "BlockRemoved",
+    "BlockStored",
     "ChunkedLocalAttentionSpec",
     "CrossAttentionSpec",
     "FullAttentionSpec",
