@@ -10,6 +10,7 @@
 pub mod error;
 pub mod hashing;
 pub mod pool;
+pub mod request;
 pub mod types;
 
 #[cfg(feature = "python")]
