@@ -5,6 +5,18 @@
 
 from __future__ import annotations
 
-from kvblocks._core import __version__
+from kvblocks._core import (
+    BlockHasher,
+    Request,
+    __version__,
+    hash_block_tokens,
+    none_hash,
+)
 
-__all__ = ["__version__"]
+__all__ = [
+    "BlockHasher",
+    "Request",
+    "__version__",
+    "hash_block_tokens",
+    "none_hash",
+]

@@ -40,6 +40,27 @@ impl LoraRequest {
         }
         Ok(Self { name, path, id })
     }
+
+    /// A LoRA adapter from optional parts: all absent is no adapter; a name needs an id and
+    /// a path, and an id or a path needs a name.
+    pub fn from_parts(
+        name: Option<String>,
+        path: Option<String>,
+        id: Option<i64>,
+    ) -> Result<Option<Self>> {
+        match (name, path, id) {
+            (None, None, None) => Ok(None),
+            (Some(name), Some(path), Some(id)) => {
+                let id = u32::try_from(id).map_err(|_| {
+                    KvError::InvalidArgument(format!("lora_id must be in 1..=2**32-1, got {id}"))
+                })?;
+                Self::new(name, path, id).map(Some)
+            }
+            _ => Err(KvError::InvalidArgument(
+                "a LoRA request needs lora_name, lora_path and lora_id together".to_owned(),
+            )),
+        }
+    }
 }
 
 /// One multimodal item of a prompt: its cache identifier and placeholder token range.
@@ -354,6 +375,17 @@ mod tests {
         assert_eq!(next, 1);
         assert_eq!(mm_resume_index(&feats, 11), 0);
         assert_eq!(mm_resume_index(&feats, 12), 1);
+    }
+
+    #[test]
+    fn lora_parts_come_together() {
+        assert_eq!(LoraRequest::from_parts(None, None, None), Ok(None));
+        assert!(LoraRequest::from_parts(Some("a".into()), None, Some(1)).is_err());
+        assert!(LoraRequest::from_parts(None, Some("/p".into()), None).is_err());
+        assert!(LoraRequest::from_parts(Some("a".into()), Some("/p".into()), Some(0)).is_err());
+        assert!(LoraRequest::from_parts(Some("a".into()), Some("".into()), Some(1)).is_err());
+        let l = LoraRequest::from_parts(Some("a".into()), Some("/p".into()), Some(7)).unwrap();
+        assert_eq!(l.unwrap().id, 7);
     }
 
     #[test]

@@ -4,9 +4,9 @@
 //! What CPython writes, and this encoder with it:
 //! * `PROTO 5`, then the body in frames: a frame is opened by the first write after
 //!   `PROTO` (or after a committed frame), and committed (a) at the start of saving any
-//!   object when it already holds >= 64 KiB, (b) before a `bytes`/`str` payload of
-//!   >= 64 KiB, which is written unframed, and (c) after `STOP`. A committed frame gets its
-//!   `FRAME <u64 len>` header only when it holds >= 4 bytes.
+//!   object when it already holds at least 64 KiB, (b) before a `bytes`/`str` payload of
+//!   at least 64 KiB, which is written unframed, and (c) after `STOP`. A committed frame
+//!   gets its `FRAME <u64 len>` header only when it holds at least 4 bytes.
 //! * ints: `K` (0..=255), `M` (256..=65535), `J` (other int32), else `LONG1` (two's
 //!   complement, little endian, shortest); `None` is `N`, bools `\x88`/`\x89`.
 //! * `str`: `SHORT_BINUNICODE`/`BINUNICODE`, `bytes`: `SHORT_BINBYTES`/`BINBYTES`, each

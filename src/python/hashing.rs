@@ -1,7 +1,117 @@
-//! Python bindings for the `hashing` module.
+//! Python bindings for the `hashing` module: `hash_block_tokens`, `none_hash`,
+//! `BlockHasher`.
 
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyInt, PyString, PyTuple};
 
-pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+use crate::hashing::{self, BlockHasher, HashAlgo};
+use crate::types::{BlockHash, KeyValue};
+
+/// Converts a Python value tree (None/bool/int/str/bytes/tuple) to a `KeyValue`.
+fn key_value(obj: &Bound<'_, PyAny>) -> PyResult<KeyValue> {
+    if obj.is_none() {
+        Ok(KeyValue::None)
+    } else if let Ok(b) = obj.downcast_exact::<PyBool>() {
+        Ok(KeyValue::Bool(b.is_true()))
+    } else if obj.is_instance_of::<PyInt>() {
+        obj.extract::<i64>()
+            .map(KeyValue::Int)
+            .map_err(|_| PyOverflowError::new_err("extra key ints must fit in a signed 64-bit int"))
+    } else if let Ok(s) = obj.downcast::<PyString>() {
+        Ok(KeyValue::Str(s.to_str()?.to_owned()))
+    } else if let Ok(b) = obj.downcast::<PyBytes>() {
+        Ok(KeyValue::Bytes(b.as_bytes().to_vec()))
+    } else if let Ok(t) = obj.downcast::<PyTuple>() {
+        t.iter()
+            .map(|x| key_value(&x))
+            .collect::<PyResult<_>>()
+            .map(KeyValue::Tuple)
+    } else {
+        Err(PyTypeError::new_err(format!(
+            "extra keys may only hold None, bool, int, str, bytes and tuples, got {}",
+            obj.get_type().name()?
+        )))
+    }
+}
+
+/// Parses a vLLM hash algorithm name.
+pub(crate) fn parse_algo(algo: &str) -> PyResult<HashAlgo> {
+    Ok(algo.parse::<HashAlgo>()?)
+}
+
+/// Hashes one full block chained to its parent, as vLLM's `hash_block_tokens`.
+#[pyfunction]
+#[pyo3(signature = (algo, parent_block_hash, token_ids, extra_keys=None))]
+fn hash_block_tokens<'py>(
+    py: Python<'py>,
+    algo: &str,
+    parent_block_hash: Option<&[u8]>,
+    token_ids: Vec<u32>,
+    extra_keys: Option<&Bound<'py, PyTuple>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let algo = parse_algo(algo)?;
+    let parent = parent_block_hash.map(BlockHash::from_slice).transpose()?;
+    let keys = extra_keys
+        .map(|t| {
+            t.iter()
+                .map(|x| key_value(&x))
+                .collect::<PyResult<Vec<_>>>()
+        })
+        .transpose()?;
+    let h = hashing::hash_block_tokens(algo, parent.as_ref(), &token_ids, keys.as_deref());
+    Ok(PyBytes::new(py, h.as_bytes()))
+}
+
+/// vLLM's NONE_HASH for `algo` in this process (honours PYTHONHASHSEED).
+#[pyfunction]
+fn none_hash<'py>(py: Python<'py>, algo: &str) -> PyResult<Bound<'py, PyBytes>> {
+    let h = hashing::none_hash(parse_algo(algo)?);
+    Ok(PyBytes::new(py, h.as_bytes()))
+}
+
+/// The block size and algorithm a `Request` hashes its full blocks with.
+#[pyclass(name = "BlockHasher", module = "kvblocks._core", frozen)]
+pub(crate) struct PyBlockHasher {
+    pub(crate) inner: BlockHasher,
+}
+
+#[pymethods]
+impl PyBlockHasher {
+    #[new]
+    #[pyo3(signature = (hash_block_size, algo="sha256_cbor"))]
+    fn new(hash_block_size: i64, algo: &str) -> PyResult<Self> {
+        let algo = parse_algo(algo)?;
+        let size = usize::try_from(hash_block_size).unwrap_or(0);
+        Ok(Self {
+            inner: BlockHasher::new(size, algo)?,
+        })
+    }
+
+    /// Tokens per hashed block.
+    #[getter]
+    fn hash_block_size(&self) -> usize {
+        self.inner.hash_block_size()
+    }
+
+    /// vLLM's algorithm name.
+    #[getter]
+    fn algo(&self) -> &'static str {
+        self.inner.algo().name()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "BlockHasher(hash_block_size={}, algo={:?})",
+            self.inner.hash_block_size(),
+            self.inner.algo().name()
+        )
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(hash_block_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(none_hash, m)?)?;
+    m.add_class::<PyBlockHasher>()?;
     Ok(())
 }
