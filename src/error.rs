@@ -31,9 +31,7 @@ pub enum KvError {
     #[error("block {0} is already free (ref_cnt == 0): double free")]
     DoubleFree(BlockId),
     /// A hash algorithm name kvblocks does not know.
-    #[error(
-        "unknown hash algorithm {0:?}; expected one of sha256, sha256_cbor, xxhash, xxhash_cbor"
-    )]
+    #[error("unknown hash algorithm {0:?}; expected one of sha256, sha256_cbor, xxhash, xxhash_cbor")]
     UnknownAlgorithm(String),
     /// A request id the manager does not know, where the call needs one.
     #[error("unknown request {0:?}")]

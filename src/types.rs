@@ -110,10 +110,7 @@ mod tests {
     fn external_is_low_eight_bytes_big_endian() {
         let bytes: Vec<u8> = (1..=32).collect();
         let h = BlockHash::from_slice(&bytes).unwrap();
-        assert_eq!(
-            h.external(),
-            u64::from_be_bytes([25, 26, 27, 28, 29, 30, 31, 32])
-        );
+        assert_eq!(h.external(), u64::from_be_bytes([25, 26, 27, 28, 29, 30, 31, 32]));
     }
 
     #[test]
