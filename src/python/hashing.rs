@@ -35,6 +35,17 @@ fn key_value(obj: &Bound<'_, PyAny>) -> PyResult<KeyValue> {
     }
 }
 
+/// Extracts token ids (a sequence of ints in u32 range) with a clear overflow message.
+pub(crate) fn extract_token_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    obj.extract::<Vec<u32>>().map_err(|e| {
+        if e.is_instance_of::<PyOverflowError>(obj.py()) {
+            PyOverflowError::new_err("token ids must be ints in 0..=4294967295 (u32)")
+        } else {
+            e
+        }
+    })
+}
+
 /// Parses a vLLM hash algorithm name.
 pub(crate) fn parse_algo(algo: &str) -> PyResult<HashAlgo> {
     Ok(algo.parse::<HashAlgo>()?)
@@ -47,10 +58,11 @@ fn hash_block_tokens<'py>(
     py: Python<'py>,
     algo: &str,
     parent_block_hash: Option<&[u8]>,
-    token_ids: Vec<u32>,
+    token_ids: &Bound<'py, PyAny>,
     extra_keys: Option<&Bound<'py, PyTuple>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let algo = parse_algo(algo)?;
+    let token_ids = extract_token_ids(token_ids)?;
     let parent = parent_block_hash.map(BlockHash::from_slice).transpose()?;
     let keys = extra_keys
         .map(|t| {

@@ -4,7 +4,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList};
 
-use super::hashing::PyBlockHasher;
+use super::hashing::{extract_token_ids, PyBlockHasher};
 use crate::hashing::{LoraRequest, MmFeature};
 use crate::request::{Request, RequestOptions};
 
@@ -46,7 +46,7 @@ impl PyRequest {
     fn new(
         py: Python<'_>,
         request_id: String,
-        prompt_token_ids: Vec<u32>,
+        prompt_token_ids: &Bound<'_, PyAny>,
         hasher: Option<PyRef<'_, PyBlockHasher>>,
         lora_name: Option<String>,
         lora_path: Option<String>,
@@ -60,6 +60,7 @@ impl PyRequest {
             mm_features: self::mm_features(mm_features.unwrap_or_default())?,
             prompt_embeds: None,
         };
+        let prompt_token_ids = extract_token_ids(prompt_token_ids)?;
         let hasher = hasher.map(|h| h.inner);
         let long = hasher.is_some() && prompt_token_ids.len() >= RELEASE_GIL_TOKENS;
         let build = move || Request::new(request_id, prompt_token_ids, hasher, options);
@@ -181,10 +182,10 @@ impl PyRequest {
         py: Python<'_>,
         token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let tokens: Vec<u32> = if token_ids.is_instance_of::<PyInt>() {
-            vec![token_ids.extract::<u32>()?]
+        let tokens = if token_ids.is_instance_of::<PyInt>() {
+            extract_token_ids(PyList::new(py, [token_ids])?.as_any())?
         } else {
-            token_ids.extract()?
+            extract_token_ids(token_ids)?
         };
         if tokens.len() >= RELEASE_GIL_TOKENS {
             let inner = &mut self.inner;
