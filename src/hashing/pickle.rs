@@ -59,6 +59,23 @@ const FRAME_HEADER: usize = 9;
 /// The widest int opcode a `u32` token needs (`LONG1 5 <5 bytes>`).
 const MAX_TOKEN_BYTES: usize = 7;
 
+/// The pickle int opcode for token `t` as a little-endian word, and its length.
+///
+/// NOTE 2: branch-free for `t < 2**31` (random widths would mispredict): the class
+/// `c = [t >= 256] + [t >= 65536]` picks `K`/`M`/`J` and a payload of `1 << c` bytes.
+/// `t >= 2**31` is `LONG1 5 <t as 5 bytes>`, rare enough for a branch.
+#[inline(always)]
+fn token_word(t: u32) -> (u64, usize) {
+    if t >= 1 << 31 {
+        return (u64::from(LONG1) | (5 << 8) | (u64::from(t) << 16), 7);
+    }
+    let c = u32::from(t >= 256) + u32::from(t >= 65536);
+    // [BININT1, BININT2, BININT][c], as a shift so that it stays branch-free.
+    let ops = u32::from_le_bytes([BININT1, BININT2, BININT, 0]);
+    let op = (ops >> (8 * c)) & 0xff;
+    (u64::from(op) | (u64::from(t) << 8), 1 + (1usize << c))
+}
+
 /// An object CPython shares between all its uses (see NOTE 1).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Shared {
@@ -426,6 +443,31 @@ mod tests {
             hex(&dumps(&v)),
             "8005951f000000000000008c026d6d948c027831944b00879468008c027832944afdffffff879486942e"
         );
+    }
+
+    #[test]
+    fn token_words_match_the_generic_int_path() {
+        let cases = [
+            0,
+            1,
+            255,
+            256,
+            65535,
+            65536,
+            (1 << 31) - 1,
+            1 << 31,
+            u32::MAX,
+        ];
+        for t in cases {
+            let mut want = [0u8; 11];
+            let n = Pickle::put_int(&mut want, i64::from(t));
+            let (word, len) = token_word(t);
+            assert_eq!(
+                (&word.to_le_bytes()[..len], len),
+                (&want[..n], n),
+                "token {t}"
+            );
+        }
     }
 
     #[test]
