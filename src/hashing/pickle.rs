@@ -340,11 +340,13 @@ impl Encoder for Pickle<'_> {
             self.open_frame();
             let start = self.buf.len();
             self.buf
-                .resize(start + MAX_TOKEN_BYTES * tokens.len() + 11, 0);
+                .resize(start + MAX_TOKEN_BYTES * tokens.len() + 8, 0);
             let out = &mut self.buf[start..];
             let mut pos = 0;
             for &t in tokens {
-                pos += Self::put_int(&mut out[pos..], i64::from(t));
+                let (word, len) = token_word(t);
+                out[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
+                pos += len;
             }
             self.buf.truncate(start + pos);
         } else {
