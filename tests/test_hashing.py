@@ -14,9 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import kvblocks as kb
+import pytest
 
 GOLDENS = Path(__file__).parent / "data" / "hash_goldens.json"
 ALGOS = ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
@@ -148,7 +147,7 @@ def test_chains_match_vllm(env: str | None) -> None:
     chains = by_env(load()["chains"])[env]
     assert chains
     got = run_with_seed(env, {"chains": chains, "requests": []})["chains"]
-    for i, (chain, hashes) in enumerate(zip(chains, got)):
+    for i, (chain, hashes) in enumerate(zip(chains, got, strict=True)):
         want = [b[2] for b in chain["blocks"]]
         assert hashes == want, f"chain {i} ({chain['algo']}, env={env}) differs"
 
@@ -158,7 +157,7 @@ def test_requests_match_vllm(env: str | None) -> None:
     reqs = by_env(load()["requests"])[env]
     assert reqs
     got = run_with_seed(env, {"chains": [], "requests": reqs})["requests"]
-    for i, (r, g) in enumerate(zip(reqs, got)):
+    for i, (r, g) in enumerate(zip(reqs, got, strict=True)):
         assert g["counts"] == r["counts"], f"request {i} ({r['algo']}) counts differ"
         assert g["hashes"] == r["hashes"], f"request {i} ({r['algo']}) hashes differ"
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 import kvblocks as kb
+import pytest
 
 
 def chain(algo: str, tokens: list[int], bs: int, keys: list[Any]) -> list[bytes]:
