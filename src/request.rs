@@ -203,6 +203,13 @@ impl Request {
         let out = &mut self.block_hashes;
         out.reserve(blocks.len());
         with_scratch(|s| {
+            if src.is_empty() {
+                for block in blocks {
+                    parent = s.hash_block::<[KeyValue]>(algo, &parent, block, None);
+                    out.push(parent);
+                }
+                return;
+            }
             for (i, block) in blocks.enumerate() {
                 let b0 = start + i * hbs;
                 let (keys, next) = src.block_keys(b0, b0 + hbs, mm_idx);

@@ -157,6 +157,14 @@ pub(crate) struct BlockKeys<'a> {
 }
 
 impl<'a> KeySources<'a> {
+    /// True when no block can have extra keys (plain text request).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.lora.is_none()
+            && self.mm_features.is_empty()
+            && self.cache_salt.is_none_or(str::is_empty)
+            && self.prompt_embeds.is_none()
+    }
+
     /// `generate_block_hash_extra_keys(request, start, end, mm_idx)`: the keys of block
     /// `[start, end)` (None when there are none) and the next multimodal index.
     pub(crate) fn block_keys(
