@@ -11,6 +11,7 @@ pub mod config;
 pub mod error;
 pub mod hashing;
 pub mod pool;
+pub mod request;
 pub mod spec;
 pub mod types;
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from kvblocks._core import (
     AllBlocksCleared,
     AttentionSpec,
+    BlockHasher,
     BlockPool,
     BlockRemoved,
     BlockStored,
@@ -20,15 +21,19 @@ from kvblocks._core import (
     KVCacheTensor,
     MambaSpec,
     MLAAttentionSpec,
+    Request,
     SinkFullAttentionSpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
     __version__,
+    hash_block_tokens,
+    none_hash,
 )
 
 __all__ = [
     "AllBlocksCleared",
     "AttentionSpec",
+    "BlockHasher",
     "BlockPool",
     "BlockRemoved",
     "BlockStored",
@@ -41,8 +46,11 @@ __all__ = [
     "KVCacheTensor",
     "MLAAttentionSpec",
     "MambaSpec",
+    "Request",
     "SinkFullAttentionSpec",
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
     "__version__",
+    "hash_block_tokens",
+    "none_hash",
 ]
