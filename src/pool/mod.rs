@@ -413,6 +413,55 @@ impl BlockPool {
         std::mem::take(&mut self.events)
     }
 
+    /// Checks the pool's structural invariants (NOTE 1 and NOTE 2 above) in O(N), for
+    /// tests, fuzzing and soak runs: the null block is unreferenced, unlinked and
+    /// unhashed; a block is in the free queue exactly once iff its ref count is 0; the
+    /// queue length matches; `hash_of` and the prefix map agree entry for entry. Returns a description of the first violation.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let n = self.num_blocks();
+        if self.ref_cnt[NULL_BLOCK_ID as usize] != 0 || self.queue.contains(NULL_BLOCK_ID) {
+            return Err("null block is referenced or linked".into());
+        }
+        let mut seen = vec![false; n];
+        let mut count = 0usize;
+        for b in self.queue.iter() {
+            let i = b as usize;
+            if i >= n || seen[i] {
+                return Err(format!("free queue holds block {b} twice or out of range"));
+            }
+            seen[i] = true;
+            count += 1;
+            if count > n {
+                return Err("free queue is cyclic".into());
+            }
+        }
+        if count != self.queue.len() {
+            return Err(format!("queue len {} but {count} linked", self.queue.len()));
+        }
+        for b in 1..n {
+            if (self.ref_cnt[b] == 0) != seen[b] || seen[b] != self.queue.contains(b as u32) {
+                return Err(format!(
+                    "block {b}: ref_cnt {} but linked = {}",
+                    self.ref_cnt[b], seen[b]
+                ));
+            }
+        }
+        let mut entries = 0usize;
+        for (key, b) in self.map.entries() {
+            entries += 1;
+            if (b as usize) >= n || b == NULL_BLOCK_ID || self.hash_of[b as usize] != Some(key) {
+                return Err(format!("map holds block {b} under a key it does not carry"));
+            }
+        }
+        let hashed = self.hash_of.iter().filter(|h| h.is_some()).count();
+        if hashed != entries {
+            return Err(format!(
+                "{hashed} blocks carry a hash but the map has {entries}"
+            ));
+        }
+        Ok(())
+    }
+
     /// Mutable access to the recorded events, for the manager's annotations.
     pub fn events_mut(&mut self) -> &mut Vec<KvCacheEvent> {
         &mut self.events

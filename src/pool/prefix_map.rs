@@ -101,6 +101,18 @@ impl PrefixMap {
         self.map.is_empty()
     }
 
+    /// Every `(key, block)` pair, each key's blocks in insertion order (for invariant
+    /// checks; the order across keys is unspecified).
+    pub fn entries(&self) -> impl Iterator<Item = (HashKey, BlockId)> + '_ {
+        self.map.iter().flat_map(|(k, e)| {
+            let blocks: &[BlockId] = match e {
+                Entry::One(b) => std::slice::from_ref(b),
+                Entry::Many(v) => v,
+            };
+            blocks.iter().map(move |&b| (*k, b))
+        })
+    }
+
     /// Drops every entry.
     pub fn clear(&mut self) {
         self.map = FxHashMap::default();

@@ -146,3 +146,29 @@ fn group_view_uses_last_hash_of_each_big_block() {
         .cache_full_blocks(&hs, &blocks, 0, 3, 32, 1, None, &NO_TOKENS)
         .is_err());
 }
+
+/// `check_invariants` accepts every state the public API reaches and names a corrupted one.
+#[test]
+fn check_invariants_detects_corruption() {
+    let mut p = BlockPool::new(6, true, 16, false).unwrap();
+    let blocks = p.get_new_blocks(3).unwrap();
+    p.cache_full_blocks(&[h(0), h(1)], &blocks, 0, 2, 16, 0, None, &NO_TOKENS)
+        .unwrap();
+    p.free_blocks(blocks.iter().rev().copied()).unwrap();
+    assert_eq!(p.check_invariants(), Ok(()));
+
+    let mut leaked = p.clone();
+    leaked.ref_cnt[4] = 1; // referenced yet still linked in the free queue
+    assert!(leaked.check_invariants().unwrap_err().contains("block 4"));
+
+    let mut stale = p.clone();
+    stale.hash_of[5] = Some(HashKey {
+        hash: h(9),
+        group: 0,
+    });
+    assert!(stale.check_invariants().is_err());
+
+    let mut null = p.clone();
+    null.ref_cnt[0] = 1;
+    assert!(null.check_invariants().is_err());
+}
