@@ -68,12 +68,13 @@ impl Default for BlockSizeParams {
 }
 
 /// The token span of one block of `spec` under DCP (`resolve_dcp_kv_block_size`).
-fn dcp_block_size(spec: &KvCacheSpec, dcp_world_size: usize) -> usize {
-    if spec.dcp_sharded() {
-        spec.block_size() * dcp_world_size
-    } else {
-        spec.block_size()
+fn dcp_block_size(spec: &KvCacheSpec, dcp_world_size: usize) -> Result<usize> {
+    if !spec.dcp_sharded() {
+        return Ok(spec.block_size());
     }
+    spec.block_size()
+        .checked_mul(dcp_world_size)
+        .ok_or_else(|| KvError::InvalidSpec("block_size * dcp_world_size overflows".into()))
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -129,11 +130,14 @@ impl KvCacheConfig {
     ///   `prefix_match_unit` or the gcd of the group block sizes, which it must divide.
     pub fn resolve_block_sizes(&self, p: &BlockSizeParams) -> Result<(usize, usize)> {
         let hashing = p.enable_prefix_caching || p.connector_enabled;
-        let sizes: Vec<usize> = self
+        if p.dcp_world_size == 0 {
+            return invalid("dcp_world_size must be at least 1".into());
+        }
+        let sizes = self
             .kv_cache_groups
             .iter()
             .map(|g| dcp_block_size(&g.kv_cache_spec, p.dcp_world_size))
-            .collect();
+            .collect::<Result<Vec<usize>>>()?;
         if sizes.is_empty() {
             return invalid("a KV cache config without groups has no block size".into());
         }
@@ -309,5 +313,22 @@ mod tests {
             ..p
         };
         assert_eq!(c.resolve_block_sizes(&dcp).unwrap(), (96, 8));
+    }
+
+    /// Regression (found by tests/test_no_panic.py): a DCP world size of 0 divided by
+    /// zero in the lcm; a huge one overflowed the block size.
+    #[test]
+    fn bad_dcp_world_size_is_an_error() {
+        let c = config(vec![group(&["a"]), group(&["b"])]);
+        for dcp_world_size in [0, usize::MAX] {
+            let p = BlockSizeParams {
+                dcp_world_size,
+                ..BlockSizeParams::default()
+            };
+            assert!(matches!(
+                c.resolve_block_sizes(&p),
+                Err(KvError::InvalidSpec(_))
+            ));
+        }
     }
 }
