@@ -65,14 +65,18 @@ impl BlockPool {
                 "hash_block_size must be positive".into(),
             ));
         }
+        // The largest arrays first, fallibly: an absurd pool size is an error, not an
+        // allocation-failure abort (found by tests/test_no_panic.py).
+        let hash_of = filled(num_blocks, None)?;
+        let ref_cnt = filled(num_blocks, 0)?;
         let mut queue = FreeQueue::new(num_blocks);
         queue.popleft_n(1, |b| debug_assert_eq!(b, NULL_BLOCK_ID));
         Ok(Self {
             enable_caching,
             hash_block_size,
             enable_events: enable_kv_cache_events,
-            ref_cnt: vec![0; num_blocks],
-            hash_of: vec![None; num_blocks],
+            ref_cnt,
+            hash_of,
             queue,
             map: PrefixMap::default(),
             events: Vec::new(),
@@ -466,6 +470,15 @@ impl BlockPool {
     pub fn events_mut(&mut self) -> &mut Vec<KvCacheEvent> {
         &mut self.events
     }
+}
+
+/// `vec![value; n]`, or an error if the memory cannot be reserved.
+fn filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| KvError::InvalidArgument(format!("cannot allocate a pool of {n} blocks")))?;
+    v.resize(n, value);
+    Ok(v)
 }
 
 #[cold]

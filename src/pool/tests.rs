@@ -172,3 +172,12 @@ fn check_invariants_detects_corruption() {
     null.ref_cnt[0] = 1;
     assert!(null.check_invariants().is_err());
 }
+
+/// Regression (found by tests/test_no_panic.py): a pool too large for memory is an error,
+/// not an allocation-failure abort of the process.
+#[test]
+fn unallocatable_pool_is_an_error() {
+    // ~190 GB of block rows: more than any test machine's memory and swap.
+    let err = BlockPool::new((u32::MAX - 8) as usize, true, 16, false).unwrap_err();
+    assert!(matches!(err, KvError::InvalidArgument(_)));
+}

@@ -1,0 +1,255 @@
+"""No Rust panic reaches Python: every public callable of `kvblocks`, each argument slot
+replaced in turn by each hostile value (boundary ints, wrong types, huge sequences), must
+return or raise an ordinary `Exception` (a pyo3 `PanicException` derives from
+`BaseException` only), and a pool or request that raised must be unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import kvblocks as kb
+import pytest
+
+from model import pool_state
+
+HOSTILE: list[Any] = [
+    0,
+    -1,
+    1,
+    2**32 - 9,  # the largest pool size: ~190 GB of block rows, an error, not an abort
+    2**32,
+    2**32 - 1,
+    2**63,
+    2**64,
+    -(2**63),
+    10**30,
+    1.5,
+    float("nan"),
+    float("inf"),
+    "",
+    "x" * 300,
+    b"",
+    b"\xff" * 33,
+    None,
+    True,
+    [],
+    [-1],
+    [2**32],
+    [2**64],
+    [None],
+    ["a"],
+    [[1]],
+    [0] * 5000,
+    (1, 2),
+    {"a": 1},
+    {1, 2},
+    object(),
+]
+
+BS = 4
+
+
+def spec() -> kb.FullAttentionSpec:
+    return kb.FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def swa() -> kb.SlidingWindowSpec:
+    return kb.SlidingWindowSpec(
+        block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8
+    )
+
+
+def config() -> kb.KVCacheConfig:
+    groups = [kb.KVCacheGroupSpec(["a"], spec()), kb.KVCacheGroupSpec(["b"], swa())]
+    return kb.KVCacheConfig(8, [kb.KVCacheTensor(1024, ["a", "b"])], groups)
+
+
+def fresh_pool() -> kb.BlockPool:
+    pool = kb.BlockPool(8, True, BS, True)
+    blocks = pool.get_new_blocks(3)
+    req = kb.Request("r", list(range(9)), kb.BlockHasher(BS))
+    pool.cache_full_blocks(req.block_hashes, blocks, 0, 2, BS, 0, req.all_token_ids)
+    pool.free_blocks(blocks[2:])
+    pool.take_events()
+    return pool
+
+
+def fresh_request() -> kb.Request:
+    return kb.Request("r", list(range(9)), kb.BlockHasher(BS), cache_salt="s")
+
+
+def request_state(req: kb.Request) -> tuple[object, ...]:
+    return (
+        req.all_token_ids,
+        req.block_hashes,
+        req.num_computed_tokens,
+        req.num_in_flight_tokens,
+        req.num_preemptions,
+        req.skip_reading_prefix_cache,
+    )
+
+
+H = kb.hash_block_tokens("sha256", None, [1, 2, 3, 4])
+
+# (name, target factory or None, the call with valid arguments, its valid arguments)
+Call = tuple[str, Callable[[], Any] | None, Callable[..., Any], list[Any]]
+
+
+def calls() -> list[Call]:
+    pool_calls: list[Call] = [
+        (f"BlockPool.{name}", fresh_pool, getattr(kb.BlockPool, name), args)
+        for name, args in [
+            ("get_new_blocks", [1]),
+            ("free_blocks", [[1]]),
+            ("touch", [[1]]),
+            ("cache_full_blocks", [[H], [4], 0, 1, BS, 0, [1, 2, 3, 4]]),
+            ("get_cached_block", [H, [0]]),
+            ("evict_blocks", [{1}]),
+            ("reset_prefix_cache", []),
+            ("get_num_free_blocks", []),
+            ("get_usage", []),
+            ("get_free_block_ids", []),
+            ("get_ref_cnt", [1]),
+            ("get_block_hash", [1]),
+            ("take_events", []),
+        ]
+    ]
+    request_calls: list[Call] = [
+        ("Request.append_output_token_ids", fresh_request, kb.Request.append_output_token_ids, [[1]]),
+        *[
+            (f"Request.{prop}", fresh_request, lambda r, v, p=prop: setattr(r, p, v), [value])
+            for prop, value in (
+                ("num_computed_tokens", 1),
+                ("num_in_flight_tokens", 1),
+                ("num_preemptions", 1),
+                ("skip_reading_prefix_cache", True),
+            )
+        ],
+    ]
+    free_calls: list[Call] = [
+        ("BlockPool", None, kb.BlockPool, [8, True, BS, False]),
+        ("Request", None, lambda *a: kb.Request(a[0], a[1], a[2], cache_salt=a[3]),
+         ["r", [1, 2], kb.BlockHasher(2), "s"]),
+        ("Request(kw)", None, lambda *a: kb.Request("r", [1, 2], lora_name=a[0], lora_path=a[1],
+                                                     lora_id=a[2], mm_features=a[3]),
+         ["n", "/p", 1, [("h", 0, 1)]]),
+        ("BlockHasher", None, kb.BlockHasher, [BS, "sha256"]),
+        ("hash_block_tokens", None, kb.hash_block_tokens, ["sha256", H, [1, 2], ("k",)]),
+        ("none_hash", None, kb.none_hash, ["sha256"]),
+        ("BlockStored", None, kb.BlockStored, [[1], None, [1], 1, None, "GPU", None, None, 0]),
+        ("BlockRemoved", None, kb.BlockRemoved, [[1], "GPU", 0]),
+        ("AllBlocksCleared", None, kb.AllBlocksCleared, []),
+        ("KVCacheTensor", None, kb.KVCacheTensor, [1024, ["a"]]),
+        ("KVCacheGroupSpec", None, kb.KVCacheGroupSpec, [["a"], spec(), False]),
+        ("KVCacheConfig", None, kb.KVCacheConfig, [8, [], [kb.KVCacheGroupSpec(["a"], spec())], None]),
+        ("KVCacheConfig.resolve_block_sizes", None,
+         lambda *a: config().resolve_block_sizes(enable_prefix_caching=a[0], connector_enabled=a[1],
+                                                 dcp_world_size=a[2], prefix_match_unit=a[3]),
+         [True, False, 1, None]),
+        ("KVCacheSpec.merge", None, kb.FullAttentionSpec.merge, [[spec(), spec()]]),
+        ("KVCacheSpec.max_memory_usage_bytes", None,
+         lambda *a: spec().max_memory_usage_bytes(max_model_len=a[0], max_num_batched_tokens=a[1],
+                                                  max_num_encoder_input_tokens=a[2],
+                                                  max_concurrent_batches=a[3], dcp_world_size=a[4]),
+         [64, 16, None, 1, 1]),
+        ("SlidingWindowSpec.max_admission_blocks_per_request", None,
+         swa().max_admission_blocks_per_request, [16, 64]),
+        ("ChunkedLocalAttentionSpec", None,
+         lambda *a: kb.ChunkedLocalAttentionSpec(block_size=a[0], num_kv_heads=1, head_size=8,
+                                                 dtype=a[1], attention_chunk_size=a[2]),
+         [BS, "float16", 8]),
+        ("FullAttentionSpec", None,
+         lambda *a: kb.FullAttentionSpec(block_size=a[0], num_kv_heads=a[1], head_size=a[2],
+                                         dtype=a[3], head_size_v=a[4], sliding_window=a[5],
+                                         attention_chunk_size=a[6], page_size_padded=a[7]),
+         [BS, 1, 8, "float16", None, None, None, None]),
+        ("SlidingWindowSpec", None,
+         lambda *a: kb.SlidingWindowSpec(block_size=a[0], num_kv_heads=1, head_size=8,
+                                         dtype="float16", sliding_window=a[1],
+                                         extra_retained_tokens=a[2]),
+         [BS, 8, 0]),
+        ("MLAAttentionSpec", None,
+         lambda *a: kb.MLAAttentionSpec(block_size=a[0], num_kv_heads=1, head_size=a[1],
+                                        dtype="float16", cache_dtype_str=a[2], alignment=a[3]),
+         [BS, 8, None, None]),
+        ("SinkFullAttentionSpec", None,
+         lambda *a: kb.SinkFullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8,
+                                             dtype="float16", sink_len=a[0]),
+         [4]),
+        ("CrossAttentionSpec", None,
+         lambda *a: kb.CrossAttentionSpec(block_size=a[0], num_kv_heads=a[1], head_size=8,
+                                          dtype="float16"),
+         [BS, 1]),
+        ("MambaSpec", None,
+         lambda *a: kb.MambaSpec(block_size=a[0], shapes=a[1], dtypes=a[2], mamba_type=a[3],
+                                 mamba_cache_mode=a[4], num_speculative_blocks=a[5]),
+         [BS, [[2, 3]], ["float16"], "mamba2", "none", 0]),
+        ("UniformTypeKVCacheSpecs", None,
+         lambda *a: kb.UniformTypeKVCacheSpecs(block_size=a[0], kv_cache_specs=a[1]),
+         [BS, {"a": spec()}]),
+        ("UniformTypeKVCacheSpecs.from_specs", None, kb.UniformTypeKVCacheSpecs.from_specs,
+         [{"a": spec(), "b": swa()}]),
+        ("UniformTypeKVCacheSpecs.is_uniform_type", None,
+         kb.UniformTypeKVCacheSpecs.is_uniform_type, [{"a": spec()}]),
+    ]  # fmt: skip
+    return pool_calls + request_calls + free_calls
+
+
+CALLS = calls()
+
+
+def state(target: Any) -> object:
+    if isinstance(target, kb.BlockPool):
+        return pool_state(target)
+    return request_state(target)
+
+
+@pytest.mark.parametrize(("name", "factory", "fn", "args"), CALLS, ids=[c[0] for c in CALLS])
+def test_no_panic_reaches_python(
+    name: str, factory: Callable[[], Any] | None, fn: Callable[..., Any], args: list[Any]
+) -> None:
+    target = factory() if factory else None
+    prefix = [target] if target is not None else []
+    fn(*prefix, *args)  # the valid call works
+    variants = [list(args[:i]) + [v] + list(args[i + 1 :]) for i in range(len(args)) for v in HOSTILE]
+    variants.append([*args, 1])  # one argument too many
+    for variant in variants:
+        target = factory() if factory else None
+        before = state(target) if target is not None else None
+        try:
+            fn(*([target] if target is not None else []), *variant)
+        except Exception:
+            if target is not None:
+                assert state(target) == before, (name, variant)
+        except BaseException as exc:  # a PanicException
+            pytest.fail(f"{name}{tuple(variant)!r} raised {type(exc).__name__}: {exc}")
+
+
+def test_every_public_callable_is_swept() -> None:
+    swept = {c[0].split("(")[0] for c in CALLS}
+    for cls_name in kb.__all__:
+        obj = getattr(kb, cls_name)
+        if not isinstance(obj, type):
+            if callable(obj):
+                assert cls_name in swept
+            continue
+        for attr, value in vars(obj).items():
+            if attr.startswith("_"):
+                continue
+            settable = isinstance(value, property) or type(value).__name__ == "getset_descriptor"
+            if callable(value) or isinstance(value, classmethod):
+                owner = "KVCacheSpec" if attr in ("merge", "max_memory_usage_bytes") else cls_name
+                key = f"{owner}.{attr}"
+                if attr == "max_admission_blocks_per_request":
+                    key = f"SlidingWindowSpec.{attr}"
+                assert key in swept, key
+            elif settable and cls_name == "Request":
+                try:
+                    setattr(fresh_request(), attr, getattr(fresh_request(), attr))
+                except AttributeError:
+                    continue
+                assert f"Request.{attr}" in swept, attr
+        if cls_name not in ("KVCacheSpec", "AttentionSpec"):
+            assert cls_name in swept or cls_name.startswith("Chunked"), cls_name
