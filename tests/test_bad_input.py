@@ -1,0 +1,238 @@
+"""Bad input, one table across the public API: wrong types, negative and huge numbers,
+unknown ids, double frees, token ids outside u32, empty and oversized inputs, unknown hash
+algorithms, specs that do not merge. Each row raises its specific exception, and the state
+digest of the object it was called on is the same after the call as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import kvblocks as kb
+import pytest
+
+from model import pool_state
+
+BS = 4
+TOKENS = list(range(3 * BS + 1))
+
+
+def full(**kw: Any) -> kb.FullAttentionSpec:
+    args: dict[str, Any] = {"block_size": BS, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    return kb.FullAttentionSpec(**(args | kw))
+
+
+def swa(**kw: Any) -> kb.SlidingWindowSpec:
+    args: dict[str, Any] = {
+        "block_size": BS, "num_kv_heads": 1, "head_size": 8, "dtype": "float16", "sliding_window": 8,
+    }  # fmt: skip
+    return kb.SlidingWindowSpec(**(args | kw))
+
+
+def config(*groups: kb.KVCacheSpec) -> kb.KVCacheConfig:
+    return kb.KVCacheConfig(
+        8, [], [kb.KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(groups or (full(),))]
+    )
+
+
+class World:
+    """A pool holding one request's blocks (two cached, one partial) and a free block."""
+
+    def __init__(self) -> None:
+        self.pool = kb.BlockPool(8, True, BS, True)
+        self.req = kb.Request("r", TOKENS, kb.BlockHasher(BS), cache_salt="s")
+        self.hashes = self.req.block_hashes
+        self.table = self.pool.get_new_blocks(4)
+        self.pool.cache_full_blocks(self.hashes, self.table, 0, 2, BS, 0, TOKENS)
+        self.free = self.pool.get_free_block_ids()[0]
+        self.pool.take_events()
+
+    def digest(self) -> tuple[object, ...]:
+        pool, req = self.pool, self.req
+        return (
+            pool_state(pool),
+            [pool.get_cached_block(h, [0]) for h in self.hashes],
+            pool.take_events(),
+            req.all_token_ids,
+            req.block_hashes,
+            (req.num_computed_tokens, req.num_in_flight_tokens, req.num_preemptions),
+            req.skip_reading_prefix_cache,
+        )
+
+
+def setter(name: str, value: Any) -> Callable[[World], None]:
+    return lambda w: setattr(w.req, name, value)
+
+
+def no_world(call: Callable[[], Any]) -> Callable[[World], Any]:
+    return lambda _w: call()
+
+
+# (label, call on a fresh World, expected exception)
+TABLE: list[tuple[str, Callable[[World], Any], type[Exception]]] = [
+    # --- BlockPool ---------------------------------------------------------------------
+    ("BlockPool: zero blocks", no_world(lambda: kb.BlockPool(0)), ValueError),
+    ("BlockPool: negative blocks", no_world(lambda: kb.BlockPool(-1)), OverflowError),
+    ("BlockPool: beyond u32 ids", no_world(lambda: kb.BlockPool(2**32)), ValueError),
+    ("BlockPool: str size", no_world(lambda: kb.BlockPool("8")), TypeError),
+    ("BlockPool: zero hash block", no_world(lambda: kb.BlockPool(8, True, 0)), ValueError),
+    ("get_new_blocks: negative", lambda w: w.pool.get_new_blocks(-1), OverflowError),
+    ("get_new_blocks: more than free", lambda w: w.pool.get_new_blocks(5), ValueError),
+    ("get_new_blocks: huge", lambda w: w.pool.get_new_blocks(2**64), OverflowError),
+    ("get_new_blocks: float", lambda w: w.pool.get_new_blocks(1.0), TypeError),
+    ("free_blocks: double free", lambda w: w.pool.free_blocks([w.table[0], w.table[0]]), ValueError),
+    ("free_blocks: a free block", lambda w: w.pool.free_blocks([w.table[1], w.free]), ValueError),
+    ("free_blocks: unknown id", lambda w: w.pool.free_blocks([w.table[1], 8]), ValueError),
+    ("free_blocks: negative id", lambda w: w.pool.free_blocks([w.table[1], -1]), OverflowError),
+    ("free_blocks: id beyond u32", lambda w: w.pool.free_blocks([2**32]), OverflowError),
+    ("free_blocks: None", lambda w: w.pool.free_blocks(None), TypeError),
+    ("free_blocks: str ids", lambda w: w.pool.free_blocks(["1"]), TypeError),
+    ("touch: unknown id", lambda w: w.pool.touch([w.free, 99]), ValueError),
+    ("touch: negative id", lambda w: w.pool.touch([w.free, -5]), OverflowError),
+    ("touch: not a sequence", lambda w: w.pool.touch(3), TypeError),
+    ("cache_full_blocks: past the hashes",
+     lambda w: w.pool.cache_full_blocks(w.hashes, w.table, 2, 4, BS, 0), ValueError),
+    ("cache_full_blocks: already cached",
+     lambda w: w.pool.cache_full_blocks(w.hashes, w.table, 1, 3, BS, 0), ValueError),
+    ("cache_full_blocks: block size not a multiple",
+     lambda w: w.pool.cache_full_blocks(w.hashes, w.table, 2, 3, BS + 1, 0), ValueError),
+    ("cache_full_blocks: zero block size",
+     lambda w: w.pool.cache_full_blocks(w.hashes, w.table, 2, 3, 0, 0), ValueError),
+    ("cache_full_blocks: unknown block",
+     lambda w: w.pool.cache_full_blocks(w.hashes, [*w.table[:2], 50], 2, 3, BS, 0), ValueError),
+    ("cache_full_blocks: hash too long",
+     lambda w: w.pool.cache_full_blocks([b"x" * 33] * 3, w.table, 2, 3, BS, 0), ValueError),
+    ("cache_full_blocks: str hash",
+     lambda w: w.pool.cache_full_blocks(["h"] * 3, w.table, 2, 3, BS, 0), TypeError),
+    ("cache_full_blocks: negative count",
+     lambda w: w.pool.cache_full_blocks(w.hashes, w.table, -1, 3, BS, 0), OverflowError),
+    ("cache_full_blocks: negative group",
+     lambda w: w.pool.cache_full_blocks(w.hashes, w.table, 2, 3, BS, -1), OverflowError),
+    ("cache_full_blocks: token beyond u32",
+     lambda w: w.pool.cache_full_blocks(w.hashes, w.table, 2, 3, BS, 0, [2**32] * 12), OverflowError),
+    ("get_cached_block: hash too long", lambda w: w.pool.get_cached_block(b"x" * 33, [0]), ValueError),
+    ("get_cached_block: str hash", lambda w: w.pool.get_cached_block("h", [0]), TypeError),
+    ("get_cached_block: negative group", lambda w: w.pool.get_cached_block(w.hashes[0], [-1]), OverflowError),
+    ("evict_blocks: unknown id", lambda w: w.pool.evict_blocks({w.table[0], 8}), ValueError),
+    ("evict_blocks: negative id", lambda w: w.pool.evict_blocks([w.table[0], -1]), OverflowError),
+    ("evict_blocks: not iterable", lambda w: w.pool.evict_blocks(1), TypeError),
+    ("reset_prefix_cache: an argument", lambda w: w.pool.reset_prefix_cache(True), TypeError),
+    ("get_num_free_blocks: an argument", lambda w: w.pool.get_num_free_blocks(0), TypeError),
+    ("get_usage: an argument", lambda w: w.pool.get_usage(0), TypeError),
+    ("get_free_block_ids: an argument", lambda w: w.pool.get_free_block_ids(0), TypeError),
+    ("take_events: an argument", lambda w: w.pool.take_events(0), TypeError),
+    ("get_ref_cnt: unknown id", lambda w: w.pool.get_ref_cnt(8), ValueError),
+    ("get_ref_cnt: negative id", lambda w: w.pool.get_ref_cnt(-1), OverflowError),
+    ("get_block_hash: unknown id", lambda w: w.pool.get_block_hash(2**31), ValueError),
+    ("get_block_hash: str id", lambda w: w.pool.get_block_hash("1"), TypeError),
+    # --- hashing -------------------------------------------------------------------------
+    ("BlockHasher: unknown algorithm", no_world(lambda: kb.BlockHasher(BS, "md5")), ValueError),
+    ("BlockHasher: zero block", no_world(lambda: kb.BlockHasher(0)), ValueError),
+    ("BlockHasher: negative block", no_world(lambda: kb.BlockHasher(-4)), ValueError),
+    ("none_hash: unknown algorithm", no_world(lambda: kb.none_hash("sha512")), ValueError),
+    ("none_hash: not a str", no_world(lambda: kb.none_hash(1)), TypeError),
+    ("hash_block_tokens: unknown algorithm",
+     no_world(lambda: kb.hash_block_tokens("crc32", None, [1])), ValueError),
+    ("hash_block_tokens: token beyond u32",
+     no_world(lambda: kb.hash_block_tokens("sha256", None, [2**32])), OverflowError),
+    ("hash_block_tokens: negative token",
+     no_world(lambda: kb.hash_block_tokens("sha256", None, [-1])), OverflowError),
+    ("hash_block_tokens: parent too long",
+     no_world(lambda: kb.hash_block_tokens("sha256", b"p" * 33, [1])), ValueError),
+    ("hash_block_tokens: float extra key",
+     no_world(lambda: kb.hash_block_tokens("sha256", None, [1], (1.5,))), TypeError),
+    # --- Request -------------------------------------------------------------------------
+    ("Request: token beyond u32", no_world(lambda: kb.Request("q", [1, 2**32])), OverflowError),
+    ("Request: negative token", no_world(lambda: kb.Request("q", [-1])), OverflowError),
+    ("Request: str tokens", no_world(lambda: kb.Request("q", "abc")), TypeError),
+    ("Request: int id", no_world(lambda: kb.Request(1, [1])), TypeError),
+    ("Request: lora id 0", no_world(lambda: kb.Request("q", [1], lora_name="a", lora_path="/a",
+                                                       lora_id=0)), ValueError),
+    ("Request: mm past the prompt", no_world(lambda: kb.Request("q", [1, 2], mm_features=[("h", 1, 5)])),
+     ValueError),
+    ("append: token beyond u32", lambda w: w.req.append_output_token_ids([1, 2**32]), OverflowError),
+    ("append: negative token", lambda w: w.req.append_output_token_ids(-1), OverflowError),
+    ("append: None", lambda w: w.req.append_output_token_ids(None), TypeError),
+    ("append: floats", lambda w: w.req.append_output_token_ids([1.0]), TypeError),
+    ("num_computed_tokens: negative", setter("num_computed_tokens", -1), OverflowError),
+    ("num_in_flight_tokens: str", setter("num_in_flight_tokens", "1"), TypeError),
+    ("num_preemptions: beyond u32", setter("num_preemptions", 2**32), OverflowError),
+    ("skip_reading_prefix_cache: int", setter("skip_reading_prefix_cache", 1), TypeError),
+    ("request_id: read-only", setter("request_id", "x"), AttributeError),
+    # --- specs ---------------------------------------------------------------------------
+    ("merge: full with sliding window", no_world(lambda: kb.FullAttentionSpec.merge([full(), swa()])),
+     ValueError),
+    ("merge: different block sizes", no_world(lambda: kb.FullAttentionSpec.merge([full(), full(block_size=8)])),
+     ValueError),
+    ("merge: nothing", no_world(lambda: kb.FullAttentionSpec.merge([])), ValueError),
+    ("merge: not specs", no_world(lambda: kb.FullAttentionSpec.merge([1])), TypeError),
+    ("spec: zero block size", no_world(lambda: full(block_size=0)), ValueError),
+    ("spec: negative heads", no_world(lambda: full(num_kv_heads=-1)), (ValueError, OverflowError)),  # type: ignore[list-item]
+    ("spec: huge block size", no_world(lambda: full(block_size=2**70)), OverflowError),
+    ("spec: unknown dtype", no_world(lambda: full(dtype="float7")), ValueError),
+    ("spec: page size overflows u64",
+     no_world(lambda: full(block_size=2**40, num_kv_heads=2**40).page_size_bytes), ValueError),
+    ("sliding window: zero window", no_world(lambda: swa(sliding_window=0)), ValueError),
+    ("chunked: zero chunk", no_world(lambda: kb.ChunkedLocalAttentionSpec(
+        block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", attention_chunk_size=0)), ValueError),
+    ("mamba: dtypes do not match shapes", no_world(lambda: kb.MambaSpec(
+        block_size=BS, shapes=[[1], [2]], dtypes=["float16"])), ValueError),
+    ("mamba: unknown cache mode", no_world(lambda: kb.MambaSpec(
+        block_size=BS, shapes=[[1]], dtypes=["float16"], mamba_cache_mode="some")), ValueError),
+    ("max_memory_usage_bytes: negative", no_world(lambda: full().max_memory_usage_bytes(max_model_len=-1)),
+     ValueError),
+    ("max_admission_blocks: negative", no_world(lambda: swa().max_admission_blocks_per_request(-1, 8)),
+     ValueError),
+    ("uniform: no layers", no_world(lambda: kb.UniformTypeKVCacheSpecs(block_size=BS, kv_cache_specs={})),
+     ValueError),
+    ("uniform: mixed types", no_world(lambda: kb.UniformTypeKVCacheSpecs(
+        block_size=BS, kv_cache_specs={"a": full(), "b": swa()})), ValueError),
+    ("uniform: not a mapping", no_world(lambda: kb.UniformTypeKVCacheSpecs.from_specs([full()])), TypeError),
+    ("is_uniform_type: not specs", no_world(lambda: kb.UniformTypeKVCacheSpecs.is_uniform_type({"a": 1})),
+     TypeError),
+    # --- config --------------------------------------------------------------------------
+    ("KVCacheTensor: negative size", no_world(lambda: kb.KVCacheTensor(-1, ["a"])), ValueError),
+    ("KVCacheTensor: str layers", no_world(lambda: kb.KVCacheTensor(8, "a")), TypeError),
+    ("KVCacheGroupSpec: not a spec", no_world(lambda: kb.KVCacheGroupSpec(["a"], "full")), TypeError),
+    ("KVCacheConfig: zero blocks", no_world(lambda: kb.KVCacheConfig(0, [], [])), ValueError),
+    ("KVCacheConfig: group without layers",
+     no_world(lambda: kb.KVCacheConfig(8, [], [kb.KVCacheGroupSpec([], full())])), ValueError),
+    ("resolve_block_sizes: no groups", no_world(lambda: kb.KVCacheConfig(8, [], []).resolve_block_sizes()),
+     ValueError),
+    ("resolve_block_sizes: bad prefix_match_unit",
+     no_world(lambda: config(full(), swa(block_size=8)).resolve_block_sizes(prefix_match_unit=3)), ValueError),
+    ("resolve_block_sizes: dcp_world_size 0",
+     no_world(lambda: config(full(), swa()).resolve_block_sizes(dcp_world_size=0)), ValueError),
+    ("resolve_block_sizes: dcp overflow",
+     no_world(lambda: config(full(), swa()).resolve_block_sizes(dcp_world_size=2**63)), ValueError),
+    # --- events --------------------------------------------------------------------------
+    ("BlockStored: negative hash", no_world(lambda: kb.BlockStored([-1], None, [], 1, None, "GPU", None)),
+     OverflowError),
+    ("BlockStored: float extra key",
+     no_world(lambda: kb.BlockStored([1], None, [], 1, None, "GPU", None, [(1.5,)])), TypeError),
+    ("BlockRemoved: hash beyond u64", no_world(lambda: kb.BlockRemoved([2**64], "GPU")), OverflowError),
+    ("AllBlocksCleared: an argument", no_world(lambda: kb.AllBlocksCleared(1)), TypeError),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("label", "call", "exc"), TABLE, ids=[row[0] for row in TABLE])
+def test_bad_input_raises_and_changes_nothing(
+    label: str, call: Callable[[World], Any], exc: type[Exception]
+) -> None:
+    world = World()
+    before = world.digest()
+    with pytest.raises(exc):
+        call(world)
+    assert world.digest() == before
+
+
+def test_the_world_is_usable_after_every_bad_call() -> None:
+    """All the bad calls in a row on one World, then it still allocates and frees."""
+    world = World()
+    for _label, call, exc in TABLE:
+        with pytest.raises(exc):
+            call(world)
+    world.pool.free_blocks(world.table[::-1])
+    assert world.pool.get_num_free_blocks() == 7
+    assert world.pool.get_cached_block(world.hashes[0], [0]) == [world.table[0]]
