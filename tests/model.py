@@ -130,10 +130,12 @@ class PoolModel:
         k = block_size // hash_block_size
         if num_full > len(blocks) or num_full > len(hashes) // k:
             raise ValueError("num_full_blocks exceeds the request")
+        seen: set[int] = set()
         for b in blocks[num_cached:num_full]:
             self._check(b)
-            if b != NULL_BLOCK and self.hash_of[b] is not None:
-                raise ValueError(f"block {b} is already cached")
+            if b != NULL_BLOCK and (self.hash_of[b] is not None or b in seen):
+                raise ValueError(f"block {b} is already cached or listed twice")
+            seen.add(b)
         stored: list[int] = []
         for i in range(num_cached, num_full):
             b = blocks[i]

@@ -122,6 +122,7 @@ TABLE: list[tuple[str, Callable[[World], Any], type[Exception]]] = [
     ("get_usage: an argument", lambda w: w.pool.get_usage(0), TypeError),
     ("get_free_block_ids: an argument", lambda w: w.pool.get_free_block_ids(0), TypeError),
     ("take_events: an argument", lambda w: w.pool.take_events(0), TypeError),
+    ("check_invariants: an argument", lambda w: w.pool.check_invariants(0), TypeError),
     ("get_ref_cnt: unknown id", lambda w: w.pool.get_ref_cnt(8), ValueError),
     ("get_ref_cnt: negative id", lambda w: w.pool.get_ref_cnt(-1), OverflowError),
     ("get_block_hash: unknown id", lambda w: w.pool.get_block_hash(2**31), ValueError),

@@ -177,6 +177,20 @@ class PoolMachine(RuleBasedStateMachine):
         except ValueError:
             self.both(name, ids)
 
+    @rule(
+        prefix=st.sampled_from(PREFIXES),
+        ids=st.lists(st.integers(0, 45), max_size=5),
+        counts=st.tuples(st.integers(0, 5), st.integers(0, 5)),
+        group=st.sampled_from([0, 1]),
+    )
+    def raw_cache(
+        self, prefix: list[int], ids: list[int], counts: tuple[int, int], group: int
+    ) -> None:
+        """cache_full_blocks with arbitrary ids and counts (repeats, free or unknown blocks)."""
+        req = kb.Request("raw", [*prefix, *range(20)], kb.BlockHasher(HBS))
+        bs = GROUP_BLOCK_SIZES[group]
+        self.both("cache_full_blocks", req.block_hashes, ids, *counts, bs, group, req.all_token_ids)
+
     @rule(n=st.integers(0, 50))
     def raw_get_new_blocks(self, n: int) -> None:
         if n > self.model.num_free():
@@ -184,6 +198,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     @invariant()
     def same_state(self) -> None:
+        self.pool.check_invariants()
         assert pool_state(self.pool) == pool_state(self.model)
         assert [event_tuple(e) for e in self.pool.take_events()] == self.model.take_events()
         held = [0] * self.model.num_blocks

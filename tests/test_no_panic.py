@@ -114,6 +114,7 @@ def calls() -> list[Call]:
             ("get_ref_cnt", [1]),
             ("get_block_hash", [1]),
             ("take_events", []),
+            ("check_invariants", []),
         ]
     ]
     request_calls: list[Call] = [

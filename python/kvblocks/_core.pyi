@@ -429,6 +429,8 @@ class BlockPool:
     def get_ref_cnt(self, block_id: int) -> int: ...
     def get_block_hash(self, block_id: int) -> bytes | None:
         """The block's bare hash digest, or None if it is not cached."""
+    def check_invariants(self) -> None:
+        """Checks the free queue, ref counts and prefix map agree; RuntimeError if not."""
     def take_events(self) -> list[_KVCacheEvent]:
         """Returns and clears the recorded events."""
 

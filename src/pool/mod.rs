@@ -326,17 +326,42 @@ impl BlockPool {
             }
         }
         let keep = |i: usize| mask.is_none_or(|m| m[i - num_cached]);
-        for (i, &b) in blocks.iter().enumerate().take(num_full).skip(num_cached) {
-            self.check_id(b)?;
-            if b != NULL_BLOCK_ID && keep(i) && self.hash_of[b as usize].is_some() {
-                return Err(KvError::InvalidArgument(format!(
-                    "block {b} is already cached; a block is cached once"
-                )));
-            }
-        }
         let hash_at = |i: usize| request_hashes[(i + 1) * k - 1];
+        // Validate and claim each block's hash slot in one pass, so that a block listed
+        // twice in the range is caught (found by fuzzing: it left a map entry behind for
+        // a key the block no longer carried); on error the claimed slots are released.
+        let range = || blocks.iter().enumerate().take(num_full).skip(num_cached);
+        let mut failure = None;
+        let mut claimed = 0usize;
+        for (i, &b) in range() {
+            if let Err(e) = self.check_id(b) {
+                failure = Some(e);
+                break;
+            }
+            if b != NULL_BLOCK_ID && keep(i) {
+                if self.hash_of[b as usize].is_some() {
+                    failure = Some(KvError::InvalidArgument(format!(
+                        "block {b} is already cached or listed twice; a block is cached once"
+                    )));
+                    break;
+                }
+                self.hash_of[b as usize] = Some(HashKey {
+                    hash: hash_at(i),
+                    group,
+                });
+            }
+            claimed += 1;
+        }
+        if let Some(err) = failure {
+            for (i, &b) in range().take(claimed) {
+                if b != NULL_BLOCK_ID && keep(i) {
+                    self.hash_of[b as usize] = None;
+                }
+            }
+            return Err(err);
+        }
         let mut stored = Vec::new();
-        for (i, &b) in blocks.iter().enumerate().take(num_full).skip(num_cached) {
+        for (i, &b) in range() {
             if b == NULL_BLOCK_ID || !keep(i) {
                 continue;
             }
@@ -344,7 +369,6 @@ impl BlockPool {
                 hash: hash_at(i),
                 group,
             };
-            self.hash_of[b as usize] = Some(key);
             self.map.insert(key, b);
             if self.enable_events {
                 stored.push(i);

@@ -181,3 +181,26 @@ fn unallocatable_pool_is_an_error() {
     let err = BlockPool::new((u32::MAX - 8) as usize, true, 16, false).unwrap_err();
     assert!(matches!(err, KvError::InvalidArgument(_)));
 }
+
+/// Regression (found by the `pool_ops` fuzz target): a block listed twice in the range to
+/// cache was cached under two keys while carrying one, leaving a stale prefix-cache entry
+/// that would later hand the block to a request with other content. It is now an error
+/// that changes nothing.
+#[test]
+fn caching_a_block_twice_in_one_call_is_an_error() {
+    let mut p = BlockPool::new(6, true, 16, true).unwrap();
+    let blocks = p.get_new_blocks(2).unwrap();
+    let dup = [blocks[0], blocks[1], blocks[0]];
+    let before = p.clone();
+    let err = p.cache_full_blocks(&[h(0), h(1), h(2)], &dup, 0, 3, 16, 0, None, &NO_TOKENS);
+    assert!(matches!(err, Err(KvError::InvalidArgument(_))));
+    assert_eq!(p.check_invariants(), Ok(()));
+    assert_eq!(p.num_cached_keys(), 0);
+    assert!((0..6).all(|b| p.block_hash(b).unwrap() == before.block_hash(b).unwrap()));
+    assert!(p.take_events().is_empty());
+    // The same blocks listed once still cache.
+    p.cache_full_blocks(&[h(0), h(1)], &blocks, 0, 2, 16, 0, None, &NO_TOKENS)
+        .unwrap();
+    assert_eq!(p.check_invariants(), Ok(()));
+    assert_eq!(p.cached_block(&h(1), 0), Some(blocks[1]));
+}

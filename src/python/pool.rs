@@ -211,6 +211,13 @@ impl PyBlockPool {
             .map(|key| PyBytes::new(py, key.hash.as_bytes())))
     }
 
+    /// Checks the core's structural invariants; `RuntimeError` names the first violation.
+    fn check_invariants(&self) -> PyResult<()> {
+        self.inner
+            .check_invariants()
+            .map_err(pyo3::exceptions::PyRuntimeError::new_err)
+    }
+
     fn take_events(&mut self, py: Python<'_>) -> PyResult<Vec<PyObject>> {
         events_to_py(py, &self.inner.take_events())
     }
