@@ -1,0 +1,134 @@
+"""Short soak (benches/python/soak.py runs the long one) and leak checks of the bindings:
+no Python reference leaked on arguments or results (sys.getrefcount), no Python memory
+growth over many calls (tracemalloc), no native growth on the error paths (RSS).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import sys
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import kvblocks as kb
+import pytest
+
+SOAK_PATH = Path(__file__).resolve().parent.parent / "benches" / "python" / "soak.py"
+BS = 4
+
+
+def load_soak() -> Any:
+    spec = importlib.util.spec_from_file_location("kvblocks_soak", SOAK_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
+def test_short_soak_keeps_the_invariants() -> None:
+    soak = load_soak()
+    samples: list[float] = []
+    warm_at = soak.soak(4_000, 300_000, seed=1, report=lambda _o, _t, rss: samples.append(rss),
+                        report_every=50_000)  # fmt: skip
+    assert 0 < warm_at < 300_000  # the pool filled up, so blocks were recycled
+    assert len(samples) == 6
+
+
+def workload(pool: kb.BlockPool, hashes: list[bytes], tokens: list[int]) -> Callable[[], None]:
+    """One round of every pool call, successful and failing, with fresh arguments."""
+
+    def run() -> None:
+        blocks = pool.get_new_blocks(3)
+        pool.cache_full_blocks(hashes, blocks, 0, 2, BS, 0, tokens)
+        assert pool.get_cached_block(hashes[0], [0]) == blocks[:1]
+        pool.touch(blocks[:2])
+        pool.free_blocks(blocks[:2][::-1])
+        pool.free_blocks(blocks[::-1])
+        pool.evict_blocks(set(blocks))
+        pool.take_events()
+        pool.get_free_block_ids()
+        pool.get_block_hash(blocks[0])
+        for bad in ([blocks[0]], [2**40], ["x"], [len(pool.get_free_block_ids()) + 10]):
+            try:
+                pool.free_blocks(bad)
+            except (ValueError, OverflowError, TypeError):
+                pass
+        req = kb.Request("r", tokens, kb.BlockHasher(BS), cache_salt="s")
+        req.append_output_token_ids([1, 2, 3, 4])
+        _ = req.block_hashes
+        kb.hash_block_tokens("sha256", hashes[0], tokens[:BS], ("a", 1))
+        try:
+            kb.hash_block_tokens("nope", None, tokens)
+        except ValueError:
+            pass
+
+    return run
+
+
+def setup() -> tuple[kb.BlockPool, list[bytes], list[int]]:
+    pool = kb.BlockPool(64, True, BS, True)
+    tokens = list(range(1000, 1000 + 3 * BS))
+    hashes = kb.Request("h", tokens, kb.BlockHasher(BS)).block_hashes
+    return pool, hashes, tokens
+
+
+def test_no_reference_leak_on_arguments() -> None:
+    pool, hashes, tokens = setup()
+    run = workload(pool, hashes, tokens)
+    run()
+    watched: list[object] = [pool, hashes, tokens, *hashes]
+    before = [sys.getrefcount(o) for o in watched]
+    for _ in range(2_000):
+        run()
+    gc.collect()
+    assert [sys.getrefcount(o) for o in watched] == before
+
+
+def test_no_python_memory_growth() -> None:
+    pool, hashes, tokens = setup()
+    run = workload(pool, hashes, tokens)
+    for _ in range(500):
+        run()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        for _ in range(5_000):
+            run()
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, f"{grown} bytes retained over 5000 rounds"
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
+def test_no_native_growth_on_error_paths() -> None:
+    soak = load_soak()
+    pool, hashes, _ = setup()
+    calls: list[Callable[[], object]] = [
+        lambda: pool.free_blocks([5]),  # double free
+        lambda: pool.touch([1, 10**6]),
+        lambda: pool.cache_full_blocks(hashes, [1, 1], 0, 2, BS, 0),
+        lambda: pool.get_new_blocks(10**6),
+        lambda: kb.Request("r", [1, -1]),
+    ]
+    def round_of_errors(n: int) -> int:
+        raised = 0
+        for _ in range(n):
+            for call in calls:
+                try:
+                    call()
+                except (ValueError, OverflowError):
+                    raised += 1
+        return raised
+
+    assert round_of_errors(10_000) == 50_000
+    base = soak.rss_mib()
+    assert round_of_errors(60_000) == 300_000
+    # A leak of 8 bytes per failing call would be 2.4 MB here.
+    assert soak.rss_mib() - base < 1.5
