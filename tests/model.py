@@ -9,6 +9,7 @@ simplest possible Python, so that a side-by-side state machine can compare the t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 MASK64 = (1 << 64) - 1
@@ -203,3 +204,250 @@ def pool_state(pool: Any) -> tuple[object, ...]:
         [pool.get_block_hash(b) for b in range(n)],
         pool.get_usage(),
     )
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class GroupModel:
+    """One KV cache group: full attention, or a sliding window of `sliding_window` tokens."""
+
+    block_size: int
+    sliding_window: int | None = None
+
+    def skipped_tokens(self, num_computed: int) -> int:
+        """Tokens before the window of the next token (section 4.7)."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, num_computed - self.sliding_window + 1)
+
+
+class ManagerModel:
+    """KVCacheManager (sections 4.1-4.9, 5, 6.2-6.4) for full-attention and sliding-window
+    groups, dense SWA retention, no EAGLE, no KV connector, no watermark.
+
+    Requests are read through `request_id`, `num_tokens`, `num_computed_tokens` and
+    `block_hashes` (at `hash_block_size`); the caller plays the scheduler.
+    """
+
+    def __init__(
+        self,
+        groups: list[GroupModel],
+        num_blocks: int,
+        max_model_len: int,
+        hash_block_size: int,
+        scheduler_block_size: int,
+        enable_caching: bool = True,
+    ) -> None:
+        self.groups = groups
+        self.pool = PoolModel(num_blocks, enable_caching)
+        self.max_model_len = max_model_len
+        self.hash_block_size = hash_block_size
+        self.scheduler_block_size = scheduler_block_size
+        self.caching = enable_caching
+        self.hybrid = len(groups) > 1
+        self.tables: list[dict[str, list[int]]] = [{} for _ in groups]
+        self.num_cached: list[dict[str, int]] = [{} for _ in groups]
+        # Spec groups: equal specs share one lookup; full attention first (5.5).
+        specs: dict[GroupModel, list[int]] = {}
+        for gid, g in enumerate(groups):
+            specs.setdefault(g, []).append(gid)
+        self.spec_groups = sorted(specs.items(), key=lambda kv: kv[0].sliding_window is not None)
+
+    # --- lookups --------------------------------------------------------------------
+    def _hashes(self, hashes: list[bytes], block_size: int) -> list[bytes]:
+        k = block_size // self.hash_block_size
+        return hashes[k - 1 :: k]
+
+    def _lookup(self, block_hash: bytes, gids: list[int]) -> list[int] | None:
+        return self.pool.get_cached_block(block_hash, gids)
+
+    def _find_full(
+        self, hashes: list[bytes], max_length: int, gids: list[int], bs: int, align: int
+    ) -> tuple[list[list[int]], int]:
+        lists: list[list[int]] = [[] for _ in gids]
+        for h in self._hashes(hashes, bs)[: max_length // bs]:
+            got = self._lookup(h, gids)
+            if got is None:
+                break
+            for lst, b in zip(lists, got):
+                lst.append(b)
+        hit = len(lists[0]) * bs
+        hit -= hit % align
+        return [lst[: cdiv(hit, bs)] for lst in lists], hit
+
+    def _find_swa(
+        self, hashes: list[bytes], max_length: int, gids: list[int], g: GroupModel, align: int
+    ) -> tuple[list[list[int]], int]:
+        bs, window = g.block_size, g.sliding_window
+        assert window is not None
+        need = cdiv(window - 1, bs)
+        view = self._hashes(hashes, bs)
+        m = max_length // bs
+        lists = [[NULL_BLOCK] * m for _ in gids]
+        run = 0
+        found = False
+        for i in range(m - 1, -1, -1):
+            got = self._lookup(view[i], gids)
+            if got is None:
+                run = 0
+                continue
+            if run == 0 and bs != align and ((i + 1) * bs) % align:
+                continue
+            for lst, b in zip(lists, got):
+                lst[i] = b
+            run += 1
+            if run >= need:
+                lists = [lst[: i + run] for lst in lists]
+                found = True
+                break
+        if not found:
+            lists = [lst[:run] for lst in lists]
+            while bs != align and len(lists[0]) * bs % align:
+                lists = [lst[:-1] for lst in lists]
+        return lists, len(lists[0]) * bs
+
+    def _find(
+        self, hashes: list[bytes], max_length: int, g: GroupModel, gids: list[int], align: int
+    ) -> tuple[list[list[int]], int]:
+        if g.sliding_window is None:
+            return self._find_full(hashes, max_length, gids, g.block_size, align)
+        return self._find_swa(hashes, max_length, gids, g, align)
+
+    def get_computed_blocks(self, req: Any) -> tuple[list[list[int]], int]:
+        """Per-group hit blocks and the hit length in tokens (no ref count changes)."""
+        empty: list[list[int]] = [[] for _ in self.groups]
+        if not self.caching or req.skip_reading_prefix_cache:
+            return empty, 0
+        hashes = list(req.block_hashes)
+        max_len = req.num_tokens - 1
+        if not self.hybrid:
+            g = self.groups[0]
+            lists, hit = self._find(hashes, max_len, g, [0], g.block_size)
+            return lists, hit
+        out = list(empty)
+        hit_length = max_len
+        fa_done: dict[int, int] = {}
+        align = self.scheduler_block_size
+        while True:
+            curr = hit_length
+            for idx, (g, gids) in enumerate(self.spec_groups):
+                if g.sliding_window is None and idx in fa_done:
+                    curr = min(curr, fa_done[idx])
+                    continue
+                lists, length = self._find(hashes, curr, g, gids, align)
+                curr = length
+                if g.sliding_window is None:
+                    fa_done[idx] = length
+                for gid, lst in zip(gids, lists):
+                    out[gid] = lst
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if len(self.spec_groups) == 2 and self.spec_groups[0][0].sliding_window is None:
+                break
+        for g, gids in self.spec_groups:
+            if g.sliding_window is None:
+                for gid in gids:
+                    out[gid] = out[gid][: cdiv(hit_length, g.block_size)]
+        return out, hit_length
+
+    # --- allocation -----------------------------------------------------------------
+    def _num_to_allocate(
+        self, gid: int, rid: str, num_tokens: int, hits: list[int], total_computed: int
+    ) -> int:
+        g = self.groups[gid]
+        required = cdiv(num_tokens, g.block_size)
+        table = self.tables[gid].get(rid, [])
+        if rid in self.num_cached[gid]:
+            return max(required - len(table), 0)
+        skipped = g.skipped_tokens(total_computed) // g.block_size
+        new = max(required - max(skipped, len(hits) + len(table)), 0)
+        evictable = sum(
+            1
+            for b in hits[max(0, skipped - len(table)) :]
+            if b != NULL_BLOCK and self.pool.ref_cnt[b] == 0
+        )
+        return new + evictable
+
+    def _remove_skipped(self, rid: str, num_computed: int) -> None:
+        for gid, g in enumerate(self.groups):
+            skipped = g.skipped_tokens(num_computed)
+            if skipped <= 0:
+                continue
+            table = self.tables[gid].setdefault(rid, [])
+            removed: list[int] = []
+            for i in range(min(skipped // g.block_size, len(table)) - 1, -1, -1):
+                if table[i] == NULL_BLOCK:
+                    break
+                removed.append(table[i])
+                table[i] = NULL_BLOCK
+            self.pool.free_blocks(removed)
+
+    def _cache(self, req: Any, num_tokens: int) -> None:
+        hashes = list(req.block_hashes)
+        for gid, g in enumerate(self.groups):
+            n = num_tokens - num_tokens % self.scheduler_block_size if self.hybrid else num_tokens
+            num_cached = self.num_cached[gid].get(req.request_id, 0)
+            num_full = min(n, len(hashes) * self.hash_block_size) // g.block_size
+            if num_cached >= num_full:
+                continue
+            table = self.tables[gid][req.request_id]
+            self.pool.cache_full_blocks(
+                hashes, table, num_cached, num_full, g.block_size, gid, self.hash_block_size
+            )
+            self.num_cached[gid][req.request_id] = num_full
+
+    def allocate_slots(
+        self,
+        req: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed: list[list[int]] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> list[list[int]] | None:
+        """The new blocks per group, or None if they do not fit (section 6.3)."""
+        if num_new_tokens == 0 and num_new_computed_tokens == 0:
+            raise ValueError("num_new_tokens must be greater than 0")
+        rid = req.request_id
+        hits = new_computed if new_computed is not None else [[] for _ in self.groups]
+        local = req.num_computed_tokens + num_new_computed_tokens
+        total = min(local, self.max_model_len)
+        main = total + num_new_tokens
+        need_slots = min(main + num_lookahead_tokens, self.max_model_len)
+        self._remove_skipped(rid, total)
+        n = sum(self._num_to_allocate(gid, rid, need_slots, hits[gid], local) for gid in range(len(self.groups)))
+        if n > self.pool.num_free():
+            return None
+        if any(hits) and not any(rid in nc for nc in self.num_cached):
+            for gid, g in enumerate(self.groups):
+                skipped = g.skipped_tokens(local) // g.block_size
+                kept = hits[gid][skipped:]
+                self.pool.touch(kept)
+                table = self.tables[gid].setdefault(rid, [])
+                table.extend([NULL_BLOCK] * skipped + kept)
+                self.num_cached[gid][rid] = len(table)
+        new_blocks: list[list[int]] = []
+        for gid, g in enumerate(self.groups):
+            table = self.tables[gid].setdefault(rid, [])
+            k = cdiv(need_slots, g.block_size) - len(table)
+            got = self.pool.get_new_blocks(k) if k > 0 else []
+            table.extend(got)
+            new_blocks.append(got)
+        if self.caching:
+            self._cache(req, min(total + num_new_tokens, req.num_tokens))
+        return new_blocks
+
+    def free(self, rid: str) -> None:
+        for gid in range(len(self.groups)):
+            table = self.tables[gid].pop(rid, [])
+            self.num_cached[gid].pop(rid, None)
+            self.pool.free_blocks(table[::-1])
+
+    def get_block_ids(self, rid: str) -> tuple[list[int], ...]:
+        return tuple(list(t.get(rid, [])) for t in self.tables)
+
+    def usage(self) -> float:
+        return self.pool.usage()
