@@ -319,3 +319,131 @@ def test_model_matches_vllm(layout: list[tuple[int, int | None]], caching: bool)
         random_run(driver, rng, 400)
         hits += driver.hits
     assert (hits > 0) == caching
+
+
+# --- kvblocks ------------------------------------------------------------------------
+
+
+class KbEngine(Engine):
+    def __init__(self, groups: list[GroupModel], num_blocks: int, caching: bool, scheduler: int) -> None:
+        import kvblocks as kb
+
+        specs: list[kb.KVCacheSpec] = []
+        for g in groups:
+            common: dict[str, Any] = {
+                "block_size": g.block_size, "num_kv_heads": 1, "head_size": 8, "dtype": "float16",
+            }  # fmt: skip
+            if g.sliding_window is None:
+                specs.append(kb.FullAttentionSpec(**common))
+            else:
+                specs.append(kb.SlidingWindowSpec(**common, sliding_window=g.sliding_window))
+        config = kb.KVCacheConfig(
+            num_blocks, [], [kb.KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)]
+        )
+        self.kb = kb
+        self.mgr = kb.KVCacheManager(
+            config, MAX_MODEL_LEN, HBS, scheduler_block_size=scheduler, enable_caching=caching
+        )
+        self.hasher = kb.BlockHasher(HBS, "sha256")
+
+    def make_request(self, rid: str, tokens: list[int], salt: str | None, lora: int | None) -> Any:
+        lora_kw: dict[str, Any] = {}
+        if lora is not None:
+            lora_kw = {"lora_name": f"lora{lora}", "lora_path": f"/lora{lora}", "lora_id": lora}
+        return self.kb.Request(rid, tokens, self.hasher, cache_salt=salt, **lora_kw)
+
+    def get_computed_blocks(self, req: Any) -> tuple[Any, list[list[int]], int]:
+        blocks, hit = self.mgr.get_computed_blocks(req)
+        return blocks, [list(ids) for ids in blocks.get_block_ids()], hit
+
+    def allocate_slots(
+        self, req: Any, num_new: int, num_hit: int, handle: Any, lookahead: int
+    ) -> list[list[int]] | None:
+        out = self.mgr.allocate_slots(req, num_new, num_hit, handle, num_lookahead_tokens=lookahead)
+        return None if out is None else [list(ids) for ids in out.get_block_ids()]
+
+    def free(self, req: Any) -> None:
+        self.mgr.free(req)
+
+    def block_ids(self, rid: str) -> list[list[int]]:
+        return [list(ids) for ids in self.mgr.get_block_ids(rid)]
+
+    def free_queue(self) -> list[int]:
+        return list(self.mgr.block_pool.get_free_block_ids())
+
+    def ref_cnt(self, block: int) -> int:
+        return int(self.mgr.block_pool.get_ref_cnt(block))
+
+    def evict(self, ids: set[int]) -> None:
+        self.mgr.evict_blocks(ids)
+
+    def reset(self) -> bool:
+        return bool(self.mgr.reset_prefix_cache())
+
+    def usage(self) -> float:
+        return float(self.mgr.usage)
+
+
+class ManagerMachine(RuleBasedStateMachine):
+    """kvblocks' KVCacheManager and the model under one hypothesis-chosen schedule."""
+
+    driver: Driver
+
+    @initialize(
+        layout=st.sampled_from(LAYOUTS),
+        num_blocks=st.sampled_from([6, 12, 24, 48]),
+        caching=st.booleans(),
+    )
+    def init(self, layout: list[tuple[int, int | None]], num_blocks: int, caching: bool) -> None:
+        self.driver = Driver(KbEngine, layout, num_blocks, caching)
+
+    @rule(
+        prefix=st.sampled_from(PREFIXES),
+        tail=st.lists(st.integers(0, 3), min_size=1, max_size=40),
+        salt=st.sampled_from([None, "a", "b"]),
+        lora=st.sampled_from([None, 1, 2]),
+    )
+    def arrive(self, prefix: list[int], tail: list[int], salt: str | None, lora: int | None) -> None:
+        self.driver.arrive(prefix, tail, salt, lora)
+
+    @precondition(lambda self: self.driver.waiting)
+    @rule(chunk=st.sampled_from([1, 4, 7, 16, 80]), lookahead=st.sampled_from([0, 2, 5]))
+    def admit(self, chunk: int, lookahead: int) -> None:
+        self.driver.admit(chunk, lookahead)
+
+    @precondition(lambda self: self.driver.running)
+    @rule(
+        index=st.integers(0, 63),
+        chunk=st.sampled_from([1, 4, 9, 80]),
+        lookahead=st.sampled_from([0, 3]),
+        token=st.integers(0, 3),
+    )
+    def step(self, index: int, chunk: int, lookahead: int, token: int) -> None:
+        self.driver.step(index, chunk, lookahead, token)
+
+    @precondition(lambda self: self.driver.running)
+    @rule(index=st.integers(0, 63))
+    def finish(self, index: int) -> None:
+        self.driver.finish(index)
+
+    @rule(ids=st.sets(st.integers(1, 47), max_size=3))
+    def evict(self, ids: set[int]) -> None:
+        self.driver.evict(ids)
+
+    @rule()
+    def reset(self) -> None:
+        self.driver.reset()
+
+    @invariant()
+    def agree(self) -> None:
+        if hasattr(self, "driver"):
+            self.driver.check()
+
+
+TestManagerMachine = ManagerMachine.TestCase
+TestManagerMachine.settings = settings(
+    max_examples=200,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
