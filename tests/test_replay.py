@@ -13,9 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import kvblocks
+import pytest
 from kvblocks.presets import replay_layout
 from kvblocks.replay import ReplayError, ReplayOptions, make_backend, replay, vllm_available
 from kvblocks.workloads import Trace, TraceRequest, WorkloadParams, generate

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import kvblocks
+import pytest
 from kvblocks import cli
 from kvblocks.presets import (
     GroupDesc,

@@ -9,7 +9,6 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
 from kvblocks import workloads
 from kvblocks.workloads import (
     KINDS,
