@@ -114,7 +114,7 @@ def test_overrides_and_errors() -> None:
 
 
 def test_replay_configs() -> None:
-    assert replay_layout("bs32", num_blocks=10).groups[0].block_size == 32
+    assert [g.block_size for g in replay_layout("bs32", num_blocks=10).groups] == [32, 16]
     bs32 = replay_layout("bs32", num_blocks=10)
     assert (bs32.hash_block_size, bs32.scheduler_block_size) == (16, 32)
     assert replay_layout("eagle", num_blocks=10).use_eagle

@@ -262,7 +262,9 @@ def replay_layout(
 
     ``full``: full attention; ``hybrid``: full + sliding window; ``swa``: sliding window
     only; ``chunked``: full + chunked local; ``mamba``: full + mamba; ``eagle``: full with
-    ``use_eagle``; ``bs32``: full attention with 32-token blocks over 16-token hashes.
+    ``use_eagle``; ``bs32``: full attention with 32-token blocks over 16-token hashes (plus a
+    16-token full-attention group: vLLM 0.33 accepts mixed block sizes only in the hybrid
+    coordinator), scheduler block size 32.
     """
     if config not in REPLAY_CONFIGS:
         raise ValueError(f"unknown config {config!r}; choose from {', '.join(REPLAY_CONFIGS)}")
@@ -288,7 +290,9 @@ def replay_layout(
         groups = (full, mamba)
         hash_bs = block_size if enable_caching else sched_bs
     elif config == "bs32":
-        groups = (GroupDesc("full", 1, 2 * block_size),)
+        # vLLM 0.33's unitary coordinator asserts hash_block_size == block_size, so blocks
+        # coarser than the hash need the hybrid coordinator: a second full-attention group.
+        groups = (GroupDesc("full", 1, 2 * block_size), replace(full, layer_offset=1))
         sched_bs = 2 * block_size
     return KVLayout(
         groups,
