@@ -213,3 +213,36 @@ def test_loop_matches_driver_vllm(tmp_path: Path, config: str) -> None:
     assert ours.digest == driver["digest"]
     assert ours.preemptions == driver["preemptions"]
     assert ours.steps == driver["steps"]
+
+
+class _ReferenceBatch:
+    """vLLM's manager with ``allocate_slots_batch`` written as its definition: one
+    ``allocate_slots`` per request, in order, stopping after the first that fails."""
+
+    def __init__(self, layout: object) -> None:
+        self.inner = make_backend("vllm", layout)  # type: ignore[arg-type]
+        self.name = "vllm-batch"
+        self.manager = self.inner.manager
+        self.make_request = self.inner.make_request
+
+    def batch(self, reqs: list[object], ns: list[int]) -> list[object]:
+        out: list[object] = []
+        for req, n in zip(reqs, ns, strict=True):
+            got = self.manager.allocate_slots(req, n)
+            out.append(None if got is None else got.get_block_ids())
+            if got is None:
+                break
+        return out
+
+
+@pytest.mark.vllm
+def test_batch_path_of_the_loop_gives_the_same_digest() -> None:
+    pytest.importorskip("vllm")
+    trace = _small("shared-prefix")
+    layout = replay_layout("full", num_blocks=500)
+    one = replay(trace, make_backend("vllm", layout))
+    many = replay(trace, _ReferenceBatch(layout))  # type: ignore[arg-type]
+    assert one.preemptions > 0  # batches that stop early are exercised
+    assert many.digest == one.digest
+    assert many.preemptions == one.preemptions
+    assert len(many.samples["alloc_batch"]) > 0

@@ -349,7 +349,10 @@ def _run_one(
             f"{layout.max_model_len}"
         )
     opts = _options(args, over, digest=args.compare_vllm)
-    backend = make_backend("kvblocks", layout, args.hash_algo, batch=not args.no_batch)
+    try:
+        backend = make_backend("kvblocks", layout, args.hash_algo, batch=not args.no_batch)
+    except (ValueError, TypeError, OverflowError) as e:  # a configuration kvblocks rejects
+        raise _UsageError(str(e)) from None
     if show_progress:
         label = "simulate" if value is None else f"{args.sweep[0]}={value}"
         opts.progress, opts.progress_every = _ProgressBar(sys.stderr, label), 200
