@@ -508,27 +508,23 @@ def _print_summary(out: TextIO, args: argparse.Namespace, trace: Trace, run: _Ru
 
 
 def _print_sweep(out: TextIO, key: str, runs: list[_Run]) -> None:
-    head = (
-        key,
-        "blocks",
-        "hit rate",
-        "preempt",
-        "peak use",
-        "mean use",
-        "steps",
-        "KV/step",
-        "KV/token",
-        "steps/s",
-    )
+    head = [key, "blocks", "hit rate", "preempt", "peak use", "mean use", "steps", "KV/step",
+            "KV/token", "steps/s"]  # fmt: skip
+    compare = any(run.vllm is not None for run in runs)
+    if compare:
+        head += ["vs vLLM", "digests"]
     rows = [head]
     for run in runs:
         j = _run_json(run)
-        rows.append((
+        row = [
             str(run.value), f"{j['num_blocks']:,}", f"{j['prefix_hit_rate']:.1%}",
             f"{j['preemptions']:,}", f"{j['peak_usage']:.1%}", f"{j['mean_usage']:.1%}",
             f"{j['steps']:,}", _fmt_ns(j["kv_ns_per_step"]),
             _fmt_ns(j["kv_ns_per_generated_token"]), f"{j['steps_per_s']:,.0f}",
-        ))  # fmt: skip
+        ]  # fmt: skip
+        if run.vllm is not None:
+            row += [f"{run.vllm['speedup']}x", "agree" if run.vllm["digests_agree"] else "DIFFER"]
+        rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
         out.write("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + "\n")
