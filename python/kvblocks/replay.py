@@ -508,7 +508,14 @@ def replay(trace: Trace, backend: Backend, options: ReplayOptions | None = None)
                 if n > budget:
                     n = budget
                 t0 = pc()
-                r = alloc(req, n, hit, blocks, full_sequence_must_fit=reserve)
+                # vLLM's has_scheduled_reqs only gates the watermark, which is 0 here.
+                r = alloc(
+                    req,
+                    n,
+                    num_new_computed_tokens=hit,
+                    new_computed_blocks=blocks,
+                    full_sequence_must_fit=reserve,
+                )
                 dt = pc() - t0
                 (s_admit if r is not None else s_fail).append(dt)
                 if digest_on:
