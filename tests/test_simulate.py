@@ -12,7 +12,11 @@ import kvblocks
 import pytest
 from kvblocks import cli
 from kvblocks.presets import (
+    MODEL_PRESETS,
+    REPLAY_CONFIGS,
     GroupDesc,
+    KVLayout,
+    build_kvblocks_config,
     model_layout,
     parse_memory,
     replay_layout,
@@ -156,6 +160,29 @@ def test_page_sizes_match_vllm() -> None:
         dtypes=tuple(getattr(torch, d) for d in mamba.mamba_dtypes),
     )
     assert mamba.page_size_bytes == mspec.page_size_bytes
+
+
+def _all_layouts() -> list[Any]:
+    out: list[Any] = []
+    for caching in (True, False):
+        for config in REPLAY_CONFIGS:
+            lay = replay_layout(config, num_blocks=64, max_model_len=4096, enable_caching=caching)
+            out.append(pytest.param(lay, id=f"{config}-caching{int(caching)}"))
+        for preset in MODEL_PRESETS:
+            lay = model_layout(preset, num_blocks=64, max_model_len=4096, enable_caching=caching)
+            out.append(pytest.param(lay, id=f"{preset}-caching{int(caching)}"))
+    return out
+
+
+@needs_kb
+@pytest.mark.parametrize("layout", _all_layouts())
+def test_layouts_agree_with_kvblocks_specs(layout: KVLayout) -> None:
+    cfg = build_kvblocks_config(layout)
+    sched, hash_bs = cfg.resolve_block_sizes(enable_prefix_caching=layout.enable_caching)
+    assert (sched, hash_bs) == (layout.scheduler_block_size, layout.hash_block_size)
+    for group, desc in zip(cfg.kv_cache_groups, layout.groups, strict=True):
+        assert group.kv_cache_spec.page_size_bytes == desc.page_size_bytes
+        assert group.layer_names == desc.layer_names
 
 
 # ------------------------------------------------------------------ CLI errors

@@ -33,6 +33,7 @@ __all__ = [
     "GroupDesc",
     "KVLayout",
     "ModelPreset",
+    "build_kvblocks_config",
     "build_kvblocks_manager",
     "build_vllm_manager",
     "model_layout",
@@ -120,8 +121,8 @@ class KVLayout:
 
 
 # ------------------------------------------------------------------ builders
-def build_kvblocks_manager(layout: KVLayout) -> Any:
-    """``kvblocks.KVCacheManager`` for ``layout``."""
+def build_kvblocks_config(layout: KVLayout) -> Any:
+    """``kvblocks.KVCacheConfig`` for ``layout`` (no tensors: the manager needs none)."""
     import kvblocks as kb
 
     k: Any = kb
@@ -147,9 +148,16 @@ def build_kvblocks_manager(layout: KVLayout) -> Any:
                     attention_chunk_size=g.attention_chunk_size, **common
                 )
         groups.append(k.KVCacheGroupSpec(g.layer_names, spec))
-    cfg = k.KVCacheConfig(layout.num_blocks, [], groups)
+    return k.KVCacheConfig(layout.num_blocks, [], groups)
+
+
+def build_kvblocks_manager(layout: KVLayout) -> Any:
+    """``kvblocks.KVCacheManager`` for ``layout``."""
+    import kvblocks as kb
+
+    k: Any = kb
     return k.KVCacheManager(
-        cfg,
+        build_kvblocks_config(layout),
         layout.max_model_len,
         layout.hash_block_size,
         scheduler_block_size=layout.scheduler_block_size,
