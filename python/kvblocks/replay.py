@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
 from kvblocks.presets import KVLayout, build_kvblocks_manager, build_vllm_manager
-from kvblocks.workloads import MASK64, Trace, splitmix64
+from kvblocks.workloads import Trace, expand_segment
 
 __all__ = [
     "CALL_TYPES",
@@ -299,21 +299,21 @@ class _Slot:
         "num_computed",
         "num_out",
         "num_tokens",
-        "out_base",
+        "outputs",
         "preempted",
         "prefill_done",
         "req",
         "rid",
     )
 
-    def __init__(self, req: Any, rid: str, num_tokens: int, max_out: int, out_seed: int):
+    def __init__(self, req: Any, rid: str, num_tokens: int, outputs: list[int]):
         self.req = req
         self.rid = rid
         self.num_tokens = num_tokens
         self.num_computed = 0
         self.num_out = 0
-        self.max_out = max_out
-        self.out_base = splitmix64(out_seed)
+        self.max_out = len(outputs)
+        self.outputs = outputs  # tok(out_seed, k) for every k, computed at arrival
         self.prefill_done = False
         self.preempted = False
         self.finished = False
@@ -403,9 +403,8 @@ def replay(trace: Trace, backend: Backend, options: ReplayOptions | None = None)
             rec = records[idx]
             req, dt = make_request(rec.request_id, rec.prompt_ids(vocab), rec.max_output_tokens)
             init_ns += dt
-            waiting.append(
-                _Slot(req, rec.request_id, rec.prompt_len, rec.max_output_tokens, rec.out_seed)
-            )
+            outputs = expand_segment(rec.out_seed, rec.max_output_tokens, vocab)
+            waiting.append(_Slot(req, rec.request_id, rec.prompt_len, outputs))
         if opt.max_steps and steps >= opt.max_steps:
             raise ReplayError(f"max_steps {opt.max_steps} reached at step {step}")
 
@@ -553,7 +552,7 @@ def replay(trace: Trace, backend: Backend, options: ReplayOptions | None = None)
             if c >= slot.num_tokens:
                 slot.prefill_done = True
                 k = slot.num_out
-                token = splitmix64((slot.out_base + k) & MASK64) % vocab
+                token = slot.outputs[k]
                 t0 = pc()
                 req.append_output_token_ids(token)
                 append_ns += pc() - t0
