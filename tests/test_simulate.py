@@ -358,11 +358,10 @@ def test_generated_workload_and_mooncake(
     assert (run["hit_tokens"], run["queried_tokens"], run["steps"]) == (512, 1120, 5)
 
 
+@pytest.mark.parametrize("impl", _impls(), indirect=True)
 def test_too_small_cache_is_reported_without_traceback(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str
 ) -> None:
-    if not HAVE_KB:
-        pytest.skip("kvblocks manager not built")
     code, _, err = _simulate(capsys, "--trace", _hand_trace(tmp_path), "--block-size", "2",
                              "--num-blocks", "2", "--max-model-len", "64")  # fmt: skip
     assert code == 1
