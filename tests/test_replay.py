@@ -246,3 +246,52 @@ def test_batch_path_of_the_loop_gives_the_same_digest() -> None:
     assert many.digest == one.digest
     assert many.preemptions == one.preemptions
     assert len(many.samples["alloc_batch"]) > 0
+
+
+BENCH = Path(__file__).resolve().parent.parent / "benches" / "python" / "replay.py"
+
+
+def _bench(tmp_path: Path, *flags: str) -> dict[str, object]:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        json.dumps({"format": "kvtrace-v1", "kind": "hand", "seed": 0, "vocab_size": 1000})
+        + "\n"
+        + json.dumps({"request_id": "A", "arrival_step": 0, "after": None,
+                      "prompt_token_ids": [1, 2, 3, 4], "out_seed": 5, "max_output_tokens": 3})
+        + "\n"
+        + json.dumps({"request_id": "B", "arrival_step": 0, "after": None,
+                      "prompt_token_ids": [5, 6, 7, 8], "out_seed": 6, "max_output_tokens": 3})
+        + "\n"
+    )  # fmt: skip
+    argv = [sys.executable, str(BENCH), str(trace), "--num-blocks", "4", "--block-size", "4",
+            "--max-model-len", "64", *flags]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, check=True)
+    doc: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return doc
+
+
+@pytest.mark.vllm
+def test_bench_driver_on_vllm(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    doc = _bench(tmp_path, "--impl", "vllm")
+    # the hand-worked replay of test_preemption_and_resume
+    assert (doc["steps"], doc["preemptions"], doc["alloc_failures"]) == (5, 1, 2)
+    assert doc["prefix_cache"] == {
+        "queried_tokens": 13, "hit_tokens": 4, "hit_rate": round(4 / 13, 6),
+        "first_admission": {"requests": 2, "queried_tokens": 8, "hit_tokens": 0},
+        "resumed": {"requests": 1, "queried_tokens": 5, "hit_tokens": 4},
+    }  # fmt: skip
+    calls = doc["calls"]
+    assert isinstance(calls, dict)
+    assert calls["alloc_failed"]["count"] == 2 and calls["get_computed_blocks"]["count"] == 4
+    assert isinstance(doc["digest"], str) and len(doc["digest"]) == 64
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_KB, reason="kvblocks manager not built")
+def test_bench_driver_compare(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    doc = _bench(tmp_path, "--compare")
+    compare = doc["compare"]
+    assert isinstance(compare, dict) and compare["digests_agree"] is True
+    assert set(doc["runs"]) == {"vllm", "kvblocks", "kvblocks-batch"}  # type: ignore[arg-type]
