@@ -114,10 +114,7 @@ type Tables = Vec<Vec<BlockId>>;
 
 /// `get_computed_blocks` then `allocate_slots` for the rest of the prompt, as the
 /// scheduler admits a waiting request; returns (hit blocks, hit, new blocks).
-fn admit(
-    m: &mut KvCacheManager,
-    r: &mut TestReq,
-) -> (Tables, usize, Option<Tables>) {
+fn admit(m: &mut KvCacheManager, r: &mut TestReq) -> (Tables, usize, Option<Tables>) {
     let (hits, n) = m.get_computed_blocks(r).unwrap();
     let mut args = AllocateArgs::new(r.num_tokens() - n);
     args.num_new_computed_tokens = n;
