@@ -1,5 +1,6 @@
 //! KVCacheManager benches: prefix lookup of a fully cached prompt (8k..128k tokens,
 //! bs 16) and decode-step `allocate_slots`.
+#![allow(missing_docs)] // criterion_group! generates undocumented public functions
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kvblocks::manager::{AllocateArgs, KvCacheManager, ManagerOptions};
