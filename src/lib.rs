@@ -7,12 +7,14 @@
 //! (block hash, group id) to block ids. Python bindings live in `src/python/` behind the
 //! `python` feature and only convert; every rule of behaviour lives here.
 
+pub mod config;
 pub mod coordinator;
 pub mod error;
 pub mod hashing;
 pub mod manager;
 pub mod managers;
 pub mod pool;
+pub mod spec;
 pub mod types;
 
 #[cfg(feature = "python")]

@@ -5,6 +5,36 @@
 
 from __future__ import annotations
 
-from kvblocks._core import __version__
+from kvblocks._core import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    KVCacheTensor,
+    MambaSpec,
+    MLAAttentionSpec,
+    SinkFullAttentionSpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+    __version__,
+)
 
-__all__ = ["__version__"]
+__all__ = [
+    "AttentionSpec",
+    "ChunkedLocalAttentionSpec",
+    "CrossAttentionSpec",
+    "FullAttentionSpec",
+    "KVCacheConfig",
+    "KVCacheGroupSpec",
+    "KVCacheSpec",
+    "KVCacheTensor",
+    "MLAAttentionSpec",
+    "MambaSpec",
+    "SinkFullAttentionSpec",
+    "SlidingWindowSpec",
+    "UniformTypeKVCacheSpecs",
+    "__version__",
+]

@@ -2,4 +2,279 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, TypeAlias, final
+
+from typing_extensions import Self
+
+_DtypeLike: TypeAlias = object
+"""A dtype name (`"bfloat16"`, `"half"`) or a torch dtype (read through `str()`)."""
+
 __version__: str
+
+# --- KV cache specs (src/python/spec.rs) ---------------------------------------------
+
+class KVCacheSpec:
+    """Base class of every KV cache spec: a frozen value, equal and hashable by value."""
+
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one page (one block of this layer or group)."""
+    def max_memory_usage_bytes(
+        self,
+        *,
+        max_model_len: int,
+        max_num_batched_tokens: int = 2048,
+        max_num_encoder_input_tokens: int | None = None,
+        max_concurrent_batches: int = 1,
+        dcp_world_size: int = 1,
+    ) -> int:
+        """The most bytes one request can hold (vLLM's formula for the spec type).
+
+        `max_num_encoder_input_tokens` defaults to `max_num_batched_tokens`.
+        """
+    @classmethod
+    def merge(cls, specs: Sequence[KVCacheSpec]) -> Self:
+        """Merges a group's layer specs with `cls`'s rules; ValueError if they conflict."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+class AttentionSpec(KVCacheSpec):
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_size(self) -> int: ...
+    @property
+    def head_size_v(self) -> int: ...
+    @property
+    def dtype(self) -> str:
+        """The canonical torch dtype name, e.g. `"bfloat16"`."""
+    @property
+    def page_size_padded(self) -> int | None: ...
+    @property
+    def dcp_sharded(self) -> bool: ...
+
+class FullAttentionSpec(AttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        head_size_v: int | None = None,
+        sliding_window: int | None = None,
+        attention_chunk_size: int | None = None,
+        page_size_padded: int | None = None,
+        dcp_sharded: bool = True,
+    ) -> FullAttentionSpec: ...
+    @property
+    def sliding_window(self) -> int | None: ...
+    @property
+    def attention_chunk_size(self) -> int | None: ...
+
+@final
+class MLAAttentionSpec(FullAttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        cache_dtype_str: str | None = None,
+        alignment: int | None = None,
+        page_size_padded: int | None = None,
+        dcp_sharded: bool = True,
+    ) -> MLAAttentionSpec: ...
+    @property
+    def cache_dtype_str(self) -> str | None: ...
+    @property
+    def alignment(self) -> int | None: ...
+
+@final
+class SinkFullAttentionSpec(FullAttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        sink_len: int,
+        head_size_v: int | None = None,
+        sliding_window: int | None = None,
+        attention_chunk_size: int | None = None,
+        page_size_padded: int | None = None,
+        dcp_sharded: bool = True,
+    ) -> SinkFullAttentionSpec: ...
+    @property
+    def sink_len(self) -> int: ...
+
+@final
+class SlidingWindowSpec(AttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        sliding_window: int,
+        head_size_v: int | None = None,
+        extra_retained_tokens: int = 0,
+        page_size_padded: int | None = None,
+        dcp_sharded: bool = True,
+    ) -> SlidingWindowSpec: ...
+    @property
+    def sliding_window(self) -> int: ...
+    @property
+    def extra_retained_tokens(self) -> int: ...
+    def max_admission_blocks_per_request(
+        self, max_in_flight_tokens: int, max_model_len: int
+    ) -> int | None:
+        """`cdiv(min(sliding_window - 1 + extra + T, max_model_len), block_size) + 1`."""
+
+@final
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        attention_chunk_size: int,
+        head_size_v: int | None = None,
+        page_size_padded: int | None = None,
+        dcp_sharded: bool = True,
+    ) -> ChunkedLocalAttentionSpec: ...
+    @property
+    def attention_chunk_size(self) -> int: ...
+    def max_admission_blocks_per_request(
+        self, max_in_flight_tokens: int, max_model_len: int
+    ) -> int | None:
+        """`cdiv(min(attention_chunk_size + T, max_model_len), block_size)`."""
+
+@final
+class CrossAttentionSpec(AttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        head_size_v: int | None = None,
+        page_size_padded: int | None = None,
+        dcp_sharded: bool = True,
+    ) -> CrossAttentionSpec: ...
+
+@final
+class MambaSpec(KVCacheSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        shapes: Sequence[Sequence[int]],
+        dtypes: Sequence[_DtypeLike],
+        page_size_padded: int | None = None,
+        mamba_type: str = "mamba2",
+        mamba_cache_mode: str = "none",
+        num_speculative_blocks: int = 0,
+        num_prefill_checkpoint_blocks: int = 0,
+        prefill_checkpoint_alignment: int | None = None,
+    ) -> MambaSpec: ...
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]: ...
+    @property
+    def dtypes(self) -> tuple[str, ...]: ...
+    @property
+    def page_size_padded(self) -> int | None: ...
+    @property
+    def mamba_type(self) -> str: ...
+    @property
+    def mamba_cache_mode(self) -> str: ...
+    @property
+    def num_speculative_blocks(self) -> int: ...
+    @property
+    def num_prefill_checkpoint_blocks(self) -> int: ...
+    @property
+    def prefill_checkpoint_alignment(self) -> int | None: ...
+
+@final
+class UniformTypeKVCacheSpecs(KVCacheSpec):
+    def __new__(
+        cls, *, block_size: int, kv_cache_specs: Mapping[str, KVCacheSpec]
+    ) -> UniformTypeKVCacheSpecs: ...
+    @property
+    def kv_cache_specs(self) -> dict[str, KVCacheSpec]: ...
+    @classmethod
+    def is_uniform_type(cls, kv_cache_specs: Mapping[str, KVCacheSpec]) -> bool: ...
+    @classmethod
+    def from_specs(cls, kv_cache_specs: Mapping[str, KVCacheSpec]) -> KVCacheSpec | None: ...
+
+# --- KV cache config (src/python/config.rs) ------------------------------------------
+
+@final
+class KVCacheTensor:
+    def __new__(
+        cls,
+        size: int,
+        shared_by: Sequence[str] | None = None,
+        *,
+        layers: Sequence[str] | None = None,
+    ) -> KVCacheTensor: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def shared_by(self) -> list[str]: ...
+    @property
+    def layers(self) -> list[str]: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+@final
+class KVCacheGroupSpec:
+    def __new__(
+        cls, layer_names: Sequence[str], kv_cache_spec: KVCacheSpec, is_eagle_group: bool = False
+    ) -> KVCacheGroupSpec: ...
+    @property
+    def layer_names(self) -> list[str]: ...
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec: ...
+    @property
+    def is_eagle_group(self) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+@final
+class KVCacheConfig:
+    def __new__(
+        cls,
+        num_blocks: int,
+        kv_cache_tensors: Sequence[KVCacheTensor],
+        kv_cache_groups: Sequence[KVCacheGroupSpec],
+        prefix_cache_retention_interval: int | None = None,
+    ) -> KVCacheConfig: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def kv_cache_tensors(self) -> list[KVCacheTensor]: ...
+    @property
+    def kv_cache_groups(self) -> list[KVCacheGroupSpec]: ...
+    @property
+    def prefix_cache_retention_interval(self) -> int | None: ...
+    def resolve_block_sizes(
+        self,
+        *,
+        enable_prefix_caching: bool = True,
+        connector_enabled: bool = False,
+        dcp_world_size: int = 1,
+        prefix_match_unit: int | None = None,
+    ) -> tuple[int, int]:
+        """`(scheduler_block_size, hash_block_size)`, as vLLM's `resolve_kv_cache_block_sizes`."""
+    def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]

@@ -3,9 +3,11 @@
 
 use pyo3::prelude::*;
 
+mod config;
 mod errors;
 mod hashing;
 mod pool;
+mod spec;
 
 /// The `kvblocks._core` extension module.
 #[pymodule(gil_used = false)]
@@ -14,5 +16,7 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     hashing::register(m)?;
     pool::register(m)?;
+    spec::register(m)?;
+    config::register(m)?;
     Ok(())
 }
