@@ -13,9 +13,11 @@ pub mod full;
 pub mod mamba;
 pub mod sliding_window;
 
+use crate::config::KvCacheConfig;
 use crate::error::{KvError, Result};
 use crate::pool::events::StoredBlockSource;
 use crate::pool::BlockPool;
+use crate::spec::{KvCacheSpec, MambaCacheMode};
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 
 /// Ceiling division.
@@ -103,6 +105,67 @@ impl ManagerParams {
             is_eagle_group: false,
             spec_class,
         }
+    }
+}
+
+impl ManagerParams {
+    /// One parameter set per group of `config`, in group order: vLLM's spec-to-manager
+    /// mapping (MLA is full attention; a uniform group uses its first layer's spec).
+    /// Groups with equal specs share a `spec_class`. Mamba "align" is not supported.
+    pub fn from_config(config: &KvCacheConfig) -> Result<Vec<Self>> {
+        let groups = &config.kv_cache_groups;
+        groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let spec = &g.kv_cache_spec;
+                let class = groups
+                    .iter()
+                    .position(|o| o.kv_cache_spec == *spec)
+                    .unwrap_or(i);
+                let layer = match spec {
+                    KvCacheSpec::UniformType(u) => {
+                        u.kv_cache_specs.specs().next().ok_or_else(|| {
+                            KvError::InvalidSpec("a uniform group without layers".into())
+                        })?
+                    }
+                    other => other,
+                };
+                let kind = match layer {
+                    KvCacheSpec::FullAttention(_) | KvCacheSpec::MlaAttention(_) => {
+                        AttentionKind::FullAttention
+                    }
+                    KvCacheSpec::SinkFullAttention(s) => AttentionKind::SinkFullAttention {
+                        sink_len: s.sink_len,
+                    },
+                    KvCacheSpec::SlidingWindow(s) => AttentionKind::SlidingWindow {
+                        sliding_window: s.sliding_window,
+                        extra_retained_tokens: s.extra_retained_tokens,
+                    },
+                    KvCacheSpec::ChunkedLocalAttention(s) => AttentionKind::ChunkedLocal {
+                        attention_chunk_size: s.attention_chunk_size,
+                    },
+                    KvCacheSpec::Mamba(m) if m.mamba_cache_mode == MambaCacheMode::Align => {
+                        return Err(mamba::unsupported_lookup())
+                    }
+                    KvCacheSpec::Mamba(m) => AttentionKind::Mamba {
+                        num_speculative_blocks: m.num_speculative_blocks,
+                    },
+                    KvCacheSpec::CrossAttention(_) => AttentionKind::CrossAttention,
+                    KvCacheSpec::UniformType(_) => {
+                        return Err(KvError::InvalidSpec("nested uniform groups".into()))
+                    }
+                };
+                Ok(Self {
+                    kind,
+                    block_size: spec.block_size(),
+                    spec_kind: spec.kind(),
+                    event_sliding_window: spec.sliding_window().map(|w| w as u32),
+                    is_eagle_group: g.is_eagle_group,
+                    spec_class: class,
+                })
+            })
+            .collect()
     }
 }
 

@@ -159,3 +159,53 @@ fn blocks_to_allocate_counts_evictable_hits() {
         20
     );
 }
+
+/// Specs map to managers; equal specs share a lookup class; events get the spec kind.
+#[test]
+fn params_from_config() {
+    use crate::config::{KvCacheConfig, KvCacheGroupSpec};
+    use crate::spec::{AttentionParams, Dtype, FullAttentionSpec, SlidingWindowSpec};
+    let attn = |heads| AttentionParams::new(16, heads, 64, Dtype::Float16);
+    let full = KvCacheSpec::from(FullAttentionSpec::new(attn(2)))
+        .build()
+        .unwrap();
+    let swa = |heads| {
+        KvCacheSpec::from(SlidingWindowSpec {
+            attn: attn(heads),
+            sliding_window: 32,
+            extra_retained_tokens: 0,
+        })
+        .build()
+        .unwrap()
+    };
+    let group = |name: &str, spec: KvCacheSpec| KvCacheGroupSpec {
+        layer_names: vec![name.into()],
+        kv_cache_spec: spec,
+        is_eagle_group: false,
+    };
+    let cfg = KvCacheConfig::new(
+        10,
+        vec![],
+        vec![
+            group("a", full),
+            group("b", swa(2)),
+            group("c", swa(2)),
+            group("d", swa(4)),
+        ],
+        None,
+    )
+    .unwrap();
+    let params = ManagerParams::from_config(&cfg).unwrap();
+    let classes: Vec<_> = params.iter().map(|p| p.spec_class).collect();
+    assert_eq!(classes, vec![0, 1, 1, 3]);
+    assert_eq!(params[0].kind, AttentionKind::FullAttention);
+    assert_eq!(params[1].spec_kind, "sliding_window");
+    assert_eq!(params[1].event_sliding_window, Some(32));
+    assert_eq!(
+        params[3].kind,
+        AttentionKind::SlidingWindow {
+            sliding_window: 32,
+            extra_retained_tokens: 0
+        }
+    );
+}
