@@ -313,9 +313,9 @@ impl KvCacheManager {
         args: &AllocateArgs<'_>,
     ) -> Result<Option<Vec<Vec<BlockId>>>> {
         let slot = self.requests.get(request.request_id()).copied();
-        let hits = self.validate_allocate(slot, args)?;
-        let g = self.num_groups;
         let local = request.num_computed_tokens() + args.num_new_computed_tokens;
+        let hits = self.validate_allocate(slot, local, args)?;
+        let g = self.num_groups;
         let total = (local + args.num_external_computed_tokens).min(self.max_model_len);
         if args.full_sequence_must_fit {
             let full = request.num_tokens().min(self.max_model_len);
@@ -388,6 +388,7 @@ impl KvCacheManager {
     fn validate_allocate<'a>(
         &self,
         slot: Option<usize>,
+        local_tokens: usize,
         args: &AllocateArgs<'a>,
     ) -> Result<Option<&'a [Vec<BlockId>]>> {
         if args.num_new_tokens == 0
@@ -423,7 +424,6 @@ impl KvCacheManager {
                 num_blocks: n,
             });
         }
-        let local_tokens = args.num_new_computed_tokens;
         for (m, h) in self.coord.managers().iter().zip(hits) {
             if !h.is_empty() && local_tokens % m.block_size() != 0 {
                 return Err(KvError::Unsupported(

@@ -324,9 +324,14 @@ impl PyKVCacheManager {
         self.inner.new_step_starts();
     }
 
-    /// Drops the cache entries of the given block ids.
-    fn evict_blocks(&mut self, block_ids: Vec<BlockId>) -> PyResult<()> {
-        Ok(self.inner.evict_blocks(&block_ids)?)
+    /// Drops the cache entries of the given block ids (any iterable, e.g. a set; its
+    /// iteration order is the event order, as vLLM).
+    fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = block_ids
+            .try_iter()?
+            .map(|b| b?.extract::<BlockId>())
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(self.inner.evict_blocks(&ids)?)
     }
 
     /// Clears the prefix cache if no request holds a block.
