@@ -45,15 +45,16 @@ class Config:
     enable_caching: bool = True
     use_eagle: bool = False
     lookahead: int = 0
+    retention: int | None = None
 
 
 CONFIGS = [
-    Config("full", (("full", {"block_size": 16}),)),
+    Config("full", (("full", {"block_size": 16}),), num_blocks=40),
     Config(
         "full_swa",
         (("full", {"block_size": 16}), ("swa", {"block_size": 16, "sliding_window": 48})),
     ),
-    Config("swa", (("swa", {"block_size": 16, "sliding_window": 40}),), num_blocks=40),
+    Config("swa", (("swa", {"block_size": 16, "sliding_window": 40}),), num_blocks=20),
     Config(
         "full_chunked",
         (
@@ -66,7 +67,9 @@ CONFIGS = [
         (("full", {"block_size": 16}), ("mamba", {"block_size": 1024})),
         enable_caching=False,
     ),
-    Config("full_eagle", (("full", {"block_size": 16}),), use_eagle=True, lookahead=2),
+    Config(
+        "full_eagle", (("full", {"block_size": 16}),), num_blocks=40, use_eagle=True, lookahead=2
+    ),
     Config(
         "full_swa_eagle",
         (("full", {"block_size": 16}), ("swa", {"block_size": 16, "sliding_window": 32})),
@@ -76,10 +79,25 @@ CONFIGS = [
     Config(
         "bs32_over_hash16",
         (("full", {"block_size": 32}), ("swa", {"block_size": 16, "sliding_window": 32})),
+        num_blocks=50,
     ),
     Config(
         "bs32_over_hash16_small_window",
         (("full", {"block_size": 32}), ("swa", {"block_size": 16, "sliding_window": 16})),
+        num_blocks=50,
+    ),
+    Config(
+        "full_swa_retention0",
+        (("full", {"block_size": 16}), ("swa", {"block_size": 16, "sliding_window": 48})),
+        retention=0,
+    ),
+    Config(
+        "bs32_swa16_retention64_eagle",
+        (("full", {"block_size": 32}), ("swa", {"block_size": 16, "sliding_window": 16})),
+        num_blocks=50,
+        retention=64,
+        use_eagle=True,
+        lookahead=1,
     ),
     Config(
         "full_swa_nocache",
@@ -122,6 +140,7 @@ def build(cfg: Config) -> tuple[Any, Any]:
         kv_cache_groups=[
             vi.KVCacheGroupSpec([f"l{i}"], vllm_spec(k, kw)) for i, (k, kw) in enumerate(cfg.groups)
         ],
+        prefix_cache_retention_interval=cfg.retention,
     )
     vm = VllmManager(
         vcfg,
@@ -137,6 +156,7 @@ def build(cfg: Config) -> tuple[Any, Any]:
         cfg.num_blocks,
         [],
         [kb.KVCacheGroupSpec([f"l{i}"], kb_spec(k, kw)) for i, (k, kw) in enumerate(cfg.groups)],
+        cfg.retention,
     )
     km = kb.KVCacheManager(
         kcfg,

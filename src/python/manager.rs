@@ -3,7 +3,6 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::pyclass::CompareOp;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::manager::{AllocateArgs, KvCacheManager, ManagerOptions, PrefixCacheStats};
@@ -29,7 +28,8 @@ where
 }
 
 /// vLLM's `KVCacheBlocks`, holding block ids per group.
-#[pyclass(name = "KVCacheBlocks", module = "kvblocks._core", frozen)]
+#[pyclass(name = "KVCacheBlocks", module = "kvblocks._core", frozen, eq)]
+#[derive(PartialEq)]
 pub(crate) struct PyKVCacheBlocks {
     blocks: Vec<Vec<BlockId>>,
 }
@@ -68,19 +68,6 @@ impl PyKVCacheBlocks {
                 .map(|(a, b)| [a.as_slice(), b.as_slice()].concat())
                 .collect(),
         })
-    }
-
-    fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyObject {
-        let py = other.py();
-        let Ok(other) = other.downcast::<Self>() else {
-            return py.NotImplemented();
-        };
-        let eq = self.blocks == other.get().blocks;
-        match op {
-            CompareOp::Eq => eq.into_py_any(py).unwrap_or_else(|_| py.None()),
-            CompareOp::Ne => (!eq).into_py_any(py).unwrap_or_else(|_| py.None()),
-            _ => py.NotImplemented(),
-        }
     }
 
     fn __repr__(&self) -> String {
