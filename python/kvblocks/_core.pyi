@@ -290,6 +290,7 @@ class KVCacheBlocks:
     def __eq__(self, other: object, /) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
+@final
 class PrefixCacheStats:
     """vLLM 0.33's `PrefixCacheStats`."""
 
@@ -316,6 +317,7 @@ class BlockPoolView:
     @property
     def num_gpu_blocks(self) -> int: ...
 
+@final
 class KVCacheManager:
     """vLLM 0.33.0's `KVCacheManager`, with identical block tables."""
 

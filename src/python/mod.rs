@@ -7,6 +7,9 @@ mod config;
 mod errors;
 mod hashing;
 mod pool;
+mod events;
+mod request;
+mod manager;
 mod spec;
 
 /// The `kvblocks._core` extension module.
@@ -16,6 +19,9 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     hashing::register(m)?;
     pool::register(m)?;
+    events::register(m)?;
+    request::register(m)?;
+    manager::register(m)?;
     spec::register(m)?;
     config::register(m)?;
     Ok(())
