@@ -457,25 +457,6 @@ impl Coordinator {
         }
     }
 
-    /// Whether `cache_blocks(request, num_tokens)` would read past a group's table.
-    pub fn cache_blocks_in_range(
-        &self,
-        rbs: &[RequestBlocks],
-        num_hashes: usize,
-        num_tokens: usize,
-    ) -> bool {
-        self.managers
-            .iter()
-            .zip(rbs)
-            .enumerate()
-            .filter(|(_, (m, _))| m.enable_caching())
-            .all(|(i, (m, rb))| {
-                let n = self.num_cacheable_tokens(num_tokens, i);
-                let full = m.num_full_blocks(n, num_hashes, self.hash_block_size);
-                full <= rb.num_cached.unwrap_or(0) || full <= rb.table.len()
-            })
-    }
-
     /// Caches the request's newly full blocks in every caching group.
     pub fn cache_blocks<R: RequestView>(
         &mut self,

@@ -46,6 +46,7 @@ class Config:
     use_eagle: bool = False
     lookahead: int = 0
     retention: int | None = None
+    events: bool = True
 
 
 CONFIGS = [
@@ -149,7 +150,7 @@ def build(cfg: Config) -> tuple[Any, Any]:
         hash_block_size=cfg.hash_block_size,
         enable_caching=cfg.enable_caching,
         use_eagle=cfg.use_eagle,
-        enable_kv_cache_events=True,
+        enable_kv_cache_events=cfg.events,
         log_stats=True,
     )
     kcfg = kb.KVCacheConfig(
@@ -164,7 +165,7 @@ def build(cfg: Config) -> tuple[Any, Any]:
         cfg.hash_block_size,
         enable_caching=cfg.enable_caching,
         use_eagle=cfg.use_eagle,
-        enable_kv_cache_events=True,
+        enable_kv_cache_events=cfg.events,
         log_stats=True,
     )
     return vm, km
@@ -223,6 +224,9 @@ class Driver:
         prefix = self.rng.choice(self.prefixes)
         prompt = prefix[: self.rng.randrange(1, len(prefix) + 1)]
         prompt = prompt + [self.rng.randrange(1000) for _ in range(self.rng.randrange(0, 40))]
+        return self.make_pair(prompt, self.rng.randrange(1, 40))
+
+    def make_pair(self, prompt: list[int], max_out: int) -> Pair:
         rid = f"r{self.next_id}"
         self.next_id += 1
         v = VllmRequest(
@@ -230,7 +234,7 @@ class Driver:
         )
         k = kb.Request(rid, prompt, self.khasher)
         assert list(v.block_hashes) == list(k.block_hashes)
-        return Pair(v, k, self.rng.randrange(1, 40))
+        return Pair(v, k, max_out)
 
     def check_state(self) -> None:
         vq = [b.block_id for b in self.vm.block_pool.free_block_queue.get_all_free_blocks()]
@@ -362,4 +366,24 @@ def test_batch_decode_matches_vllm(cfg: Config) -> None:
         if v is None:
             break
     assert got == want
+    d.check_state()
+
+
+def test_prompt_longer_than_context_matches_vllm() -> None:
+    """Slots stop at max_model_len; blocks past the table are counted as cached (with
+    events on, vLLM 0.33 raises IndexError here)."""
+    cfg = Config(
+        "short_context", (("full", {"block_size": 16}),), max_model_len=64, events=False
+    )
+    d = Driver(cfg, 5)
+    long_prompt = list(range(100))
+    p = d.make_pair(long_prompt, 1)
+    d.running.append(p)
+    assert d.allocate(p, 100)
+    d.check_state()
+    q = d.make_pair(long_prompt, 1)
+    d.waiting.append(q)
+    vblocks, vhit, _ = d.vm.get_computed_blocks(q.v)
+    kblocks, khit = d.km.get_computed_blocks(q.k)
+    assert (ids(kblocks), khit) == (ids(vblocks), vhit)
     d.check_state()

@@ -529,31 +529,37 @@ impl SingleTypeManager {
         let num_cached = rb.num_cached.unwrap_or(0);
         let num_full = self.num_full_blocks(num_tokens, hashes.len(), hash_bs);
         if num_cached < num_full {
-            let mask = match self.params.kind {
-                AttentionKind::SlidingWindow { sliding_window, .. } => {
-                    sliding_window::reachable_block_mask(
-                        num_cached,
-                        num_full,
-                        self.alignment_tokens,
-                        sliding_window,
-                        bs,
-                        self.use_eagle,
-                        retention,
-                        replay_boundaries,
-                    )
-                }
-                _ => None,
-            };
-            pool.cache_full_blocks(
-                hashes,
-                &rb.table,
-                num_cached,
-                num_full,
-                bs,
-                self.group,
-                mask.as_deref(),
-                request,
-            )?;
+            // vLLM slices the table: blocks past its end (a request longer than the
+            // context) are silently not cached, yet counted as cached.
+            let end = num_full.min(rb.table.len());
+            let start = num_cached.min(end);
+            if start < end {
+                let mask = match self.params.kind {
+                    AttentionKind::SlidingWindow { sliding_window, .. } => {
+                        sliding_window::reachable_block_mask(
+                            start,
+                            end,
+                            self.alignment_tokens,
+                            sliding_window,
+                            bs,
+                            self.use_eagle,
+                            retention,
+                            replay_boundaries,
+                        )
+                    }
+                    _ => None,
+                };
+                pool.cache_full_blocks(
+                    hashes,
+                    &rb.table,
+                    start,
+                    end,
+                    bs,
+                    self.group,
+                    mask.as_deref(),
+                    request,
+                )?;
+            }
             rb.num_cached = Some(num_full);
         }
         if self.params.kind.is_full_attention() && bs != hash_bs {
