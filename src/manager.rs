@@ -349,7 +349,10 @@ impl KvCacheManager {
         if need > self.coord.pool().num_free_blocks() {
             return Ok(None);
         }
-        let s = self.slot_or_insert(request.request_id());
+        let s = match slot {
+            Some(s) => s,
+            None => self.slot_or_insert(request.request_id()),
+        };
         let rbs = &mut self.slots[s * g..(s + 1) * g];
         if hits.is_some() || args.num_external_computed_tokens > 0 {
             self.coord.allocate_new_computed_blocks(

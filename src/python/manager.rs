@@ -156,9 +156,9 @@ fn hits_of(blocks: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<BlockId
     if b.is_none() {
         return Ok(None);
     }
-    let b = b.downcast::<PyKVCacheBlocks>().map_err(|_| {
-        PyTypeError::new_err("new_computed_blocks must be a KVCacheBlocks or None")
-    })?;
+    let b = b
+        .downcast::<PyKVCacheBlocks>()
+        .map_err(|_| PyTypeError::new_err("new_computed_blocks must be a KVCacheBlocks or None"))?;
     Ok(Some(b.get().blocks.clone()))
 }
 
@@ -269,7 +269,10 @@ impl PyKVCacheManager {
         }
         let out = PyList::empty(py);
         for (req, &n) in requests.iter().zip(&num_new_tokens) {
-            match self.inner.allocate_slots(&req.inner, &AllocateArgs::new(n))? {
+            match self
+                .inner
+                .allocate_slots(&req.inner, &AllocateArgs::new(n))?
+            {
                 Some(blocks) => out.append(ids_tuple(py, &blocks)?)?,
                 None => {
                     out.append(py.None())?;
@@ -303,7 +306,9 @@ impl PyKVCacheManager {
         request: PyRef<'_, PyRequest>,
         num_computed_tokens: usize,
     ) -> PyResult<()> {
-        Ok(self.inner.cache_blocks(&request.inner, num_computed_tokens)?)
+        Ok(self
+            .inner
+            .cache_blocks(&request.inner, num_computed_tokens)?)
     }
 
     /// Per-step hook.
@@ -338,7 +343,8 @@ impl PyKVCacheManager {
 
     /// Records a prefix-cache lookup in the stats.
     fn record_prefix_cache_stats(&mut self, request: PyRef<'_, PyRequest>, num_hits: usize) {
-        self.inner.record_prefix_cache_stats(&request.inner, num_hits);
+        self.inner
+            .record_prefix_cache_stats(&request.inner, num_hits);
     }
 
     /// The stats since the last call (`None` without `log_stats`).

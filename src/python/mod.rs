@@ -5,11 +5,11 @@ use pyo3::prelude::*;
 
 mod config;
 mod errors;
-mod hashing;
-mod pool;
 mod events;
-mod request;
+mod hashing;
 mod manager;
+mod pool;
+mod request;
 mod spec;
 
 /// The `kvblocks._core` extension module.
