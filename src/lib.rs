@@ -14,7 +14,6 @@ pub mod hashing;
 pub mod manager;
 pub mod managers;
 pub mod pool;
-pub mod request;
 pub mod spec;
 pub mod types;
 

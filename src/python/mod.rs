@@ -5,11 +5,8 @@ use pyo3::prelude::*;
 
 mod config;
 mod errors;
-mod events;
 mod hashing;
-mod manager;
 mod pool;
-mod request;
 mod spec;
 
 /// The `kvblocks._core` extension module.
@@ -19,9 +16,6 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     hashing::register(m)?;
     pool::register(m)?;
-    events::register(m)?;
-    request::register(m)?;
-    manager::register(m)?;
     spec::register(m)?;
     config::register(m)?;
     Ok(())
