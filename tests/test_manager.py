@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import kvblocks as kb
+import pytest
 
 BS = 16
 
@@ -95,7 +94,7 @@ def test_batch_equals_one_by_one() -> None:
     b = kb.KVCacheManager(config(30, full(), swa(32)), 1024, BS)
     ra = [req(f"r{i}", list(range(i, i + 20 + i))) for i in range(4)]
     rb = [req(f"r{i}", list(range(i, i + 20 + i))) for i in range(4)]
-    for x, y in zip(ra, rb):
+    for x, y in zip(ra, rb, strict=True):
         a.allocate_slots(x, x.num_tokens)
         b.allocate_slots(y, y.num_tokens)
     for _ in range(40):

@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections import Counter
 
 import hypothesis.strategies as st
+import kvblocks as kb
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-
-import kvblocks as kb
 
 BS = 4
 NUM_BLOCKS = 32
@@ -40,7 +39,9 @@ class ManagerMachine(RuleBasedStateMachine):
     def setup(self, kind: str, eagle: bool) -> None:
         self.mgr = kb.KVCacheManager(make_config(kind), 256, BS, use_eagle=eagle and kind == "full")
 
-    @rule(prefix=st.sampled_from(range(len(PREFIXES))), cut=st.integers(1, 60), tail=st.integers(0, 9))
+    @rule(
+        prefix=st.sampled_from(range(len(PREFIXES))), cut=st.integers(1, 60), tail=st.integers(0, 9)
+    )
     def add_request(self, prefix: int, cut: int, tail: int) -> None:
         tokens = PREFIXES[prefix][:cut] + list(range(900, 900 + tail))
         self.waiting.append(kb.Request(f"r{self.next_id}", tokens, self.hasher))
@@ -126,7 +127,5 @@ class ManagerMachine(RuleBasedStateMachine):
         assert len(free) + len(owned) + 1 == NUM_BLOCKS
 
 
-ManagerMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None
-)
+ManagerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestManagerStateful = ManagerMachine.TestCase

@@ -212,8 +212,7 @@ class Driver:
         self.hasher = get_request_block_hasher(cfg.hash_block_size, sha256_cbor)
         self.khasher = kb.BlockHasher(cfg.hash_block_size, "sha256_cbor")
         self.prefixes = [
-            [self.rng.randrange(1000) for _ in range(self.rng.randrange(30, 300))]
-            for _ in range(3)
+            [self.rng.randrange(1000) for _ in range(self.rng.randrange(30, 300))] for _ in range(3)
         ]
         self.waiting: list[Pair] = []
         self.running: list[Pair] = []
@@ -229,9 +228,7 @@ class Driver:
     def make_pair(self, prompt: list[int], max_out: int) -> Pair:
         rid = f"r{self.next_id}"
         self.next_id += 1
-        v = VllmRequest(
-            rid, prompt, SamplingParams(max_tokens=64), None, block_hasher=self.hasher
-        )
+        v = VllmRequest(rid, prompt, SamplingParams(max_tokens=64), None, block_hasher=self.hasher)
         k = kb.Request(rid, prompt, self.khasher)
         assert list(v.block_hashes) == list(k.block_hashes)
         return Pair(v, k, max_out)
@@ -372,9 +369,7 @@ def test_batch_decode_matches_vllm(cfg: Config) -> None:
 def test_prompt_longer_than_context_matches_vllm() -> None:
     """Slots stop at max_model_len; blocks past the table are counted as cached (with
     events on, vLLM 0.33 raises IndexError here)."""
-    cfg = Config(
-        "short_context", (("full", {"block_size": 16}),), max_model_len=64, events=False
-    )
+    cfg = Config("short_context", (("full", {"block_size": 16}),), max_model_len=64, events=False)
     d = Driver(cfg, 5)
     long_prompt = list(range(100))
     p = d.make_pair(long_prompt, 1)
