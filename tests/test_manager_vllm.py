@@ -280,6 +280,7 @@ class Driver:
         self.km.new_step_starts()
         budget = 256
         scheduled: list[tuple[Pair, int]] = []
+        delayed: list[tuple[Pair, int]] = []
         for p in list(self.running):
             if p not in self.running:
                 continue
@@ -303,25 +304,40 @@ class Driver:
             assert (ids(kblocks), khit) == (ids(vblocks), vhit), p.rid
             self.vm.record_prefix_cache_stats(p.v, vhit)
             self.km.record_prefix_cache_stats(p.k, khit)
-            n = min(p.v.num_tokens - vhit, budget)
+            ext = 0
+            if self.cfg.enable_caching and self.rng.random() < 0.15:
+                unit = scheduler_block_size(self.cfg)
+                ext = self.rng.randrange(0, (p.v.num_tokens - 1 - vhit) // unit + 1) * unit
+            n = min(p.v.num_tokens - vhit - ext, budget)
             if self.rng.random() < 0.3:
                 n = max(1, n // 2)
+            extra = {
+                "num_external_computed_tokens": ext,
+                "delay_cache_blocks": self.rng.random() < 0.15,
+                "full_sequence_must_fit": self.rng.random() < 0.3,
+            }
             ok = self.allocate(
                 p,
                 n,
-                v={"num_new_computed_tokens": vhit, "new_computed_blocks": vblocks},
-                k={"num_new_computed_tokens": khit, "new_computed_blocks": kblocks},
+                v={"num_new_computed_tokens": vhit, "new_computed_blocks": vblocks, **extra},
+                k={"num_new_computed_tokens": khit, "new_computed_blocks": kblocks, **extra},
             )
             if not ok:
                 break
             self.waiting.pop(0)
             self.running.append(p)
             for r in (p.v, p.k):
-                r.num_computed_tokens = vhit
+                r.num_computed_tokens = vhit + ext
+            if extra["delay_cache_blocks"]:
+                delayed.append((p, vhit + ext + n))
             scheduled.append((p, n))
             budget -= n
         for p, n in scheduled:
             self.advance(p, n)
+        for p, t in delayed:
+            if p in self.running:
+                self.vm.cache_blocks(p.v, t)
+                self.km.cache_blocks(p.k, t)
         for p in list(self.running):
             outputs = p.v.num_tokens - p.v.num_prompt_tokens
             if outputs >= p.max_out or self.rng.random() < 0.02:
