@@ -6,8 +6,12 @@
 from __future__ import annotations
 
 from kvblocks._core import (
+    AllBlocksCleared,
     AttentionSpec,
+    BlockPool,
     BlockPoolView,
+    BlockRemoved,
+    BlockStored,
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -27,8 +31,12 @@ from kvblocks._core import (
 )
 
 __all__ = [
+    "AllBlocksCleared",
     "AttentionSpec",
+    "BlockPool",
     "BlockPoolView",
+    "BlockRemoved",
+    "BlockStored",
     "ChunkedLocalAttentionSpec",
     "CrossAttentionSpec",
     "FullAttentionSpec",

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod config;
 mod errors;
+mod events;
 mod hashing;
 mod pool;
 mod spec;
@@ -14,6 +15,7 @@ mod spec;
 #[pyo3(name = "_core")]
 fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    events::register(m)?;
     hashing::register(m)?;
     pool::register(m)?;
     spec::register(m)?;
