@@ -345,11 +345,13 @@ impl BlockPool {
         let keep = |i: usize| mask.is_none_or(|m| m[i - num_cached]);
         for (i, &b) in blocks.iter().enumerate().take(num_full).skip(num_cached) {
             self.check_id(b)?;
-            // A block is cached once, except a partial entry promoted to a full one.
+            // A block is cached once, except a partial entry (ending inside the block)
+            // promoted to a full one.
+            let tokens = self.hash_tokens[b as usize] as usize;
             if b != NULL_BLOCK_ID
                 && keep(i)
                 && self.hash_of[b as usize].is_some()
-                && self.hash_tokens[b as usize] as usize >= (i + 1) * block_size
+                && (tokens % block_size == 0 || tokens >= (i + 1) * block_size)
             {
                 return Err(KvError::InvalidArgument(format!(
                     "block {b} is already cached; a block is cached once"
