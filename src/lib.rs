@@ -14,6 +14,7 @@ pub mod hashing;
 pub mod manager;
 pub mod managers;
 pub mod pool;
+pub mod request;
 pub mod spec;
 pub mod types;
 

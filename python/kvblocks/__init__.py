@@ -8,6 +8,7 @@ from __future__ import annotations
 from kvblocks._core import (
     AllBlocksCleared,
     AttentionSpec,
+    BlockHasher,
     BlockPool,
     BlockPoolView,
     BlockRemoved,
@@ -24,15 +25,19 @@ from kvblocks._core import (
     MambaSpec,
     MLAAttentionSpec,
     PrefixCacheStats,
+    Request,
     SinkFullAttentionSpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
     __version__,
+    hash_block_tokens,
+    none_hash,
 )
 
 __all__ = [
     "AllBlocksCleared",
     "AttentionSpec",
+    "BlockHasher",
     "BlockPool",
     "BlockPoolView",
     "BlockRemoved",
@@ -49,8 +54,11 @@ __all__ = [
     "MLAAttentionSpec",
     "MambaSpec",
     "PrefixCacheStats",
+    "Request",
     "SinkFullAttentionSpec",
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
     "__version__",
+    "hash_block_tokens",
+    "none_hash",
 ]

@@ -8,6 +8,7 @@ mod errors;
 mod events;
 mod hashing;
 mod pool;
+mod request;
 mod spec;
 
 /// The `kvblocks._core` extension module.
@@ -20,5 +21,6 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::register(m)?;
     spec::register(m)?;
     config::register(m)?;
+    request::register(m)?;
     Ok(())
 }
