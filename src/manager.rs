@@ -33,9 +33,10 @@ use rustc_hash::FxHashMap;
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
 use crate::managers::{AttentionKind, ManagerParams, RequestBlocks, RequestView};
-use crate::pool::events::KvCacheEvent;
+use crate::pool::events::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
 use crate::pool::BlockPool;
-use crate::types::BlockId;
+use crate::request::Request;
+use crate::types::{BlockHash, BlockId};
 
 /// Construction options (vLLM's `KVCacheManager.__init__` keywords).
 #[derive(Debug, Clone, Copy)]
@@ -575,6 +576,50 @@ impl KvCacheManager {
     /// Number of requests holding a slot.
     pub fn num_requests(&self) -> usize {
         self.requests.len()
+    }
+}
+
+/// The events of a request's blocks: its tokens, untagged extra keys and LoRA.
+impl StoredBlockSource for Request {
+    fn token_ids(&self) -> &[u32] {
+        self.all_token_ids()
+    }
+    fn event_extra_keys(&self, start: usize, end: usize) -> EventExtraKeys {
+        Request::event_extra_keys(self, start, end)
+    }
+    fn lora_id(&self) -> Option<i64> {
+        self.lora().map(|l| i64::from(l.id))
+    }
+    fn lora_name(&self) -> Option<&str> {
+        self.lora().map(|l| l.name.as_str())
+    }
+}
+
+/// The manager's view of the crate's request type.
+impl RequestView for Request {
+    fn request_id(&self) -> &str {
+        Request::request_id(self)
+    }
+    fn num_tokens(&self) -> usize {
+        Request::num_tokens(self)
+    }
+    fn num_prompt_tokens(&self) -> usize {
+        Request::num_prompt_tokens(self)
+    }
+    fn num_computed_tokens(&self) -> usize {
+        self.num_computed_tokens
+    }
+    fn block_hashes(&self) -> &[BlockHash] {
+        Request::block_hashes(self)
+    }
+    fn skip_reading_prefix_cache(&self) -> bool {
+        self.skip_reading_prefix_cache
+    }
+    fn num_preemptions(&self) -> usize {
+        self.num_preemptions as usize
+    }
+    fn num_in_flight_tokens(&self) -> usize {
+        self.num_in_flight_tokens
     }
 }
 

@@ -137,7 +137,7 @@ def test_bad_input_raises_and_changes_nothing() -> None:
     with pytest.raises(TypeError):
         mgr.allocate_slots("a", 1)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        mgr.allocate_slots(r, 4, 16, kb.KVCacheBlocks([[1]]))
+        mgr.allocate_slots(r, 4, 8, kb.KVCacheBlocks([[1]]))  # a running request
     with pytest.raises(ValueError):
         mgr.block_pool.get_ref_cnt(11)
     assert (mgr.block_pool.get_free_block_ids(), mgr.get_block_ids("a")) == before
