@@ -21,7 +21,8 @@ def make_config(kind: str) -> kb.KVCacheConfig:
     swa = kb.SlidingWindowSpec(
         block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=9
     )
-    specs = {"full": [full], "hybrid": [full, swa], "swa": [swa]}[kind]
+    table: dict[str, list[kb.KVCacheSpec]] = {"full": [full], "hybrid": [full, swa], "swa": [swa]}
+    specs = table[kind]
     groups = [kb.KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)]
     return kb.KVCacheConfig(NUM_BLOCKS, [], groups)
 

@@ -32,7 +32,7 @@ from vllm.v1.request import Request as VllmRequest  # noqa: E402
 init_none_hash(sha256_cbor)
 
 # (kind, kwargs) per group; kinds: full, swa, chunked, mamba.
-GroupDesc = tuple[str, dict[str, int]]
+GroupDesc = tuple[str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -107,10 +107,10 @@ CONFIGS = [
     ),
 ]
 
-ATTN = {"num_kv_heads": 2, "head_size": 8}
+ATTN: dict[str, Any] = {"num_kv_heads": 2, "head_size": 8}
 
 
-def vllm_spec(kind: str, kw: dict[str, int]) -> Any:
+def vllm_spec(kind: str, kw: dict[str, Any]) -> Any:
     if kind == "full":
         return vi.FullAttentionSpec(**ATTN, dtype=torch.float16, **kw)
     if kind == "swa":
@@ -120,7 +120,7 @@ def vllm_spec(kind: str, kw: dict[str, int]) -> Any:
     return vi.MambaSpec(shapes=((4,),), dtypes=(torch.float32,), **kw)
 
 
-def kb_spec(kind: str, kw: dict[str, int]) -> Any:
+def kb_spec(kind: str, kw: dict[str, Any]) -> Any:
     if kind == "full":
         return kb.FullAttentionSpec(**ATTN, dtype="float16", **kw)
     if kind == "swa":

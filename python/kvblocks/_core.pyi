@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, TypeAlias, final
+from typing import Any, ClassVar, Literal, TypeAlias, final, overload
 
 from typing_extensions import Self
 
@@ -284,9 +284,13 @@ class KVCacheBlocks:
     """Block ids per KV cache group (vLLM's `KVCacheBlocks`)."""
 
     def __new__(cls, blocks: Sequence[Sequence[int]]) -> KVCacheBlocks: ...
-    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
+    @overload
+    def get_block_ids(self, allow_none: Literal[False] = False) -> tuple[list[int], ...]: ...
+    @overload
+    def get_block_ids(self, allow_none: bool) -> tuple[list[int], ...] | None:
         """Block ids per group; with `allow_none`, None when every group is empty."""
-    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks: ...
+    def __add__(self, other: KVCacheBlocks, /) -> KVCacheBlocks: ...
+    def __radd__(self, other: KVCacheBlocks, /) -> KVCacheBlocks: ...
     def __eq__(self, other: object, /) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
@@ -367,6 +371,7 @@ class KVCacheManager:
     def num_kv_cache_groups(self) -> int: ...
     @property
     def block_pool(self) -> BlockPoolView: ...
+
 # An extra key value as published in events: None, bool, int, str, bytes or a tuple of those.
 _ExtraKey: TypeAlias = bool | int | str | bytes | tuple["_ExtraKey", ...] | None
 
