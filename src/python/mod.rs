@@ -7,6 +7,7 @@ mod config;
 mod errors;
 mod events;
 mod hashing;
+mod ids;
 mod manager;
 mod pool;
 mod request;
