@@ -9,6 +9,7 @@ use crate::manager::{AllocateArgs, KvCacheManager, ManagerOptions, PrefixCacheSt
 use crate::managers::ManagerParams;
 use crate::python::config::PyKVCacheConfig;
 use crate::python::events::events_to_py;
+use crate::python::ids::IdObjects;
 use crate::python::request::PyRequest;
 use crate::types::BlockId;
 
@@ -149,6 +150,7 @@ impl PyPrefixCacheStats {
 #[pyclass(name = "KVCacheManager", module = "kvblocks._core")]
 pub(crate) struct PyKVCacheManager {
     inner: KvCacheManager,
+    id_objects: IdObjects,
 }
 
 fn hits_of(blocks: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<BlockId>>>> {
@@ -196,6 +198,7 @@ impl PyKVCacheManager {
         let retention = cfg.prefix_cache_retention_interval.map(|n| n as usize);
         Ok(Self {
             inner: KvCacheManager::new(groups, cfg.num_blocks, retention, opts)?,
+            id_objects: IdObjects::default(),
         })
     }
 
@@ -273,7 +276,13 @@ impl PyKVCacheManager {
                 .inner
                 .allocate_slots(&req.inner, &AllocateArgs::new(n))?
             {
-                Some(blocks) => out.append(ids_tuple(py, &blocks)?)?,
+                Some(blocks) => {
+                    let lists = blocks
+                        .iter()
+                        .map(|g| self.id_objects.list(py, g))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    out.append(PyTuple::new(py, lists)?)?;
+                }
                 None => {
                     out.append(py.None())?;
                     break;
@@ -290,14 +299,17 @@ impl PyKVCacheManager {
 
     /// The request's block ids per group (empty lists for an unknown request).
     fn get_block_ids<'py>(
-        &self,
+        &mut self,
         py: Python<'py>,
         request_id: &str,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        ids_tuple(
-            py,
-            (0..self.inner.num_groups()).map(|g| self.inner.block_table(request_id, g)),
-        )
+        let lists = (0..self.inner.num_groups())
+            .map(|g| {
+                self.id_objects
+                    .list(py, self.inner.block_table(request_id, g))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(py, lists)
     }
 
     /// Caches the request's full blocks up to `num_computed_tokens`.
