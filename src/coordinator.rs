@@ -8,7 +8,7 @@
 
 use crate::error::{KvError, Result};
 use crate::managers::{
-    cdiv, AttentionKind, HitQuery, ManagerParams, RequestBlocks, RequestView, Retention,
+    cdiv, mamba, AttentionKind, HitQuery, ManagerParams, RequestBlocks, RequestView, Retention,
     SingleTypeManager,
 };
 use crate::pool::BlockPool;
@@ -110,6 +110,14 @@ impl Coordinator {
         if opts.enable_caching {
             for g in &groups {
                 match g.kind {
+                    AttentionKind::Mamba { align: true, .. } => {
+                        if g.block_size != hbs || opts.retention_interval.is_some() {
+                            return Err(mamba::unsupported(
+                                "\"align\" mode with a block size other than hash_block_size \
+                                 (fine-grained hits) or with sparse retention",
+                            ));
+                        }
+                    }
                     AttentionKind::Mamba { .. } => {
                         return Err(KvError::InvalidSpec(
                             "Mamba prefix caching requires mamba_cache_mode='align'; \
@@ -346,18 +354,20 @@ impl Coordinator {
         ))
     }
 
-    /// Blocks an allocation would take off the free queue, summed over groups.
-    /// `hits` is `None` for no prefix hit (vLLM's empty sentinel).
+    /// Blocks an allocation would take off the free queue, summed over groups (signed:
+    /// align-mode Mamba can count negatively). `hits` is `None` for no prefix hit (vLLM's
+    /// empty sentinel).
     #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
         &self,
         rbs: &[RequestBlocks],
         num_tokens: usize,
+        num_tokens_main_model: usize,
         hits: Option<&[Vec<BlockId>]>,
         num_encoder_tokens: usize,
         total_computed_tokens: usize,
         apply_admission_cap: bool,
-    ) -> usize {
+    ) -> isize {
         self.managers
             .iter()
             .zip(rbs)
@@ -366,6 +376,7 @@ impl Coordinator {
                 if matches!(m.params().kind, AttentionKind::CrossAttention) {
                     m.get_num_blocks_to_allocate(
                         rb,
+                        num_encoder_tokens,
                         num_encoder_tokens,
                         &[],
                         0,
@@ -377,6 +388,7 @@ impl Coordinator {
                     m.get_num_blocks_to_allocate(
                         rb,
                         num_tokens,
+                        num_tokens_main_model,
                         h,
                         total_computed_tokens,
                         apply_admission_cap,
@@ -423,11 +435,12 @@ impl Coordinator {
     }
 
     /// Extends every group's table to `num_tokens` slots (cross-attention:
-    /// `num_encoder_tokens`), group by group.
+    /// `num_encoder_tokens`; align-mode Mamba: `num_tokens_main_model`), group by group.
     pub fn allocate_new_blocks(
         &mut self,
         rbs: &mut [RequestBlocks],
         num_tokens: usize,
+        num_tokens_main_model: usize,
         num_encoder_tokens: usize,
     ) -> Result<()> {
         for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
@@ -436,7 +449,7 @@ impl Coordinator {
             } else {
                 num_tokens
             };
-            m.allocate_new_blocks(rb, n, &mut self.pool)?;
+            m.allocate_new_blocks(rb, n, num_tokens_main_model, &mut self.pool)?;
         }
         Ok(())
     }
@@ -468,7 +481,7 @@ impl Coordinator {
         let nb = self.replay_boundaries(request.num_prompt_tokens(), &mut boundaries);
         for (i, rb) in rbs.iter_mut().enumerate() {
             let n = self.num_cacheable_tokens(num_tokens, i);
-            let m = &self.managers[i];
+            let m = &mut self.managers[i];
             if m.enable_caching() {
                 m.cache_blocks(
                     rb,
@@ -501,6 +514,13 @@ impl Coordinator {
         } else {
             2
         }
+    }
+
+    /// Per-step hook of every manager.
+    pub fn new_step_starts(&mut self) {
+        self.managers
+            .iter_mut()
+            .for_each(SingleTypeManager::new_step_starts);
     }
 
     /// Frees the request in every group (each table tail first), in group order.

@@ -323,12 +323,13 @@ impl KvCacheManager {
             let need = self.coord.get_num_blocks_to_allocate(
                 self.tables_or_empty(slot),
                 full,
+                full,
                 hits,
                 args.num_encoder_tokens,
                 total,
                 true,
             );
-            if need > self.coord.pool().num_free_blocks() {
+            if need > self.coord.pool().num_free_blocks() as isize {
                 return Ok(None);
             }
         }
@@ -342,12 +343,13 @@ impl KvCacheManager {
         let need = self.coord.get_num_blocks_to_allocate(
             self.tables_or_empty(slot),
             need_slots,
+            main,
             hits,
             args.num_encoder_tokens,
             local + args.num_external_computed_tokens,
             false,
         );
-        if need > self.coord.pool().num_free_blocks() {
+        if need > self.coord.pool().num_free_blocks() as isize {
             return Ok(None);
         }
         let s = match slot {
@@ -375,7 +377,7 @@ impl KvCacheManager {
             *st = rb.table.len();
         }
         self.coord
-            .allocate_new_blocks(rbs, need_slots, args.num_encoder_tokens)?;
+            .allocate_new_blocks(rbs, need_slots, main, args.num_encoder_tokens)?;
         let new_blocks = rbs
             .iter()
             .zip(starts.iter())
@@ -517,8 +519,10 @@ impl KvCacheManager {
         )
     }
 
-    /// Per-step hook (Mamba "align" only in vLLM; nothing to do here).
-    pub fn new_step_starts(&mut self) {}
+    /// Per-step hook (align-mode Mamba defers hits on blocks cached during a step).
+    pub fn new_step_starts(&mut self) {
+        self.coord.new_step_starts();
+    }
 
     /// Drops the cache entries of the given blocks (in the given order).
     pub fn evict_blocks(&mut self, blocks: &[BlockId]) -> Result<()> {

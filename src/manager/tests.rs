@@ -227,7 +227,7 @@ fn sliding_window_end_to_end() {
     let rbs = m.tables_or_empty(None);
     let need = m
         .coordinator()
-        .get_num_blocks_to_allocate(rbs, 23, Some(&hits), 0, 20, false);
+        .get_num_blocks_to_allocate(rbs, 23, 23, Some(&hits), 0, 20, false);
     assert_eq!(need, 3, "1 new + 2 evictable hits");
     admit(&mut m, &mut b);
     assert_eq!(m.get_block_ids("b"), vec![vec![0, 0, 0, 4, 5, 6]]);
@@ -290,6 +290,7 @@ fn mamba_none_mode_blocks() {
     let mamba = ManagerParams::new(
         K::Mamba {
             num_speculative_blocks: 1,
+            align: false,
         },
         64,
         1,
@@ -309,6 +310,7 @@ fn mamba_none_mode_blocks() {
     let mamba = ManagerParams::new(
         K::Mamba {
             num_speculative_blocks: 0,
+            align: false,
         },
         64,
         1,
@@ -509,4 +511,51 @@ fn sink_blocks_are_preallocated() {
         Some(vec![vec![3, 4]])
     );
     assert_eq!(NULL_BLOCK_ID, 0);
+}
+
+/// Section 4.11 align-mode trace (bs 8, a 30-token prompt in chunks 16/8/6, decodes),
+/// the later hit, and the same-step deferral of hits on freshly cached states.
+#[test]
+fn mamba_align_trace() {
+    let g = ManagerParams::new(
+        K::Mamba {
+            num_speculative_blocks: 0,
+            align: true,
+        },
+        8,
+        0,
+    );
+    let mut m = mgr(vec![g], 10, 8);
+    let mut r = TestReq::new("a", toks(0, 30), 8);
+    let mut tables = Vec::new();
+    for n in [16, 8, 6] {
+        step(&mut m, &mut r, n).unwrap();
+        tables.push(m.get_block_ids("a")[0].clone());
+    }
+    for _ in 0..4 {
+        r.append(5);
+        step(&mut m, &mut r, 1).unwrap();
+        tables.push(m.get_block_ids("a")[0].clone());
+    }
+    let want: [&[BlockId]; 7] = [
+        &[0, 1],
+        &[0, 1, 2],
+        &[0, 0, 2, 3],
+        &[0, 0, 0, 3],
+        &[0, 0, 0, 3],
+        &[0, 0, 0, 3, 4],
+        &[0, 0, 0, 0, 4],
+    ];
+    assert_eq!(tables, want);
+    let b = TestReq::new("b", [toks(0, 30), toks(100, 5)].concat(), 8);
+    let (hits, hit) = m.get_computed_blocks(&b).unwrap();
+    assert_eq!((hits, hit), (vec![vec![0, 0, 2]], 24));
+    // A hit on a state cached during this step waits for the next step.
+    let mut c = TestReq::new("c", toks(500, 20), 8);
+    step(&mut m, &mut c, 16).unwrap();
+    let mut d = TestReq::new("d", toks(500, 20), 8);
+    let (hits, hit, new) = admit(&mut m, &mut d);
+    assert_eq!((hits[0].len(), hit, new), (2, 16, None));
+    m.new_step_starts();
+    assert!(admit(&mut m, &mut d).2.is_some());
 }

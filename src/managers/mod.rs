@@ -13,10 +13,12 @@ pub mod full;
 pub mod mamba;
 pub mod sliding_window;
 
+use rustc_hash::FxHashSet;
+
 use crate::config::KvCacheConfig;
 use crate::error::{KvError, Result};
 use crate::pool::events::StoredBlockSource;
-use crate::pool::BlockPool;
+use crate::pool::{BlockPool, HashKey};
 use crate::spec::{KvCacheSpec, MambaCacheMode};
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 
@@ -49,10 +51,12 @@ pub enum AttentionKind {
         /// The attention chunk, in tokens.
         attention_chunk_size: usize,
     },
-    /// Mamba state in mode `"none"` (prefix caching off).
+    /// Mamba state: mode `"none"` (prefix caching off) or `"align"` (see [`mamba`]).
     Mamba {
         /// Extra state blocks for speculative decoding.
         num_speculative_blocks: usize,
+        /// `mamba_cache_mode == "align"`.
+        align: bool,
     },
     /// Cross-attention over encoder tokens (encoder-decoder models).
     CrossAttention,
@@ -145,12 +149,20 @@ impl ManagerParams {
                     KvCacheSpec::ChunkedLocalAttention(s) => AttentionKind::ChunkedLocal {
                         attention_chunk_size: s.attention_chunk_size,
                     },
-                    KvCacheSpec::Mamba(m) if m.mamba_cache_mode == MambaCacheMode::Align => {
-                        return Err(mamba::unsupported_lookup())
+                    KvCacheSpec::Mamba(m) => {
+                        let align = m.mamba_cache_mode == MambaCacheMode::Align;
+                        if align
+                            && (m.num_speculative_blocks > 0 || m.num_prefill_checkpoint_blocks > 0)
+                        {
+                            return Err(mamba::unsupported(
+                                "\"align\" mode with speculative or prefill-checkpoint blocks",
+                            ));
+                        }
+                        AttentionKind::Mamba {
+                            num_speculative_blocks: m.num_speculative_blocks,
+                            align,
+                        }
                     }
-                    KvCacheSpec::Mamba(m) => AttentionKind::Mamba {
-                        num_speculative_blocks: m.num_speculative_blocks,
-                    },
                     KvCacheSpec::CrossAttention(_) => AttentionKind::CrossAttention,
                     KvCacheSpec::UniformType(_) => {
                         return Err(KvError::InvalidSpec("nested uniform groups".into()))
@@ -210,6 +222,8 @@ pub struct RequestBlocks {
     pub table: Vec<BlockId>,
     /// Leading cached entries, if the request is known.
     pub num_cached: Option<usize>,
+    /// Align-mode Mamba bookkeeping (unused by other types).
+    pub mamba: mamba::MambaState,
 }
 
 impl RequestBlocks {
@@ -217,6 +231,7 @@ impl RequestBlocks {
     pub fn clear(&mut self) {
         self.table.clear();
         self.num_cached = None;
+        self.mamba = mamba::MambaState::default();
     }
 }
 
@@ -291,6 +306,9 @@ pub struct SingleTypeManager {
     /// `cache_hit_alignment_tokens` (the scheduler block size).
     pub(crate) alignment_tokens: usize,
     sink_blocks: Vec<BlockId>,
+    /// Align-mode Mamba: keys cached during this step, which other requests may not hit
+    /// until the next step (vLLM's `cached_blocks_this_step`).
+    cached_this_step: FxHashSet<HashKey>,
 }
 
 impl SingleTypeManager {
@@ -348,6 +366,7 @@ impl SingleTypeManager {
             use_eagle: false,
             alignment_tokens: scheduler_block_size,
             sink_blocks,
+            cached_this_step: FxHashSet::default(),
         })
     }
 
@@ -404,14 +423,57 @@ impl SingleTypeManager {
         match self.params.kind {
             AttentionKind::Mamba {
                 num_speculative_blocks,
+                ..
             } => num_tokens + self.params.block_size * num_speculative_blocks,
             _ => num_tokens,
         }
     }
 
-    /// Blocks that allocating for `num_tokens` would take off the free queue (vLLM
-    /// 0.33's `get_num_blocks_to_allocate`, hits that are still free included).
+    /// Blocks that allocating for `num_tokens` (`num_tokens_main_model` without the
+    /// lookahead) would take off the free queue (vLLM 0.33's
+    /// `get_num_blocks_to_allocate`, hits that are still free included). Align-mode
+    /// Mamba may return a negative count, and `num_blocks + 1` to defer a request whose
+    /// hit was cached during this step.
+    #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
+        &self,
+        rb: &RequestBlocks,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        new_computed: &[BlockId],
+        total_computed_tokens: usize,
+        apply_admission_cap: bool,
+        pool: &BlockPool,
+    ) -> isize {
+        if let AttentionKind::Mamba { align, .. } = self.params.kind {
+            if let Some(&last) = new_computed.last() {
+                let key = pool.block_hash(last).ok().flatten();
+                if key.is_some_and(|k| self.cached_this_step.contains(&k)) {
+                    return pool.num_blocks() as isize + 1;
+                }
+            }
+            if align {
+                return mamba::num_blocks_to_allocate(
+                    self,
+                    rb,
+                    num_tokens_main_model,
+                    new_computed,
+                    pool,
+                );
+            }
+        }
+        self.blocks_to_allocate(
+            rb,
+            num_tokens,
+            new_computed,
+            total_computed_tokens,
+            apply_admission_cap,
+            pool,
+        ) as isize
+    }
+
+    /// The common (non align-mode) `get_num_blocks_to_allocate`.
+    fn blocks_to_allocate(
         &self,
         rb: &RequestBlocks,
         num_tokens: usize,
@@ -493,13 +555,18 @@ impl SingleTypeManager {
         pool.get_new_blocks_into(n, &mut rb.table)
     }
 
-    /// Extends the table to cover `num_tokens` tokens with blocks from the queue head.
+    /// Extends the table to cover `num_tokens` tokens with blocks from the queue head
+    /// (align-mode Mamba: `num_tokens_main_model`, one state block at most).
     pub fn allocate_new_blocks(
         &self,
         rb: &mut RequestBlocks,
         num_tokens: usize,
+        num_tokens_main_model: usize,
         pool: &mut BlockPool,
     ) -> Result<()> {
+        if let AttentionKind::Mamba { align: true, .. } = self.params.kind {
+            return mamba::allocate_new_blocks(self, rb, num_tokens_main_model, pool);
+        }
         let required = cdiv(self.slot_tokens(num_tokens), self.block_size());
         if required > rb.table.len() {
             pool.get_new_blocks_into(required - rb.table.len(), &mut rb.table)?;
@@ -515,7 +582,7 @@ impl SingleTypeManager {
 
     /// Caches the request's newly full blocks (vLLM's `cache_blocks`).
     pub fn cache_blocks<R: RequestView>(
-        &self,
+        &mut self,
         rb: &mut RequestBlocks,
         request: &R,
         num_tokens: usize,
@@ -559,6 +626,13 @@ impl SingleTypeManager {
                     mask.as_deref(),
                     request,
                 )?;
+                if let AttentionKind::Mamba { align: true, .. } = self.params.kind {
+                    for &b in &rb.table[start..end] {
+                        if let Some(key) = pool.block_hash(b)?.filter(|_| b != NULL_BLOCK_ID) {
+                            self.cached_this_step.insert(key);
+                        }
+                    }
+                }
             }
             rb.num_cached = Some(num_full);
         }
@@ -589,6 +663,9 @@ impl SingleTypeManager {
         num_computed_tokens: usize,
         pool: &mut BlockPool,
     ) -> Result<()> {
+        if let AttentionKind::Mamba { align: true, .. } = self.params.kind {
+            return mamba::remove_skipped_blocks(self, rb, num_computed_tokens, pool);
+        }
         let skipped = self.num_skipped_tokens(num_computed_tokens);
         if skipped == 0 {
             return Ok(());
@@ -627,9 +704,21 @@ impl SingleTypeManager {
             AttentionKind::ChunkedLocal {
                 attention_chunk_size,
             } => chunked_local::find_longest_cache_hit(query, bs, attention_chunk_size, pool, out),
-            AttentionKind::Mamba { .. } => Err(mamba::unsupported_lookup()),
+            AttentionKind::Mamba { align: true, .. } => {
+                Ok(mamba::find_longest_cache_hit(query, bs, pool, out))
+            }
+            AttentionKind::Mamba { .. } => {
+                Err(mamba::unsupported("prefix caching in mode \"none\""))
+            }
             AttentionKind::CrossAttention => Err(cross_attention::unsupported_lookup()),
         }
+    }
+}
+
+impl SingleTypeManager {
+    /// Per-step hook: align-mode Mamba forgets which keys were cached this step.
+    pub fn new_step_starts(&mut self) {
+        self.cached_this_step.clear();
     }
 }
 
