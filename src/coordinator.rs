@@ -110,14 +110,15 @@ impl Coordinator {
         if opts.enable_caching {
             for g in &groups {
                 match g.kind {
-                    AttentionKind::Mamba { align: true, .. } => {
-                        if g.block_size != hbs || opts.retention_interval.is_some() {
-                            return Err(mamba::unsupported(
-                                "\"align\" mode with a block size other than hash_block_size \
-                                 (fine-grained hits) or with sparse retention",
-                            ));
-                        }
+                    AttentionKind::Mamba { align: true, .. }
+                        if g.block_size != hbs || opts.retention_interval.is_some() =>
+                    {
+                        return Err(mamba::unsupported(
+                            "\"align\" mode with a block size other than hash_block_size \
+                             (fine-grained hits) or with sparse retention",
+                        ));
                     }
+                    AttentionKind::Mamba { align: true, .. } => {}
                     AttentionKind::Mamba { .. } => {
                         return Err(KvError::InvalidSpec(
                             "Mamba prefix caching requires mamba_cache_mode='align'; \
