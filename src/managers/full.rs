@@ -16,8 +16,21 @@ pub(crate) fn find_longest_cache_hit(
 ) -> usize {
     let max_blocks = (q.max_length / bs).min(q.num_hashed_blocks(bs));
     let mut n = 0;
-    while n < max_blocks && q.push_hit(pool, bs, n, out) {
-        n += 1;
+    if let [single] = out {
+        // One group (the common case): no all-groups bookkeeping per block.
+        let (k, g) = (bs / q.hash_block_size, q.groups[0]);
+        single.reserve(max_blocks);
+        while n < max_blocks {
+            match pool.cached_block(&q.hashes[(n + 1) * k - 1], g) {
+                Some(b) => single.push(b),
+                None => break,
+            }
+            n += 1;
+        }
+    } else {
+        while n < max_blocks && q.push_hit(pool, bs, n, out) {
+            n += 1;
+        }
     }
     let mut hit = n * bs;
     if q.drop_eagle && hit > 0 {
