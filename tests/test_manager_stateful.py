@@ -128,5 +128,5 @@ class ManagerMachine(RuleBasedStateMachine):
         assert len(free) + len(owned) + 1 == NUM_BLOCKS
 
 
-ManagerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+ManagerMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
 TestManagerStateful = ManagerMachine.TestCase
