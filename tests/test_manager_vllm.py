@@ -413,3 +413,35 @@ def test_prompt_longer_than_context_matches_vllm() -> None:
     kblocks, khit = d.km.get_computed_blocks(q.k)
     assert (ids(kblocks), khit) == (ids(vblocks), vhit)
     d.check_state()
+
+
+def test_lora_and_salt_events_match_vllm() -> None:
+    """BlockStored events carry the request's LoRA and untagged extra keys, as vLLM's."""
+    from vllm.lora.request import LoRARequest
+
+    cfg = Config("full", (("full", {"block_size": 16}),), num_blocks=40)
+    vm, km = build(cfg)
+    hasher = get_request_block_hasher(16, sha256_cbor)
+    khasher = kb.BlockHasher(16, "sha256_cbor")
+    prompt = list(range(70))
+    v = VllmRequest(
+        "a",
+        prompt,
+        SamplingParams(max_tokens=4),
+        None,
+        block_hasher=hasher,
+        lora_request=LoRARequest("adapter", 3, "/path/a"),
+        cache_salt="salt",
+    )
+    k = kb.Request(
+        "a", prompt, khasher, lora_name="adapter", lora_path="/path/a", lora_id=3, cache_salt="salt"
+    )
+    assert list(v.block_hashes) == list(k.block_hashes)
+    assert ids(vm.allocate_slots(v, 70)) == ids(km.allocate_slots(k, 70))
+    vev, kev = vm.take_events(), km.take_events()
+    assert len(vev) == len(kev) == 1
+    for f in ("block_hashes", "parent_block_hash", "token_ids", "lora_id", "lora_name"):
+        assert getattr(kev[0], f) == getattr(vev[0], f), f
+    assert [tuple(x) if x else x for x in kev[0].extra_keys] == [
+        tuple(x) if x else x for x in vev[0].extra_keys
+    ]
