@@ -8,6 +8,7 @@ mod errors;
 mod events;
 mod hashing;
 mod ids;
+mod manager;
 mod pool;
 mod request;
 mod spec;
@@ -22,6 +23,7 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::register(m)?;
     spec::register(m)?;
     config::register(m)?;
+    manager::register(m)?;
     request::register(m)?;
     Ok(())
 }
