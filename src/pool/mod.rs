@@ -16,6 +16,8 @@ pub mod events;
 pub mod free_queue;
 pub mod prefix_map;
 
+use rustc_hash::FxHashMap;
+
 use crate::error::{KvError, Result};
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 use events::{BlockRemoved, BlockStored, KvCacheEvent, StoredBlockSource, MEDIUM_GPU};
@@ -28,7 +30,9 @@ use prefix_map::PrefixMap;
 /// NOTE 1: `ref_cnt[b] == 0` iff block `b` is linked in the free queue, for every
 /// non-null block. The null block (id 0) is popped at construction, never linked, and
 /// its ref count stays 0.
-/// NOTE 2: `hash_of[b]` is `Some(key)` iff the prefix map holds `b` under `key`.
+/// NOTE 2: `hash_of[b]` is `Some(key)` iff the prefix map holds `b` under `key`; the
+/// map holds `b` under other keys only if they are listed in `secondary[b]` (0.33
+/// partial entries), and only while `hash_of[b]` is `Some`.
 /// NOTE 3: every public mutator validates its whole input before changing anything, so
 /// an error leaves the pool exactly as it was.
 #[derive(Debug, Clone)]
@@ -38,12 +42,20 @@ pub struct BlockPool {
     enable_events: bool,
     ref_cnt: Vec<u32>,
     hash_of: Vec<Option<HashKey>>,
+    /// Tokens the primary key of each cached block covers (vLLM's
+    /// `block_hash_num_tokens`; less than a block for a partial entry).
+    hash_tokens: Vec<u32>,
+    /// Extra keys of blocks cached under more than one key (vLLM's
+    /// `cached_block_hashes_by_block`): a partial entry added to an already cached block.
+    secondary: FxHashMap<BlockId, Vec<HashKey>>,
     queue: FreeQueue,
     map: PrefixMap,
     events: Vec<KvCacheEvent>,
     /// Scratch lists reused by `free_blocks` (no allocation per call).
     to_front: Vec<BlockId>,
     to_back: Vec<BlockId>,
+    /// Scratch list of `cache_full_blocks`' duplicate check.
+    scratch_ids: Vec<BlockId>,
 }
 
 impl BlockPool {
@@ -69,6 +81,7 @@ impl BlockPool {
         // allocation-failure abort (found by tests/test_no_panic.py).
         let hash_of = filled(num_blocks, None)?;
         let ref_cnt = filled(num_blocks, 0)?;
+        let hash_tokens = filled(num_blocks, 0)?;
         let mut queue = FreeQueue::new(num_blocks);
         queue.popleft_n(1, |b| debug_assert_eq!(b, NULL_BLOCK_ID));
         Ok(Self {
@@ -77,11 +90,14 @@ impl BlockPool {
             enable_events: enable_kv_cache_events,
             ref_cnt,
             hash_of,
+            hash_tokens,
+            secondary: FxHashMap::default(),
             queue,
             map: PrefixMap::default(),
             events: Vec::new(),
             to_front: Vec::new(),
             to_back: Vec::new(),
+            scratch_ids: Vec::new(),
         })
     }
 
@@ -192,6 +208,15 @@ impl BlockPool {
         let Some(key) = self.hash_of[block as usize].take() else {
             return;
         };
+        self.remove_key(key, block);
+        if let Some(extra) = self.secondary.remove(&block) {
+            for key in extra {
+                self.remove_key(key, block);
+            }
+        }
+    }
+
+    fn remove_key(&mut self, key: HashKey, block: BlockId) {
         let removed = self.map.pop(&key, block);
         debug_assert!(removed);
         if self.enable_events {
@@ -326,42 +351,45 @@ impl BlockPool {
             }
         }
         let keep = |i: usize| mask.is_none_or(|m| m[i - num_cached]);
+        for (i, &b) in blocks.iter().enumerate().take(num_full).skip(num_cached) {
+            self.check_id(b)?;
+            // A block is cached once, except a partial entry (ending inside the block)
+            // promoted to a full one.
+            let tokens = self.hash_tokens[b as usize] as usize;
+            if b != NULL_BLOCK_ID
+                && keep(i)
+                && self.hash_of[b as usize].is_some()
+                && (tokens % block_size == 0 || tokens >= (i + 1) * block_size)
+            {
+                return Err(KvError::InvalidArgument(format!(
+                    "block {b} is already cached; a block is cached once"
+                )));
+            }
+        }
+        // A block listed twice in the range would be cached under two keys while carrying
+        // one, leaving a stale prefix entry (found by fuzzing): reject it.
+        let mut ids = std::mem::take(&mut self.scratch_ids);
+        ids.clear();
+        ids.extend(
+            blocks
+                .iter()
+                .enumerate()
+                .take(num_full)
+                .skip(num_cached)
+                .filter(|&(i, &b)| b != NULL_BLOCK_ID && keep(i))
+                .map(|(_, &b)| b),
+        );
+        ids.sort_unstable();
+        let twice = ids.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
+        self.scratch_ids = ids;
+        if let Some(b) = twice {
+            return Err(KvError::InvalidArgument(format!(
+                "block {b} is listed twice; a block is cached once"
+            )));
+        }
         let hash_at = |i: usize| request_hashes[(i + 1) * k - 1];
-        // Validate and claim each block's hash slot in one pass, so that a block listed
-        // twice in the range is caught (found by fuzzing: it left a map entry behind for
-        // a key the block no longer carried); on error the claimed slots are released.
-        let range = || blocks.iter().enumerate().take(num_full).skip(num_cached);
-        let mut failure = None;
-        let mut claimed = 0usize;
-        for (i, &b) in range() {
-            if let Err(e) = self.check_id(b) {
-                failure = Some(e);
-                break;
-            }
-            if b != NULL_BLOCK_ID && keep(i) {
-                if self.hash_of[b as usize].is_some() {
-                    failure = Some(KvError::InvalidArgument(format!(
-                        "block {b} is already cached or listed twice; a block is cached once"
-                    )));
-                    break;
-                }
-                self.hash_of[b as usize] = Some(HashKey {
-                    hash: hash_at(i),
-                    group,
-                });
-            }
-            claimed += 1;
-        }
-        if let Some(err) = failure {
-            for (i, &b) in range().take(claimed) {
-                if b != NULL_BLOCK_ID && keep(i) {
-                    self.hash_of[b as usize] = None;
-                }
-            }
-            return Err(err);
-        }
         let mut stored = Vec::new();
-        for (i, &b) in range() {
+        for (i, &b) in blocks.iter().enumerate().take(num_full).skip(num_cached) {
             if b == NULL_BLOCK_ID || !keep(i) {
                 continue;
             }
@@ -369,6 +397,9 @@ impl BlockPool {
                 hash: hash_at(i),
                 group,
             };
+            self.evict_hash(b);
+            self.hash_of[b as usize] = Some(key);
+            self.hash_tokens[b as usize] = ((i + 1) * block_size) as u32;
             self.map.insert(key, b);
             if self.enable_events {
                 stored.push(i);
@@ -391,6 +422,70 @@ impl BlockPool {
                 medium: MEDIUM_GPU,
                 lora_name: source.lora_name().map(str::to_owned),
                 extra_keys: (!extra_keys.is_empty()).then_some(extra_keys),
+                group_idx: group,
+                kv_cache_spec_kind: None,
+                kv_cache_spec_sliding_window: None,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Registers the prefix of `num_tokens` tokens (a multiple of `hash_block_size`
+    /// inside `block`) as a partial prefix-cache entry owned by `block`, as vLLM 0.33's
+    /// `cache_partial_block`: the key is the request's hash at that boundary. It becomes
+    /// the block's primary key if the block has none (a shorter primary is replaced), or
+    /// an extra key otherwise. With events on, a `BlockStored` of one hash-block is
+    /// recorded unless the entry already existed.
+    pub fn cache_partial_block(
+        &mut self,
+        request_hashes: &[BlockHash],
+        block: BlockId,
+        num_tokens: usize,
+        group: GroupId,
+        source: &dyn StoredBlockSource,
+    ) -> Result<()> {
+        self.check_id(block)?;
+        let h = self.hash_block_size;
+        let n = num_tokens / h;
+        if num_tokens % h != 0 || n == 0 || n > request_hashes.len() {
+            return Err(KvError::InvalidArgument(format!(
+                "partial entry of {num_tokens} tokens does not fit {} hashes of {h} tokens",
+                request_hashes.len()
+            )));
+        }
+        if block == NULL_BLOCK_ID {
+            return Ok(());
+        }
+        let key = HashKey {
+            hash: request_hashes[n - 1],
+            group,
+        };
+        let b = block as usize;
+        let already = self.hash_of[b] == Some(key) || self.map.contains(&key, block);
+        if !already {
+            if self.hash_of[b].is_some() && (self.hash_tokens[b] as usize) < num_tokens {
+                self.evict_hash(block);
+            }
+            if self.hash_of[b].is_none() {
+                self.hash_of[b] = Some(key);
+                self.hash_tokens[b] = num_tokens as u32;
+            } else {
+                self.secondary.entry(block).or_default().push(key);
+            }
+            self.map.insert(key, block);
+        }
+        if self.enable_events && !already {
+            let start = (n - 1) * h;
+            let tokens = source.token_ids();
+            self.events.push(KvCacheEvent::BlockStored(BlockStored {
+                block_hashes: vec![key.hash.external()],
+                parent_block_hash: (n > 1).then(|| request_hashes[n - 2].external()),
+                token_ids: tokens[start.min(tokens.len())..num_tokens.min(tokens.len())].to_vec(),
+                block_size: h as u32,
+                lora_id: source.lora_id(),
+                medium: MEDIUM_GPU,
+                lora_name: source.lora_name().map(str::to_owned),
+                extra_keys: Some(vec![source.event_extra_keys(start, num_tokens)]),
                 group_idx: group,
                 kv_cache_spec_kind: None,
                 kv_cache_spec_sliding_window: None,
@@ -429,6 +524,7 @@ impl BlockPool {
             return false;
         }
         self.map.clear();
+        self.secondary.clear();
         self.hash_of.iter_mut().for_each(|h| *h = None);
         if self.enable_events {
             self.events.push(KvCacheEvent::AllBlocksCleared);
@@ -444,7 +540,8 @@ impl BlockPool {
     /// Checks the pool's structural invariants (NOTE 1 and NOTE 2 above) in O(N), for
     /// tests, fuzzing and soak runs: the null block is unreferenced, unlinked and
     /// unhashed; a block is in the free queue exactly once iff its ref count is 0; the
-    /// queue length matches; `hash_of` and the prefix map agree entry for entry. Returns a description of the first violation.
+    /// queue length matches; the prefix map holds exactly each cached block's primary key
+    /// and its extra (partial-entry) keys. Returns a description of the first violation.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         let n = self.num_blocks();
         if self.ref_cnt[NULL_BLOCK_ID as usize] != 0 || self.queue.contains(NULL_BLOCK_ID) {
@@ -477,14 +574,21 @@ impl BlockPool {
         let mut entries = 0usize;
         for (key, b) in self.map.entries() {
             entries += 1;
-            if (b as usize) >= n || b == NULL_BLOCK_ID || self.hash_of[b as usize] != Some(key) {
+            let i = b as usize;
+            let carried = i < n
+                && b != NULL_BLOCK_ID
+                && (self.hash_of[i] == Some(key)
+                    || (self.hash_of[i].is_some()
+                        && self.secondary.get(&b).is_some_and(|v| v.contains(&key))));
+            if !carried {
                 return Err(format!("map holds block {b} under a key it does not carry"));
             }
         }
         let hashed = self.hash_of.iter().filter(|h| h.is_some()).count();
-        if hashed != entries {
+        let extra: usize = self.secondary.values().map(Vec::len).sum();
+        if hashed + extra != entries {
             return Err(format!(
-                "{hashed} blocks carry a hash but the map has {entries}"
+                "{hashed} primary and {extra} extra keys but the map has {entries}"
             ));
         }
         Ok(())

@@ -7,6 +7,8 @@ mod config;
 mod errors;
 mod events;
 mod hashing;
+mod ids;
+mod manager;
 mod pool;
 mod request;
 mod spec;
@@ -21,6 +23,7 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::register(m)?;
     spec::register(m)?;
     config::register(m)?;
+    manager::register(m)?;
     request::register(m)?;
     Ok(())
 }

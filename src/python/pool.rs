@@ -3,6 +3,8 @@
 
 use pyo3::ffi;
 use pyo3::prelude::*;
+
+use super::ids::IdObjects;
 use pyo3::types::{PyBytes, PyList};
 
 use super::events::events_to_py;
@@ -16,6 +18,8 @@ pub(crate) struct PyBlockPool {
     inner: BlockPool,
     /// Reused output buffer of `get_new_blocks` (no allocation per call).
     scratch: Vec<BlockId>,
+    /// Shared int objects for the ids handed out.
+    id_objects: IdObjects,
 }
 
 /// Extracts a sequence of `u32` (block ids, token ids): `list[int]` on the fast path, any
@@ -86,6 +90,7 @@ impl PyBlockPool {
                 enable_kv_cache_events,
             )?,
             scratch: Vec::new(),
+            id_objects: IdObjects::default(),
         })
     }
 
@@ -116,7 +121,7 @@ impl PyBlockPool {
     fn get_new_blocks<'py>(&mut self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyList>> {
         self.scratch.clear();
         self.inner.get_new_blocks_into(n, &mut self.scratch)?;
-        PyList::new(py, &self.scratch)
+        self.id_objects.list(py, &self.scratch)
     }
 
     fn free_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
