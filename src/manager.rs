@@ -284,6 +284,22 @@ impl KvCacheManager {
         s
     }
 
+    /// With caching on, a request hashed at another block size than the manager's is
+    /// an error (found by tests/test_bad_input.py: its hashes hit blocks holding other
+    /// tokens).
+    fn check_hash_block_size<R: RequestView>(&self, request: &R) -> Result<()> {
+        let expected = self.coord.pool().hash_block_size();
+        match request.hash_block_size() {
+            Some(got) if self.enable_caching && got != expected => {
+                Err(KvError::InvalidArgument(format!(
+                    "request {:?} is hashed at block size {got}, the manager at {expected}",
+                    request.request_id()
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Whether a prefix-cache lookup runs for this request.
     fn lookup_enabled<R: RequestView>(&self, request: &R) -> bool {
         self.enable_caching && !request.skip_reading_prefix_cache()
@@ -296,6 +312,7 @@ impl KvCacheManager {
         &self,
         request: &R,
     ) -> Result<(Vec<Vec<BlockId>>, usize)> {
+        self.check_hash_block_size(request)?;
         if !self.lookup_enabled(request) {
             return Ok((vec![Vec::new(); self.num_groups], 0));
         }
@@ -313,6 +330,7 @@ impl KvCacheManager {
         request: &R,
         args: &AllocateArgs<'_>,
     ) -> Result<Option<Vec<Vec<BlockId>>>> {
+        self.check_hash_block_size(request)?;
         let slot = self.requests.get(request.request_id()).copied();
         let local = request.num_computed_tokens() + args.num_new_computed_tokens;
         let hits = self.validate_allocate(slot, local, args)?;
@@ -510,6 +528,7 @@ impl KvCacheManager {
         if !self.enable_caching {
             return Ok(());
         }
+        self.check_hash_block_size(request)?;
         let g = self.num_groups;
         let s = self.slot_or_insert(request.request_id());
         self.coord.cache_blocks(
@@ -624,6 +643,9 @@ impl RequestView for Request {
     }
     fn num_in_flight_tokens(&self) -> usize {
         self.num_in_flight_tokens
+    }
+    fn hash_block_size(&self) -> Option<usize> {
+        self.hasher().map(|h| h.hash_block_size())
     }
 }
 

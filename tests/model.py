@@ -39,6 +39,7 @@ class PoolModel:
         self.events_on = events
         self.ref_cnt = [0] * num_blocks
         self.hash_of: list[Key | None] = [None] * num_blocks
+        self.hash_tokens = [0] * num_blocks  # tokens a block's key covers
         self.queue: list[int] = list(range(1, num_blocks))  # the null block is popped
         self.map: dict[Key, list[int]] = {}
         self.events: list[Event] = []
@@ -132,9 +133,16 @@ class PoolModel:
         if num_full > len(blocks) or num_full > len(hashes) // k:
             raise ValueError("num_full_blocks exceeds the request")
         seen: set[int] = set()
-        for b in blocks[num_cached:num_full]:
+        for i in range(num_cached, num_full):
+            b = blocks[i]
             self._check(b)
-            if b != NULL_BLOCK and (self.hash_of[b] is not None or b in seen):
+            if b == NULL_BLOCK:
+                continue
+            # A block is cached once, except a partial entry (its key ends inside the
+            # block) promoted to the full one.
+            covered = self.hash_tokens[b]
+            promotable = covered % block_size != 0 and covered < (i + 1) * block_size
+            if b in seen or (self.hash_of[b] is not None and not promotable):
                 raise ValueError(f"block {b} is already cached or listed twice")
             seen.add(b)
         stored: list[int] = []
@@ -143,7 +151,9 @@ class PoolModel:
             if b == NULL_BLOCK:
                 continue
             key = (hashes[(i + 1) * k - 1], group)
+            self._evict(b)
             self.hash_of[b] = key
+            self.hash_tokens[b] = (i + 1) * block_size
             self.map.setdefault(key, []).append(b)
             stored.append(external(key[0]))
         if self.events_on:

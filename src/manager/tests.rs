@@ -559,3 +559,28 @@ fn mamba_align_trace() {
     m.new_step_starts();
     assert!(admit(&mut m, &mut d).2.is_some());
 }
+
+/// Regression (found by tests/test_bad_input.py): a request hashed at another block size
+/// than the manager's named other token spans with its hashes, and hit a block holding
+/// another request's tokens. With caching on it is now rejected, changing nothing.
+#[test]
+fn request_hashed_at_another_block_size_is_rejected() {
+    use crate::hashing::{BlockHasher, HashAlgo};
+    use crate::request::RequestOptions;
+    let mut m = mgr(vec![full(4)], 16, 4);
+    let at = |id: &str, tokens: Vec<u32>, bs: usize| {
+        let hasher = BlockHasher::new(bs, HashAlgo::Sha256).unwrap();
+        Request::new(id, tokens, Some(hasher), RequestOptions::default()).unwrap()
+    };
+    let a = at("a", vec![1, 2, 3, 4, 5], 4);
+    assert!(m
+        .allocate_slots(&a, &AllocateArgs::new(5))
+        .unwrap()
+        .is_some());
+    let b = at("b", vec![1, 2, 9, 9, 9], 2);
+    assert!(m.get_computed_blocks(&b).is_err());
+    assert!(m.allocate_slots(&b, &AllocateArgs::new(5)).is_err());
+    assert!(m.cache_blocks(&b, 4).is_err());
+    assert_eq!(m.coord.pool().num_free_blocks(), 13);
+    assert_eq!(m.coord.pool().check_invariants(), Ok(()));
+}

@@ -206,6 +206,12 @@ pub trait RequestView: StoredBlockSource {
     fn num_in_flight_tokens(&self) -> usize {
         0
     }
+    /// The block size the request's hashes were computed at, if known. With caching on,
+    /// the manager rejects a request hashed at another size: its hashes would name the
+    /// wrong token spans and hit blocks holding other content.
+    fn hash_block_size(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// One request's table in one group (vLLM's `req_to_blocks[rid]` and
