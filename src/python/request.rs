@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList};
 
 use super::hashing::{extract_token_ids, PyBlockHasher};
+use super::ids::extract_u32;
 use crate::hashing::{LoraRequest, MmFeature};
 use crate::request::{Request, RequestOptions};
 
@@ -182,11 +183,12 @@ impl PyRequest {
         py: Python<'_>,
         token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let tokens = if token_ids.is_instance_of::<PyInt>() {
-            extract_token_ids(PyList::new(py, [token_ids])?.as_any())?
-        } else {
-            extract_token_ids(token_ids)?
-        };
+        if token_ids.is_instance_of::<PyInt>() {
+            let token = extract_u32(token_ids, "token ids")?;
+            self.inner.append_output_token_ids(&[token]);
+            return Ok(());
+        }
+        let tokens = extract_token_ids(token_ids)?;
         if tokens.len() >= RELEASE_GIL_TOKENS {
             let inner = &mut self.inner;
             py.allow_threads(|| inner.append_output_token_ids(&tokens));
