@@ -32,7 +32,7 @@ def swa(**kw: Any) -> kb.SlidingWindowSpec:
 
 def config(*groups: kb.KVCacheSpec) -> kb.KVCacheConfig:
     return kb.KVCacheConfig(
-        8, [], [kb.KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(groups or (full(),))]
+        16, [], [kb.KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(groups or (full(),))]
     )
 
 
@@ -47,10 +47,21 @@ class World:
         self.pool.cache_full_blocks(self.hashes, self.table, 0, 2, BS, 0, TOKENS)
         self.free = self.pool.get_free_block_ids()[0]
         self.pool.take_events()
+        # A hybrid manager (full attention + sliding window) holding one request.
+        self.mgr = kb.KVCacheManager(config(full(), swa()), 64, BS, enable_kv_cache_events=True)
+        self.mreq = kb.Request("m", TOKENS, kb.BlockHasher(BS))
+        assert self.mgr.allocate_slots(self.mreq, len(TOKENS)) is not None
+        self.mgr.take_events()
 
     def digest(self) -> tuple[object, ...]:
-        pool, req = self.pool, self.req
+        pool, req, view = self.pool, self.req, self.mgr.block_pool
         return (
+            self.mgr.get_block_ids("m"),
+            view.get_free_block_ids(),
+            [view.get_ref_cnt(b) for b in range(view.num_gpu_blocks)],
+            [view.get_block_hash(b) for b in range(view.num_gpu_blocks)],
+            self.mgr.take_events(),
+            self.mgr.get_computed_blocks(kb.Request("probe", TOKENS, kb.BlockHasher(BS)))[1],
             pool_state(pool),
             [pool.get_cached_block(h, [0]) for h in self.hashes],
             pool.take_events(),
@@ -207,6 +218,51 @@ TABLE: list[tuple[str, Callable[[World], Any], type[Exception]]] = [
      no_world(lambda: config(full(), swa()).resolve_block_sizes(dcp_world_size=0)), ValueError),
     ("resolve_block_sizes: dcp overflow",
      no_world(lambda: config(full(), swa()).resolve_block_sizes(dcp_world_size=2**63)), ValueError),
+    # --- KVCacheManager -------------------------------------------------------------------
+    ("KVCacheManager: zero max_model_len", no_world(lambda: kb.KVCacheManager(config(), 0, BS)), ValueError),
+    ("KVCacheManager: negative max_model_len", no_world(lambda: kb.KVCacheManager(config(), -1, BS)),
+     OverflowError),
+    ("KVCacheManager: zero hash block", no_world(lambda: kb.KVCacheManager(config(), 64, 0)), ValueError),
+    ("KVCacheManager: scheduler not a multiple",
+     no_world(lambda: kb.KVCacheManager(config(), 64, BS, scheduler_block_size=6)), ValueError),
+    ("KVCacheManager: not a config", no_world(lambda: kb.KVCacheManager("cfg", 64, BS)), TypeError),
+    ("get_computed_blocks: not a request", lambda w: w.mgr.get_computed_blocks("m"), TypeError),
+    ("get_computed_blocks: hashed at another block size",
+     lambda w: w.mgr.get_computed_blocks(kb.Request("q", TOKENS, kb.BlockHasher(2))), ValueError),
+    ("allocate_slots: zero tokens", lambda w: w.mgr.allocate_slots(w.mreq, 0), ValueError),
+    ("allocate_slots: negative tokens", lambda w: w.mgr.allocate_slots(w.mreq, -1), OverflowError),
+    ("allocate_slots: huge lookahead", lambda w: w.mgr.allocate_slots(w.mreq, 1, 0, None, 2**64),
+     OverflowError),
+    ("allocate_slots: hits for one group of two",
+     lambda w: w.mgr.allocate_slots(kb.Request("q", TOKENS, kb.BlockHasher(BS)), 5, 8,
+                                    kb.KVCacheBlocks([[1, 2]])), ValueError),
+    ("allocate_slots: unknown hit block",
+     lambda w: w.mgr.allocate_slots(kb.Request("q", TOKENS, kb.BlockHasher(BS)), 5, 8,
+                                    kb.KVCacheBlocks([[1, 99], [0, 2]])), ValueError),
+    ("allocate_slots: hashed at another block size",
+     lambda w: w.mgr.allocate_slots(kb.Request("q", TOKENS, kb.BlockHasher(8)), 4), ValueError),
+    ("allocate_slots: hits not KVCacheBlocks",
+     lambda w: w.mgr.allocate_slots(w.mreq, 1, 4, [[1], [2]]), TypeError),
+    ("allocate_slots_batch: lengths differ",
+     lambda w: w.mgr.allocate_slots_batch([w.mreq], [1, 1]), ValueError),
+    ("allocate_slots_batch: not requests", lambda w: w.mgr.allocate_slots_batch(["m"], [1]), TypeError),
+    ("free: not a request", lambda w: w.mgr.free("m"), TypeError),
+    ("get_block_ids: not a str", lambda w: w.mgr.get_block_ids(1), TypeError),
+    ("cache_blocks: negative", lambda w: w.mgr.cache_blocks(w.mreq, -1), OverflowError),
+    ("cache_blocks: hashed at another block size",
+     lambda w: w.mgr.cache_blocks(kb.Request("m", TOKENS, kb.BlockHasher(2)), 8), ValueError),
+    ("evict_blocks (manager): unknown id", lambda w: w.mgr.evict_blocks({1, 99}), ValueError),
+    ("evict_blocks (manager): negative id", lambda w: w.mgr.evict_blocks([-1]), OverflowError),
+    ("record_prefix_cache_stats: negative", lambda w: w.mgr.record_prefix_cache_stats(w.mreq, -1),
+     OverflowError),
+    ("get_num_common_prefix_blocks: not a str", lambda w: w.mgr.get_num_common_prefix_blocks(1), TypeError),
+    ("BlockPoolView.get_ref_cnt: unknown id", lambda w: w.mgr.block_pool.get_ref_cnt(99), ValueError),
+    ("BlockPoolView.get_block_hash: negative", lambda w: w.mgr.block_pool.get_block_hash(-1), OverflowError),
+    ("KVCacheBlocks: negative id", no_world(lambda: kb.KVCacheBlocks([[-1]])), OverflowError),
+    ("KVCacheBlocks: flat list", no_world(lambda: kb.KVCacheBlocks([1, 2])), TypeError),
+    ("KVCacheBlocks: adding a list", no_world(lambda: kb.KVCacheBlocks([[1]]) + [[2]]), TypeError),
+    ("PrefixCacheStats.record: negative", no_world(lambda: kb.PrefixCacheStats().record(-1, 0, False)),
+     OverflowError),
     # --- events --------------------------------------------------------------------------
     ("BlockStored: negative hash", no_world(lambda: kb.BlockStored([-1], None, [], 1, None, "GPU", None)),
      OverflowError),
@@ -237,3 +293,38 @@ def test_the_world_is_usable_after_every_bad_call() -> None:
     world.pool.free_blocks(world.table[::-1])
     assert world.pool.get_num_free_blocks() == 7
     assert world.pool.get_cached_block(world.hashes[0], [0]) == [world.table[0]]
+
+
+def test_freeing_a_request_twice_changes_nothing_the_second_time() -> None:
+    """vLLM's `free` pops the tables with a default: a second free (or freeing a request
+    never allocated) is a no-op, not an error; the pool is not double-freed."""
+    world = World()
+    world.mgr.free(world.mreq)
+    after_first = world.digest()
+    assert world.mgr.block_pool.get_num_free_blocks() == 15
+    world.mgr.free(world.mreq)
+    world.mgr.free(kb.Request("never", [1, 2, 3]))
+    assert world.digest() == after_first
+
+
+def test_prompt_beyond_max_model_len_is_capped_as_vllm() -> None:
+    """vLLM's manager caps the slots at max_model_len (its scheduler rejects such
+    prompts before); kvblocks does the same and stays consistent."""
+    mgr = kb.KVCacheManager(config(full()), 8 * BS, BS)
+    req = kb.Request("long", list(range(20 * BS)), kb.BlockHasher(BS))
+    new = mgr.allocate_slots(req, req.num_tokens)
+    assert new is not None
+    assert [len(ids) for ids in new.get_block_ids()] == [8]
+    assert mgr.get_computed_blocks(kb.Request("again", list(range(20 * BS)), kb.BlockHasher(BS)))[1] == 8 * BS
+    mgr.free(req)
+    assert mgr.block_pool.get_num_free_blocks() == 15
+
+
+def test_empty_prompt_holds_only_what_it_asks_for() -> None:
+    mgr = kb.KVCacheManager(config(full()), 64, BS)
+    req = kb.Request("empty", [], kb.BlockHasher(BS))
+    assert mgr.get_computed_blocks(req)[1] == 0
+    new = mgr.allocate_slots(req, 1)
+    assert new is not None and [len(ids) for ids in new.get_block_ids()] == [1]
+    mgr.free(req)
+    assert mgr.block_pool.get_num_free_blocks() == 15

@@ -76,6 +76,13 @@ def fresh_pool() -> kb.BlockPool:
     return pool
 
 
+def fresh_manager() -> kb.KVCacheManager:
+    mgr = kb.KVCacheManager(config(), 64, BS)
+    req = fresh_request()
+    assert mgr.allocate_slots(req, req.num_tokens) is not None
+    return mgr
+
+
 def fresh_request() -> kb.Request:
     return kb.Request("r", list(range(9)), kb.BlockHasher(BS), cache_salt="s")
 
@@ -195,15 +202,80 @@ def calls() -> list[Call]:
         ("UniformTypeKVCacheSpecs.is_uniform_type", None,
          kb.UniformTypeKVCacheSpecs.is_uniform_type, [{"a": spec()}]),
     ]  # fmt: skip
-    return pool_calls + request_calls + free_calls
+    manager_calls: list[Call] = [
+        (f"KVCacheManager.{name}", fresh_manager, getattr(kb.KVCacheManager, name), args)
+        for name, args in [
+            ("get_computed_blocks", [fresh_request()]),
+            ("allocate_slots", [kb.Request("q", [1, 2, 3], kb.BlockHasher(BS)), 3, 0, None, 0,
+                                0, False, 0, False]),
+            ("allocate_slots_batch", [[fresh_request()], [1]]),
+            ("free", [fresh_request()]),
+            ("get_block_ids", ["r"]),
+            ("cache_blocks", [fresh_request(), 8]),
+            ("new_step_starts", []),
+            ("evict_blocks", [{1}]),
+            ("reset_prefix_cache", []),
+            ("get_num_common_prefix_blocks", ["r"]),
+            ("take_events", []),
+            ("record_prefix_cache_stats", [fresh_request(), 4]),
+            ("make_prefix_cache_stats", []),
+        ]
+    ]  # fmt: skip
+    view_calls: list[Call] = [
+        (f"BlockPoolView.{name}", lambda: fresh_manager().block_pool,
+         getattr(kb.BlockPoolView, name), args)
+        for name, args in [
+            ("get_num_free_blocks", []),
+            ("get_usage", []),
+            ("get_free_block_ids", []),
+            ("get_ref_cnt", [1]),
+            ("get_block_hash", [1]),
+        ]
+    ]  # fmt: skip
+    other_calls: list[Call] = [
+        ("KVCacheManager", None,
+         lambda *a: kb.KVCacheManager(a[0], a[1], a[2], scheduler_block_size=a[3],
+                                      max_in_flight_tokens=a[4], enable_caching=a[5],
+                                      use_eagle=a[6], log_stats=a[7],
+                                      enable_kv_cache_events=a[8]),
+         [config(), 64, BS, None, None, True, False, True, True]),
+        ("KVCacheBlocks", None, kb.KVCacheBlocks, [[[1, 2], [3]]]),
+        ("KVCacheBlocks.get_block_ids", None, kb.KVCacheBlocks([[1], []]).get_block_ids, [True]),
+        ("PrefixCacheStats", None, kb.PrefixCacheStats, []),
+        ("PrefixCacheStats.record", None, kb.PrefixCacheStats().record, [10, 4, False]),
+        *[
+            (f"PrefixCacheStats.{field}", None,
+             lambda v, f=field: setattr(kb.PrefixCacheStats(), f, v), [value])
+            for field, value in [("reset", True), ("requests", 1), ("queries", 1), ("hits", 1),
+                                 ("preempted_requests", 1), ("preempted_queries", 1),
+                                 ("preempted_hits", 1)]
+        ],
+    ]  # fmt: skip
+    return pool_calls + request_calls + free_calls + manager_calls + view_calls + other_calls
 
 
 CALLS = calls()
 
 
+def manager_state(mgr: kb.KVCacheManager) -> tuple[object, ...]:
+    view = mgr.block_pool
+    n = view.num_gpu_blocks
+    return (
+        mgr.get_block_ids("r"),
+        view.get_free_block_ids(),
+        [view.get_ref_cnt(b) for b in range(n)],
+        [view.get_block_hash(b) for b in range(n)],
+        mgr.usage,
+    )
+
+
 def state(target: Any) -> object:
     if isinstance(target, kb.BlockPool):
         return pool_state(target)
+    if isinstance(target, kb.KVCacheManager):
+        return manager_state(target)
+    if isinstance(target, kb.BlockPoolView):
+        return (target.get_free_block_ids(), target.get_usage())
     return request_state(target)
 
 
@@ -228,6 +300,10 @@ def test_no_panic_reaches_python(
             pytest.fail(f"{name}{tuple(variant)!r} raised {type(exc).__name__}: {exc}")
 
 
+SETTABLE = {"Request": fresh_request, "PrefixCacheStats": kb.PrefixCacheStats}
+NOT_CONSTRUCTIBLE = {"KVCacheSpec", "AttentionSpec", "BlockPoolView"}
+
+
 def test_every_public_callable_is_swept() -> None:
     swept = {c[0].split("(")[0] for c in CALLS}
     for cls_name in kb.__all__:
@@ -239,18 +315,18 @@ def test_every_public_callable_is_swept() -> None:
         for attr, value in vars(obj).items():
             if attr.startswith("_"):
                 continue
-            settable = isinstance(value, property) or type(value).__name__ == "getset_descriptor"
             if callable(value) or isinstance(value, classmethod):
                 owner = "KVCacheSpec" if attr in ("merge", "max_memory_usage_bytes") else cls_name
                 key = f"{owner}.{attr}"
                 if attr == "max_admission_blocks_per_request":
                     key = f"SlidingWindowSpec.{attr}"
                 assert key in swept, key
-            elif settable and cls_name == "Request":
+            elif cls_name in SETTABLE:
+                instance = SETTABLE[cls_name]()
                 try:
-                    setattr(fresh_request(), attr, getattr(fresh_request(), attr))
+                    setattr(instance, attr, getattr(instance, attr))
                 except AttributeError:
-                    continue
-                assert f"Request.{attr}" in swept, attr
-        if cls_name not in ("KVCacheSpec", "AttentionSpec"):
-            assert cls_name in swept or cls_name.startswith("Chunked"), cls_name
+                    continue  # read-only
+                assert f"{cls_name}.{attr}" in swept, attr
+        if cls_name not in NOT_CONSTRUCTIBLE:
+            assert cls_name in swept, cls_name
