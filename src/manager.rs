@@ -434,6 +434,14 @@ impl KvCacheManager {
                 )))
             }
             Some(h) if h.iter().any(|g| !g.is_empty()) => h,
+            // Hit tokens without hit blocks (vLLM's scheduler never passes them) made the
+            // capacity check disagree with the allocation, which then failed after
+            // out-of-window blocks were freed (found by fuzzing): reject them up front.
+            _ if args.num_new_computed_tokens > 0 => {
+                return Err(KvError::InvalidArgument(
+                    "num_new_computed_tokens > 0 needs the hit's new_computed_blocks".into(),
+                ))
+            }
             _ => return self.check_adopt(slot, args, None),
         };
         if !self.enable_caching {

@@ -584,3 +584,39 @@ fn request_hashed_at_another_block_size_is_rejected() {
     assert_eq!(m.coord.pool().num_free_blocks(), 13);
     assert_eq!(m.coord.pool().check_invariants(), Ok(()));
 }
+
+/// Regression (found by the `manager_ops` fuzz target): hit tokens passed without hit
+/// blocks, on a sliding-window request, passed the capacity check and then failed to
+/// allocate after freeing the out-of-window blocks. Now rejected before any change.
+#[test]
+fn hit_tokens_without_hit_blocks_are_rejected() {
+    let mut opts = ManagerOptions::new(112, 4);
+    opts.enable_caching = false; // the request is never "known": vLLM's new-request count
+    let mut m = KvCacheManager::new(vec![swa(4, 8, 0)], 7, None, opts).unwrap();
+    let mut r = TestReq::new("r", toks(0, 20), 4);
+    assert!(m
+        .allocate_slots(&r, &AllocateArgs::new(20))
+        .unwrap()
+        .is_some());
+    r.computed = 20;
+    let before = (
+        m.get_block_ids("r"),
+        m.pool().free_block_ids().collect::<Vec<_>>(),
+    );
+    let empty = vec![Vec::new()];
+    let args = AllocateArgs {
+        num_new_computed_tokens: 28,
+        new_computed_blocks: Some(&empty),
+        num_lookahead_tokens: 7,
+        ..AllocateArgs::new(1)
+    };
+    assert!(matches!(
+        m.allocate_slots(&r, &args),
+        Err(KvError::InvalidArgument(_))
+    ));
+    let after = (
+        m.get_block_ids("r"),
+        m.pool().free_block_ids().collect::<Vec<_>>(),
+    );
+    assert_eq!(before, after);
+}
