@@ -282,7 +282,7 @@ class ManagerModel:
             got = self._lookup(h, gids)
             if got is None:
                 break
-            for lst, b in zip(lists, got):
+            for lst, b in zip(lists, got, strict=False):
                 lst.append(b)
         hit = len(lists[0]) * bs
         hit -= hit % align
@@ -306,7 +306,7 @@ class ManagerModel:
                 continue
             if run == 0 and bs != align and ((i + 1) * bs) % align:
                 continue
-            for lst, b in zip(lists, got):
+            for lst, b in zip(lists, got, strict=False):
                 lst[i] = b
             run += 1
             if run >= need:
@@ -351,7 +351,7 @@ class ManagerModel:
                 curr = length
                 if g.sliding_window is None:
                     fa_done[idx] = length
-                for gid, lst in zip(gids, lists):
+                for gid, lst in zip(gids, lists, strict=False):
                     out[gid] = lst
             if curr >= hit_length:
                 break
@@ -428,7 +428,10 @@ class ManagerModel:
         main = total + num_new_tokens
         need_slots = min(main + num_lookahead_tokens, self.max_model_len)
         self._remove_skipped(rid, total)
-        n = sum(self._num_to_allocate(gid, rid, need_slots, hits[gid], local) for gid in range(len(self.groups)))
+        n = sum(
+            self._num_to_allocate(gid, rid, need_slots, hits[gid], local)
+            for gid in range(len(self.groups))
+        )
         if n > self.pool.num_free():
             return None
         if any(hits) and not any(rid in nc for nc in self.num_cached):

@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 BS = 4
 # A tenant: (cache_salt, LoRA adapter id or None).
 Tenant = tuple[str | None, int | None]
-tenants = st.tuples(st.sampled_from([None, "", "a", "b", "tenant-1"]), st.sampled_from([None, 1, 2, 7]))
+tenants = st.tuples(
+    st.sampled_from([None, "", "a", "b", "tenant-1"]), st.sampled_from([None, 1, 2, 7])
+)
 token_lists = st.lists(st.integers(0, 2**32 - 1), min_size=BS, max_size=12 * BS)
 
 

@@ -14,6 +14,9 @@ ref count must equal the number of live tables holding it.
   vLLM 0.33.0's `KVCacheManager` (skipped without vLLM).
 """
 
+# vLLM and torch are optional (the oracle venv has them; mypy here does not):
+# mypy: disable-error-code="import-not-found"
+
 from __future__ import annotations
 
 import random
@@ -24,7 +27,6 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-
 from model import NULL_BLOCK, GroupModel, ManagerModel
 
 HBS = 4
@@ -105,7 +107,9 @@ class Driver:
         self.hits = 0  # tokens reused from the prefix cache, for the statistics
         self.tenant: dict[str, tuple[str | None, int | None]] = {}
 
-    def arrive(self, prefix: list[int], tail: list[int], salt: str | None, lora: int | None) -> None:
+    def arrive(
+        self, prefix: list[int], tail: list[int], salt: str | None, lora: int | None
+    ) -> None:
         self.next_id += 1
         tokens = (prefix + tail)[: MAX_MODEL_LEN - 8]
         rid = f"r{self.next_id}"
@@ -215,7 +219,9 @@ def random_run(driver: Driver, rng: random.Random, steps: int) -> None:
         elif r < 0.4:
             driver.admit(rng.choice([4, 8, 16, 64]), rng.choice([0, 0, 2, 5]))
         elif r < 0.85:
-            driver.step(rng.randrange(64), rng.choice([4, 8, 64]), rng.choice([0, 0, 3]), rng.randrange(4))
+            driver.step(
+                rng.randrange(64), rng.choice([4, 8, 64]), rng.choice([0, 0, 3]), rng.randrange(4)
+            )
         elif r < 0.95:
             driver.finish(rng.randrange(64))
         elif r < 0.99:
@@ -229,7 +235,9 @@ def random_run(driver: Driver, rng: random.Random, steps: int) -> None:
 
 
 class VllmEngine(Engine):
-    def __init__(self, groups: list[GroupModel], num_blocks: int, caching: bool, scheduler: int) -> None:
+    def __init__(
+        self, groups: list[GroupModel], num_blocks: int, caching: bool, scheduler: int
+    ) -> None:
         import torch
         from vllm.lora.request import LoRARequest
         from vllm.sampling_params import SamplingParams
@@ -247,7 +255,12 @@ class VllmEngine(Engine):
         init_none_hash(sha256)
         specs: list[Any] = []
         for g in groups:
-            common = {"block_size": g.block_size, "num_kv_heads": 1, "head_size": 8, "dtype": torch.float16}
+            common = {
+                "block_size": g.block_size,
+                "num_kv_heads": 1,
+                "head_size": 8,
+                "dtype": torch.float16,
+            }
             if g.sliding_window is None:
                 specs.append(FullAttentionSpec(**common))
             else:
@@ -267,9 +280,14 @@ class VllmEngine(Engine):
     def make_request(self, rid: str, tokens: list[int], salt: str | None, lora: int | None) -> Any:
         lora_req = None if lora is None else self.lora_cls(f"lora{lora}", lora, f"/lora{lora}")
         req = self.request_cls(
-            rid, tokens, self.params, None, lora_request=lora_req, cache_salt=salt,
+            rid,
+            tokens,
+            self.params,
+            None,
+            lora_request=lora_req,
+            cache_salt=salt,
             block_hasher=self.hasher,
-        )  # fmt: skip
+        )
         self.reqs[rid] = req
         return req
 
@@ -280,9 +298,7 @@ class VllmEngine(Engine):
     def allocate_slots(
         self, req: Any, num_new: int, num_hit: int, handle: Any, lookahead: int
     ) -> list[list[int]] | None:
-        out = self.mgr.allocate_slots(
-            req, num_new, num_hit, handle, num_lookahead_tokens=lookahead
-        )
+        out = self.mgr.allocate_slots(req, num_new, num_hit, handle, num_lookahead_tokens=lookahead)
         return None if out is None else [list(ids) for ids in out.get_block_ids()]
 
     def free(self, req: Any) -> None:
@@ -325,14 +341,19 @@ def test_model_matches_vllm(layout: list[tuple[int, int | None]], caching: bool)
 
 
 class KbEngine(Engine):
-    def __init__(self, groups: list[GroupModel], num_blocks: int, caching: bool, scheduler: int) -> None:
+    def __init__(
+        self, groups: list[GroupModel], num_blocks: int, caching: bool, scheduler: int
+    ) -> None:
         import kvblocks as kb
 
         specs: list[kb.KVCacheSpec] = []
         for g in groups:
             common: dict[str, Any] = {
-                "block_size": g.block_size, "num_kv_heads": 1, "head_size": 8, "dtype": "float16",
-            }  # fmt: skip
+                "block_size": g.block_size,
+                "num_kv_heads": 1,
+                "head_size": 8,
+                "dtype": "float16",
+            }
             if g.sliding_window is None:
                 specs.append(kb.FullAttentionSpec(**common))
             else:
@@ -403,7 +424,9 @@ class ManagerMachine(RuleBasedStateMachine):
         salt=st.sampled_from([None, "a", "b"]),
         lora=st.sampled_from([None, 1, 2]),
     )
-    def arrive(self, prefix: list[int], tail: list[int], salt: str | None, lora: int | None) -> None:
+    def arrive(
+        self, prefix: list[int], tail: list[int], salt: str | None, lora: int | None
+    ) -> None:
         self.driver.arrive(prefix, tail, salt, lora)
 
     @precondition(lambda self: self.driver.waiting)

@@ -24,7 +24,6 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-
 from model import NULL_BLOCK, PoolModel, event_tuple, pool_state
 
 HBS = 4
@@ -115,7 +114,9 @@ class PoolMachine(RuleBasedStateMachine):
         salt=st.sampled_from([None, "a", "b"]),
         lora=st.sampled_from([None, 1, 2]),
     )
-    def add_request(self, prefix: list[int], tail: list[int], salt: str | None, lora: int | None) -> None:
+    def add_request(
+        self, prefix: list[int], tail: list[int], salt: str | None, lora: int | None
+    ) -> None:
         self.next_id += 1
         req = kb.Request(
             f"r{self.next_id}",
@@ -129,7 +130,10 @@ class PoolMachine(RuleBasedStateMachine):
         live = Live(req)
         hits = [self.hits(req, g) if self.model.enable_caching else [] for g in (0, 1)]
         reused = {b for h in hits for b in h if self.model.ref_cnt[b] == 0}
-        needed = sum(-(-req.num_tokens // bs) - len(h) for bs, h in zip(GROUP_BLOCK_SIZES, hits))
+        needed = sum(
+            -(-req.num_tokens // bs) - len(h)
+            for bs, h in zip(GROUP_BLOCK_SIZES, hits, strict=False)
+        )
         if needed > self.model.num_free() - len(reused):
             return  # the scheduler would not admit it
         for g in (0, 1):
@@ -168,7 +172,9 @@ class PoolMachine(RuleBasedStateMachine):
     def reset(self) -> None:
         assert self.both("reset_prefix_cache") == (not self.live)
 
-    @rule(name=st.sampled_from(["free_blocks", "touch"]), ids=st.lists(st.integers(0, 45), max_size=4))
+    @rule(
+        name=st.sampled_from(["free_blocks", "touch"]), ids=st.lists(st.integers(0, 45), max_size=4)
+    )
     def raw_bad_call(self, name: str, ids: list[int]) -> None:
         """A raw call that the model rejects must be rejected by kvblocks, unchanged."""
         trial = copy.deepcopy(self.model)

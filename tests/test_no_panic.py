@@ -11,7 +11,6 @@ from typing import Any
 
 import kvblocks as kb
 import pytest
-
 from model import pool_state
 
 HOSTILE: list[Any] = [
@@ -105,27 +104,33 @@ Call = tuple[str, Callable[[], Any] | None, Callable[..., Any], list[Any]]
 
 
 def calls() -> list[Call]:
+    pool_args: list[tuple[str, list[Any]]] = [
+        ("get_new_blocks", [1]),
+        ("free_blocks", [[1]]),
+        ("touch", [[1]]),
+        ("cache_full_blocks", [[H], [4], 0, 1, BS, 0, [1, 2, 3, 4]]),
+        ("get_cached_block", [H, [0]]),
+        ("evict_blocks", [{1}]),
+        ("reset_prefix_cache", []),
+        ("get_num_free_blocks", []),
+        ("get_usage", []),
+        ("get_free_block_ids", []),
+        ("get_ref_cnt", [1]),
+        ("get_block_hash", [1]),
+        ("take_events", []),
+        ("check_invariants", []),
+    ]
     pool_calls: list[Call] = [
         (f"BlockPool.{name}", fresh_pool, getattr(kb.BlockPool, name), args)
-        for name, args in [
-            ("get_new_blocks", [1]),
-            ("free_blocks", [[1]]),
-            ("touch", [[1]]),
-            ("cache_full_blocks", [[H], [4], 0, 1, BS, 0, [1, 2, 3, 4]]),
-            ("get_cached_block", [H, [0]]),
-            ("evict_blocks", [{1}]),
-            ("reset_prefix_cache", []),
-            ("get_num_free_blocks", []),
-            ("get_usage", []),
-            ("get_free_block_ids", []),
-            ("get_ref_cnt", [1]),
-            ("get_block_hash", [1]),
-            ("take_events", []),
-            ("check_invariants", []),
-        ]
+        for name, args in pool_args
     ]
     request_calls: list[Call] = [
-        ("Request.append_output_token_ids", fresh_request, kb.Request.append_output_token_ids, [[1]]),
+        (
+            "Request.append_output_token_ids",
+            fresh_request,
+            kb.Request.append_output_token_ids,
+            [[1]],
+        ),
         *[
             (f"Request.{prop}", fresh_request, lambda r, v, p=prop: setattr(r, p, v), [value])
             for prop, value in (
@@ -138,11 +143,20 @@ def calls() -> list[Call]:
     ]
     free_calls: list[Call] = [
         ("BlockPool", None, kb.BlockPool, [8, True, BS, False]),
-        ("Request", None, lambda *a: kb.Request(a[0], a[1], a[2], cache_salt=a[3]),
-         ["r", [1, 2], kb.BlockHasher(2), "s"]),
-        ("Request(kw)", None, lambda *a: kb.Request("r", [1, 2], lora_name=a[0], lora_path=a[1],
-                                                     lora_id=a[2], mm_features=a[3]),
-         ["n", "/p", 1, [("h", 0, 1)]]),
+        (
+            "Request",
+            None,
+            lambda *a: kb.Request(a[0], a[1], a[2], cache_salt=a[3]),
+            ["r", [1, 2], kb.BlockHasher(2), "s"],
+        ),
+        (
+            "Request(kw)",
+            None,
+            lambda *a: kb.Request(
+                "r", [1, 2], lora_name=a[0], lora_path=a[1], lora_id=a[2], mm_features=a[3]
+            ),
+            ["n", "/p", 1, [("h", 0, 1)]],
+        ),
         ("BlockHasher", None, kb.BlockHasher, [BS, "sha256"]),
         ("hash_block_tokens", None, kb.hash_block_tokens, ["sha256", H, [1, 2], ("k",)]),
         ("none_hash", None, kb.none_hash, ["sha256"]),
@@ -151,79 +165,168 @@ def calls() -> list[Call]:
         ("AllBlocksCleared", None, kb.AllBlocksCleared, []),
         ("KVCacheTensor", None, kb.KVCacheTensor, [1024, ["a"]]),
         ("KVCacheGroupSpec", None, kb.KVCacheGroupSpec, [["a"], spec(), False]),
-        ("KVCacheConfig", None, kb.KVCacheConfig, [8, [], [kb.KVCacheGroupSpec(["a"], spec())], None]),
-        ("KVCacheConfig.resolve_block_sizes", None,
-         lambda *a: config().resolve_block_sizes(enable_prefix_caching=a[0], connector_enabled=a[1],
-                                                 dcp_world_size=a[2], prefix_match_unit=a[3]),
-         [True, False, 1, None]),
+        (
+            "KVCacheConfig",
+            None,
+            kb.KVCacheConfig,
+            [8, [], [kb.KVCacheGroupSpec(["a"], spec())], None],
+        ),
+        (
+            "KVCacheConfig.resolve_block_sizes",
+            None,
+            lambda *a: config().resolve_block_sizes(
+                enable_prefix_caching=a[0],
+                connector_enabled=a[1],
+                dcp_world_size=a[2],
+                prefix_match_unit=a[3],
+            ),
+            [True, False, 1, None],
+        ),
         ("KVCacheSpec.merge", None, kb.FullAttentionSpec.merge, [[spec(), spec()]]),
-        ("KVCacheSpec.max_memory_usage_bytes", None,
-         lambda *a: spec().max_memory_usage_bytes(max_model_len=a[0], max_num_batched_tokens=a[1],
-                                                  max_num_encoder_input_tokens=a[2],
-                                                  max_concurrent_batches=a[3], dcp_world_size=a[4]),
-         [64, 16, None, 1, 1]),
-        ("SlidingWindowSpec.max_admission_blocks_per_request", None,
-         swa().max_admission_blocks_per_request, [16, 64]),
-        ("ChunkedLocalAttentionSpec", None,
-         lambda *a: kb.ChunkedLocalAttentionSpec(block_size=a[0], num_kv_heads=1, head_size=8,
-                                                 dtype=a[1], attention_chunk_size=a[2]),
-         [BS, "float16", 8]),
-        ("FullAttentionSpec", None,
-         lambda *a: kb.FullAttentionSpec(block_size=a[0], num_kv_heads=a[1], head_size=a[2],
-                                         dtype=a[3], head_size_v=a[4], sliding_window=a[5],
-                                         attention_chunk_size=a[6], page_size_padded=a[7]),
-         [BS, 1, 8, "float16", None, None, None, None]),
-        ("SlidingWindowSpec", None,
-         lambda *a: kb.SlidingWindowSpec(block_size=a[0], num_kv_heads=1, head_size=8,
-                                         dtype="float16", sliding_window=a[1],
-                                         extra_retained_tokens=a[2]),
-         [BS, 8, 0]),
-        ("MLAAttentionSpec", None,
-         lambda *a: kb.MLAAttentionSpec(block_size=a[0], num_kv_heads=1, head_size=a[1],
-                                        dtype="float16", cache_dtype_str=a[2], alignment=a[3]),
-         [BS, 8, None, None]),
-        ("SinkFullAttentionSpec", None,
-         lambda *a: kb.SinkFullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8,
-                                             dtype="float16", sink_len=a[0]),
-         [4]),
-        ("CrossAttentionSpec", None,
-         lambda *a: kb.CrossAttentionSpec(block_size=a[0], num_kv_heads=a[1], head_size=8,
-                                          dtype="float16"),
-         [BS, 1]),
-        ("MambaSpec", None,
-         lambda *a: kb.MambaSpec(block_size=a[0], shapes=a[1], dtypes=a[2], mamba_type=a[3],
-                                 mamba_cache_mode=a[4], num_speculative_blocks=a[5]),
-         [BS, [[2, 3]], ["float16"], "mamba2", "none", 0]),
-        ("UniformTypeKVCacheSpecs", None,
-         lambda *a: kb.UniformTypeKVCacheSpecs(block_size=a[0], kv_cache_specs=a[1]),
-         [BS, {"a": spec()}]),
-        ("UniformTypeKVCacheSpecs.from_specs", None, kb.UniformTypeKVCacheSpecs.from_specs,
-         [{"a": spec(), "b": swa()}]),
-        ("UniformTypeKVCacheSpecs.is_uniform_type", None,
-         kb.UniformTypeKVCacheSpecs.is_uniform_type, [{"a": spec()}]),
-    ]  # fmt: skip
+        (
+            "KVCacheSpec.max_memory_usage_bytes",
+            None,
+            lambda *a: spec().max_memory_usage_bytes(
+                max_model_len=a[0],
+                max_num_batched_tokens=a[1],
+                max_num_encoder_input_tokens=a[2],
+                max_concurrent_batches=a[3],
+                dcp_world_size=a[4],
+            ),
+            [64, 16, None, 1, 1],
+        ),
+        (
+            "SlidingWindowSpec.max_admission_blocks_per_request",
+            None,
+            swa().max_admission_blocks_per_request,
+            [16, 64],
+        ),
+        (
+            "ChunkedLocalAttentionSpec",
+            None,
+            lambda *a: kb.ChunkedLocalAttentionSpec(
+                block_size=a[0], num_kv_heads=1, head_size=8, dtype=a[1], attention_chunk_size=a[2]
+            ),
+            [BS, "float16", 8],
+        ),
+        (
+            "FullAttentionSpec",
+            None,
+            lambda *a: kb.FullAttentionSpec(
+                block_size=a[0],
+                num_kv_heads=a[1],
+                head_size=a[2],
+                dtype=a[3],
+                head_size_v=a[4],
+                sliding_window=a[5],
+                attention_chunk_size=a[6],
+                page_size_padded=a[7],
+            ),
+            [BS, 1, 8, "float16", None, None, None, None],
+        ),
+        (
+            "SlidingWindowSpec",
+            None,
+            lambda *a: kb.SlidingWindowSpec(
+                block_size=a[0],
+                num_kv_heads=1,
+                head_size=8,
+                dtype="float16",
+                sliding_window=a[1],
+                extra_retained_tokens=a[2],
+            ),
+            [BS, 8, 0],
+        ),
+        (
+            "MLAAttentionSpec",
+            None,
+            lambda *a: kb.MLAAttentionSpec(
+                block_size=a[0],
+                num_kv_heads=1,
+                head_size=a[1],
+                dtype="float16",
+                cache_dtype_str=a[2],
+                alignment=a[3],
+            ),
+            [BS, 8, None, None],
+        ),
+        (
+            "SinkFullAttentionSpec",
+            None,
+            lambda *a: kb.SinkFullAttentionSpec(
+                block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sink_len=a[0]
+            ),
+            [4],
+        ),
+        (
+            "CrossAttentionSpec",
+            None,
+            lambda *a: kb.CrossAttentionSpec(
+                block_size=a[0], num_kv_heads=a[1], head_size=8, dtype="float16"
+            ),
+            [BS, 1],
+        ),
+        (
+            "MambaSpec",
+            None,
+            lambda *a: kb.MambaSpec(
+                block_size=a[0],
+                shapes=a[1],
+                dtypes=a[2],
+                mamba_type=a[3],
+                mamba_cache_mode=a[4],
+                num_speculative_blocks=a[5],
+            ),
+            [BS, [[2, 3]], ["float16"], "mamba2", "none", 0],
+        ),
+        (
+            "UniformTypeKVCacheSpecs",
+            None,
+            lambda *a: kb.UniformTypeKVCacheSpecs(block_size=a[0], kv_cache_specs=a[1]),
+            [BS, {"a": spec()}],
+        ),
+        (
+            "UniformTypeKVCacheSpecs.from_specs",
+            None,
+            kb.UniformTypeKVCacheSpecs.from_specs,
+            [{"a": spec(), "b": swa()}],
+        ),
+        (
+            "UniformTypeKVCacheSpecs.is_uniform_type",
+            None,
+            kb.UniformTypeKVCacheSpecs.is_uniform_type,
+            [{"a": spec()}],
+        ),
+    ]
+    manager_args: list[tuple[str, list[Any]]] = [
+        ("get_computed_blocks", [fresh_request()]),
+        (
+            "allocate_slots",
+            [kb.Request("q", [1, 2, 3], kb.BlockHasher(BS)), 3, 0, None, 0, 0, False, 0, False],
+        ),
+        ("allocate_slots_batch", [[fresh_request()], [1]]),
+        ("free", [fresh_request()]),
+        ("get_block_ids", ["r"]),
+        ("cache_blocks", [fresh_request(), 8]),
+        ("new_step_starts", []),
+        ("evict_blocks", [{1}]),
+        ("reset_prefix_cache", []),
+        ("get_num_common_prefix_blocks", ["r"]),
+        ("take_events", []),
+        ("record_prefix_cache_stats", [fresh_request(), 4]),
+        ("make_prefix_cache_stats", []),
+    ]
     manager_calls: list[Call] = [
         (f"KVCacheManager.{name}", fresh_manager, getattr(kb.KVCacheManager, name), args)
-        for name, args in [
-            ("get_computed_blocks", [fresh_request()]),
-            ("allocate_slots", [kb.Request("q", [1, 2, 3], kb.BlockHasher(BS)), 3, 0, None, 0,
-                                0, False, 0, False]),
-            ("allocate_slots_batch", [[fresh_request()], [1]]),
-            ("free", [fresh_request()]),
-            ("get_block_ids", ["r"]),
-            ("cache_blocks", [fresh_request(), 8]),
-            ("new_step_starts", []),
-            ("evict_blocks", [{1}]),
-            ("reset_prefix_cache", []),
-            ("get_num_common_prefix_blocks", ["r"]),
-            ("take_events", []),
-            ("record_prefix_cache_stats", [fresh_request(), 4]),
-            ("make_prefix_cache_stats", []),
-        ]
-    ]  # fmt: skip
+        for name, args in manager_args
+    ]
     view_calls: list[Call] = [
-        (f"BlockPoolView.{name}", lambda: fresh_manager().block_pool,
-         getattr(kb.BlockPoolView, name), args)
+        (
+            f"BlockPoolView.{name}",
+            lambda: fresh_manager().block_pool,
+            getattr(kb.BlockPoolView, name),
+            args,
+        )
         for name, args in [
             ("get_num_free_blocks", []),
             ("get_usage", []),
@@ -231,26 +334,46 @@ def calls() -> list[Call]:
             ("get_ref_cnt", [1]),
             ("get_block_hash", [1]),
         ]
-    ]  # fmt: skip
+    ]
     other_calls: list[Call] = [
-        ("KVCacheManager", None,
-         lambda *a: kb.KVCacheManager(a[0], a[1], a[2], scheduler_block_size=a[3],
-                                      max_in_flight_tokens=a[4], enable_caching=a[5],
-                                      use_eagle=a[6], log_stats=a[7],
-                                      enable_kv_cache_events=a[8]),
-         [config(), 64, BS, None, None, True, False, True, True]),
+        (
+            "KVCacheManager",
+            None,
+            lambda *a: kb.KVCacheManager(
+                a[0],
+                a[1],
+                a[2],
+                scheduler_block_size=a[3],
+                max_in_flight_tokens=a[4],
+                enable_caching=a[5],
+                use_eagle=a[6],
+                log_stats=a[7],
+                enable_kv_cache_events=a[8],
+            ),
+            [config(), 64, BS, None, None, True, False, True, True],
+        ),
         ("KVCacheBlocks", None, kb.KVCacheBlocks, [[[1, 2], [3]]]),
         ("KVCacheBlocks.get_block_ids", None, kb.KVCacheBlocks([[1], []]).get_block_ids, [True]),
         ("PrefixCacheStats", None, kb.PrefixCacheStats, []),
         ("PrefixCacheStats.record", None, kb.PrefixCacheStats().record, [10, 4, False]),
         *[
-            (f"PrefixCacheStats.{field}", None,
-             lambda v, f=field: setattr(kb.PrefixCacheStats(), f, v), [value])
-            for field, value in [("reset", True), ("requests", 1), ("queries", 1), ("hits", 1),
-                                 ("preempted_requests", 1), ("preempted_queries", 1),
-                                 ("preempted_hits", 1)]
+            (
+                f"PrefixCacheStats.{field}",
+                None,
+                lambda v, f=field: setattr(kb.PrefixCacheStats(), f, v),
+                [value],
+            )
+            for field, value in [
+                ("reset", True),
+                ("requests", 1),
+                ("queries", 1),
+                ("hits", 1),
+                ("preempted_requests", 1),
+                ("preempted_queries", 1),
+                ("preempted_hits", 1),
+            ]
         ],
-    ]  # fmt: skip
+    ]
     return pool_calls + request_calls + free_calls + manager_calls + view_calls + other_calls
 
 
@@ -286,7 +409,9 @@ def test_no_panic_reaches_python(
     target = factory() if factory else None
     prefix = [target] if target is not None else []
     fn(*prefix, *args)  # the valid call works
-    variants = [list(args[:i]) + [v] + list(args[i + 1 :]) for i in range(len(args)) for v in HOSTILE]
+    variants = [
+        [*list(args[:i]), v, *list(args[i + 1 :])] for i in range(len(args)) for v in HOSTILE
+    ]
     variants.append([*args, 1])  # one argument too many
     for variant in variants:
         target = factory() if factory else None

@@ -32,8 +32,9 @@ def load_soak() -> Any:
 def test_short_soak_keeps_the_invariants() -> None:
     soak = load_soak()
     samples: list[float] = []
-    warm_at = soak.soak(4_000, 300_000, seed=1, report=lambda _o, _t, rss: samples.append(rss),
-                        report_every=50_000)  # fmt: skip
+    warm_at = soak.soak(
+        4_000, 300_000, seed=1, report=lambda _o, _t, rss: samples.append(rss), report_every=50_000
+    )
     assert 0 < warm_at < 300_000  # the pool filled up, so blocks were recycled
     assert len(samples) == 6
 
@@ -52,7 +53,8 @@ def workload(pool: kb.BlockPool, hashes: list[bytes], tokens: list[int]) -> Call
         pool.take_events()
         pool.get_free_block_ids()
         pool.get_block_hash(blocks[0])
-        for bad in ([blocks[0]], [2**40], ["x"], [len(pool.get_free_block_ids()) + 10]):
+        bad_ids: list[list[Any]] = [[blocks[0]], [2**40], ["x"], [pool.num_gpu_blocks + 10]]
+        for bad in bad_ids:
             try:
                 pool.free_blocks(bad)
             except (ValueError, OverflowError, TypeError):
@@ -117,6 +119,7 @@ def test_no_native_growth_on_error_paths() -> None:
         lambda: pool.get_new_blocks(10**6),
         lambda: kb.Request("r", [1, -1]),
     ]
+
     def round_of_errors(n: int) -> int:
         raised = 0
         for _ in range(n):

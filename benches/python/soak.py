@@ -152,9 +152,11 @@ def main() -> int:
         print("the pool never filled: run more ops to measure RSS after warm-up")
         return 1
     warm, end = after[0], after[-1]
-    print(f"done: {args.ops:,} ops in {total:.1f}s ({args.ops / total / 1e6:.2f} M ops/s); "
-          f"pool full (warm) at op {warm_at:,}; rss after warm-up {warm:.1f} MiB, "
-          f"max {max(after):.1f} MiB, at end {end:.1f} MiB; invariants hold")
+    print(
+        f"done: {args.ops:,} ops in {total:.1f}s ({args.ops / total / 1e6:.2f} M ops/s); "
+        f"pool full (warm) at op {warm_at:,}; rss after warm-up {warm:.1f} MiB, "
+        f"max {max(after):.1f} MiB, at end {end:.1f} MiB; invariants hold"
+    )
     if max(after) - warm > args.rss_slack_mib:
         print(f"RSS GREW by {max(after) - warm:.1f} MiB after warm-up")
         return 1
