@@ -73,9 +73,13 @@ type Observed = (Vec<Vec<Vec<BlockId>>>, Vec<BlockId>, Vec<u32>);
 fn observe(m: &KvCacheManager, live: &[Live]) -> Observed {
     let p = m.pool();
     (
-        live.iter().map(|l| m.get_block_ids(l.req.request_id())).collect(),
+        live.iter()
+            .map(|l| m.get_block_ids(l.req.request_id()))
+            .collect(),
         p.free_block_ids().collect(),
-        (0..p.num_blocks() as u32).map(|b| p.ref_cnt(b).unwrap()).collect(),
+        (0..p.num_blocks() as u32)
+            .map(|b| p.ref_cnt(b).unwrap())
+            .collect(),
     )
 }
 
@@ -96,7 +100,10 @@ fn check(m: &KvCacheManager, live: &[Live]) {
                 }
                 let i = b as usize;
                 held[i] += 1;
-                assert!(group_of[i] == usize::MAX || group_of[i] == g, "block {b} in two groups");
+                assert!(
+                    group_of[i] == usize::MAX || group_of[i] == g,
+                    "block {b} in two groups"
+                );
                 group_of[i] = g;
                 assert!(
                     *tenant_of[i].get_or_insert(l.tenant) == l.tenant,
@@ -106,7 +113,11 @@ fn check(m: &KvCacheManager, live: &[Live]) {
         }
     }
     for b in 1..n {
-        assert_eq!(p.ref_cnt(b as u32).unwrap(), held[b], "block {b}: ref count != owners");
+        assert_eq!(
+            p.ref_cnt(b as u32).unwrap(),
+            held[b],
+            "block {b}: ref count != owners"
+        );
     }
 }
 
@@ -134,7 +145,13 @@ fn run(data: &[u8]) {
                 let len = 1 + d.pick(60);
                 let prefix = d.pick(3);
                 let tokens: Vec<u32> = (0..len)
-                    .map(|i| if i < 12 * prefix { prefix as u32 } else { u32::from(d.u8() % 3) })
+                    .map(|i| {
+                        if i < 12 * prefix {
+                            prefix as u32
+                        } else {
+                            u32::from(d.u8() % 3)
+                        }
+                    })
                     .collect();
                 let tenant = d.u8() % 5;
                 let lora = match tenant {
@@ -143,12 +160,18 @@ fn run(data: &[u8]) {
                     _ => None,
                 };
                 let salt = (tenant == 1 || tenant == 2).then(|| format!("salt{tenant}"));
-                let options = RequestOptions { lora, cache_salt: salt, ..RequestOptions::default() };
+                let options = RequestOptions {
+                    lora,
+                    cache_salt: salt,
+                    ..RequestOptions::default()
+                };
                 next += 1;
                 let req = Request::new(format!("r{next}"), tokens, Some(hasher), options).unwrap();
                 let (hits, n) = m.get_computed_blocks(&req).unwrap();
                 assert!(n < req.num_tokens().max(1));
-                let num_new = (1 + d.pick(64)).min(req.num_tokens().saturating_sub(n)).max(1);
+                let num_new = (1 + d.pick(64))
+                    .min(req.num_tokens().saturating_sub(n))
+                    .max(1);
                 let args = AllocateArgs {
                     num_new_computed_tokens: n,
                     new_computed_blocks: Some(&hits),
@@ -227,11 +250,20 @@ fn run(data: &[u8]) {
                 let mut copy = m.clone();
                 let before = observe(&copy, &live);
                 let hits: Vec<Vec<BlockId>> = (0..d.pick(4))
-                    .map(|_| (0..d.pick(4)).map(|_| d.pick(num_blocks + 2) as BlockId).collect())
+                    .map(|_| {
+                        (0..d.pick(4))
+                            .map(|_| d.pick(num_blocks + 2) as BlockId)
+                            .collect()
+                    })
                     .collect();
                 let target = if live.is_empty() || d.u8() % 2 == 0 {
-                    Request::new("raw", vec![1; d.pick(40)], Some(hasher), RequestOptions::default())
-                        .unwrap()
+                    Request::new(
+                        "raw",
+                        vec![1; d.pick(40)],
+                        Some(hasher),
+                        RequestOptions::default(),
+                    )
+                    .unwrap()
                 } else {
                     live[d.pick(live.len())].req.clone()
                 };
@@ -248,7 +280,9 @@ fn run(data: &[u8]) {
                 };
                 match res {
                     Ok(()) => copy.pool().check_invariants().unwrap(),
-                    Err(_) => assert_eq!(before, observe(&copy, &live), "failed call changed state"),
+                    Err(_) => {
+                        assert_eq!(before, observe(&copy, &live), "failed call changed state")
+                    }
                 }
             }
         }

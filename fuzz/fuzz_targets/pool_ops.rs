@@ -117,11 +117,19 @@ fn hits(pool: &BlockPool, req: &Request) -> Vec<BlockId> {
 /// Allocates `owner`'s missing blocks for its current length and caches its full blocks.
 /// Returns false (pool unchanged) if the pool is too small.
 fn grow(pool: &mut BlockPool, o: &mut Owner, bs: usize, source: &[u32]) -> bool {
-    let need = o.req.num_tokens().div_ceil(bs).saturating_sub(o.table.len());
+    let need = o
+        .req
+        .num_tokens()
+        .div_ceil(bs)
+        .saturating_sub(o.table.len());
     if need > pool.num_free_blocks() {
         let before = observe(pool);
         assert!(pool.get_new_blocks(need).is_err());
-        assert_eq!(before, observe(pool), "failed get_new_blocks changed the pool");
+        assert_eq!(
+            before,
+            observe(pool),
+            "failed get_new_blocks changed the pool"
+        );
         return false;
     }
     let got = pool.get_new_blocks(need).unwrap();
@@ -185,8 +193,11 @@ fn run(data: &[u8]) {
                 // Never a hit on the last token: at least one token is computed.
                 hit.truncate((req.num_tokens() - 1) / bs);
                 let need = req.num_tokens().div_ceil(bs) - hit.len();
-                let free_after_touch =
-                    pool.num_free_blocks() - hit.iter().filter(|&&b| pool.ref_cnt(b).unwrap() == 0).count();
+                let free_after_touch = pool.num_free_blocks()
+                    - hit
+                        .iter()
+                        .filter(|&&b| pool.ref_cnt(b).unwrap() == 0)
+                        .count();
                 if need > free_after_touch {
                     continue;
                 }
@@ -234,7 +245,9 @@ fn run(data: &[u8]) {
                 }
             }
             7 => {
-                let held = owners.iter().any(|o| o.table.iter().any(|&b| b != NULL_BLOCK_ID));
+                let held = owners
+                    .iter()
+                    .any(|o| o.table.iter().any(|&b| b != NULL_BLOCK_ID));
                 assert_eq!(pool.reset_prefix_cache(), !held);
             }
             8 => {
@@ -269,7 +282,16 @@ fn run(data: &[u8]) {
                 let before = observe(&copy);
                 let ntoks = usize::from(d.u8() % 20);
                 let toks = tokens(&mut d, ntoks, alphabet);
-                match copy.cache_full_blocks(&hashes, &ids, nc, nf, bsz, group, None, &TokensOnly(&toks)) {
+                match copy.cache_full_blocks(
+                    &hashes,
+                    &ids,
+                    nc,
+                    nf,
+                    bsz,
+                    group,
+                    None,
+                    &TokensOnly(&toks),
+                ) {
                     Ok(()) => copy.check_invariants().unwrap(),
                     Err(_) => assert_eq!(before, observe(&copy), "failed cache changed the pool"),
                 }

@@ -563,12 +563,9 @@ impl BlockPool {
         if count != self.queue.len() {
             return Err(format!("queue len {} but {count} linked", self.queue.len()));
         }
-        for b in 1..n {
-            if (self.ref_cnt[b] == 0) != seen[b] || seen[b] != self.queue.contains(b as u32) {
-                return Err(format!(
-                    "block {b}: ref_cnt {} but linked = {}",
-                    self.ref_cnt[b], seen[b]
-                ));
+        for (b, (&rc, &linked)) in self.ref_cnt.iter().zip(&seen).enumerate().skip(1) {
+            if (rc == 0) != linked || linked != self.queue.contains(b as u32) {
+                return Err(format!("block {b}: ref_cnt {rc} but linked = {linked}"));
             }
         }
         let mut entries = 0usize;
