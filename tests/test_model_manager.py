@@ -106,6 +106,7 @@ class Driver:
         self.next_id = 0
         self.hits = 0  # tokens reused from the prefix cache, for the statistics
         self.tenant: dict[str, tuple[str | None, int | None]] = {}
+        self.history: list[tuple[list[int], tuple[str | None, int | None]]] = []
 
     def arrive(
         self, prefix: list[int], tail: list[int], salt: str | None, lora: int | None
@@ -114,7 +115,16 @@ class Driver:
         tokens = (prefix + tail)[: MAX_MODEL_LEN - 8]
         rid = f"r{self.next_id}"
         self.tenant[rid] = (salt, lora)
+        self.history.append((tokens, (salt, lora)))
         self.waiting.append(self.engine.make_request(rid, tokens, salt, lora))
+
+    def arrive_again(self, index: int, tenant: tuple[str | None, int | None] | None) -> None:
+        """A new request with the tokens of an earlier one (a resent prompt), under the
+        same tenant (`None`) or another: it may hit only in the first case."""
+        if self.history:
+            tokens, same = self.history[index % len(self.history)]
+            salt, lora = tenant or same
+            self.arrive(tokens, [], salt, lora)
 
     def admit(self, chunk: int, lookahead: int) -> None:
         """Admits the first waiting request: prefix hit, then its first chunk."""
@@ -211,7 +221,9 @@ def random_run(driver: Driver, rng: random.Random, steps: int) -> None:
     """A seeded random schedule over `driver`."""
     for _ in range(steps):
         r = rng.random()
-        if r < 0.2:
+        if r < 0.05:
+            driver.arrive_again(rng.randrange(64), rng.choice([None, None, ("a", 1)]))
+        elif r < 0.2:
             tail = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
             salt = rng.choice([None, None, "a", "b"])
             lora = rng.choice([None, None, 1, 2])
@@ -428,6 +440,16 @@ class ManagerMachine(RuleBasedStateMachine):
         self, prefix: list[int], tail: list[int], salt: str | None, lora: int | None
     ) -> None:
         self.driver.arrive(prefix, tail, salt, lora)
+
+    @rule(
+        index=st.integers(0, 63),
+        tenant=st.none() | st.tuples(st.sampled_from([None, "a"]), st.sampled_from([None, 2])),
+    )
+    def arrive_again(self, index: int, tenant: tuple[str | None, int | None] | None) -> None:
+        """A resent prompt, admitted at once in one chunk (so that hits are common)."""
+        self.driver.arrive_again(index, tenant)
+        for _ in range(len(self.driver.waiting)):
+            self.driver.admit(MAX_MODEL_LEN, 0)
 
     @precondition(lambda self: self.driver.waiting)
     @rule(chunk=st.sampled_from([1, 4, 7, 16, 80]), lookahead=st.sampled_from([0, 2, 5]))
