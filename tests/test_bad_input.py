@@ -123,6 +123,18 @@ TABLE: list[tuple[str, Callable[[World], Any], type[Exception]]] = [
         ValueError,
     ),
     (
+        "cache_full_blocks: a block listed twice",
+        lambda w: w.pool.cache_full_blocks(
+            kb.Request("d", list(range(6 * BS)), kb.BlockHasher(BS)).block_hashes,
+            [*w.table[:3], w.table[2]],
+            2,
+            4,
+            BS,
+            0,
+        ),
+        ValueError,
+    ),
+    (
         "cache_full_blocks: block size not a multiple",
         lambda w: w.pool.cache_full_blocks(w.hashes, w.table, 2, 3, BS + 1, 0),
         ValueError,

@@ -78,11 +78,66 @@ def setup() -> tuple[kb.BlockPool, list[bytes], list[int]]:
     return pool, hashes, tokens
 
 
-def test_no_reference_leak_on_arguments() -> None:
-    pool, hashes, tokens = setup()
-    run = workload(pool, hashes, tokens)
+def manager_workload() -> tuple[Callable[[], None], list[object]]:
+    """One round of every KVCacheManager call on a hybrid manager whose block ids are
+    above 256 (real int objects, not CPython's small-int cache), and the objects whose
+    reference counts must not move: the manager, its arguments and the id objects it
+    hands out."""
+    spec = kb.FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    swa = kb.SlidingWindowSpec(
+        block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8
+    )
+    groups = [kb.KVCacheGroupSpec(["f"], spec), kb.KVCacheGroupSpec(["s"], swa)]
+    mgr = kb.KVCacheManager(
+        kb.KVCacheConfig(600, [], groups), 256, BS, log_stats=True, enable_kv_cache_events=True
+    )
+    filler = kb.Request("filler", list(range(150 * BS)), kb.BlockHasher(BS))
+    assert mgr.allocate_slots(filler, filler.num_tokens) is not None
+    tokens = list(range(5000, 5000 + 6 * BS + 1))
+
+    def run() -> None:
+        req = kb.Request("r", tokens, kb.BlockHasher(BS), cache_salt="s")
+        blocks, hit = mgr.get_computed_blocks(req)
+        new = mgr.allocate_slots(req, req.num_tokens - hit, hit, blocks, 2)
+        assert new is not None
+        new.get_block_ids()
+        (blocks + new).get_block_ids(True)
+        mgr.record_prefix_cache_stats(req, hit)
+        req.num_computed_tokens = req.num_tokens
+        req.append_output_token_ids(7)
+        mgr.allocate_slots_batch([req], [1])
+        mgr.get_block_ids("r")
+        mgr.get_num_common_prefix_blocks("r")
+        mgr.take_events()
+        mgr.make_prefix_cache_stats()
+        view = mgr.block_pool
+        view.get_free_block_ids()
+        view.get_ref_cnt(300)
+        try:
+            mgr.allocate_slots(req, 0)
+        except ValueError:
+            pass
+        try:
+            mgr.evict_blocks([10**6])
+        except ValueError:
+            pass
+        mgr.free(req)
+
     run()
-    watched: list[object] = [pool, hashes, tokens, *hashes]
+    (fa, _) = mgr.get_block_ids("filler")
+    return run, [mgr, tokens, filler, fa, fa[-1], fa[-2]]
+
+
+def pool_workload() -> tuple[Callable[[], None], list[object]]:
+    pool, hashes, tokens = setup()
+    return workload(pool, hashes, tokens), [pool, hashes, tokens, *hashes]
+
+
+@pytest.mark.parametrize("make", [pool_workload, manager_workload])
+def test_no_reference_leak(make: Callable[[], tuple[Callable[[], None], list[object]]]) -> None:
+    run, watched = make()
+    run()
+    gc.collect()
     before = [sys.getrefcount(o) for o in watched]
     for _ in range(2_000):
         run()
@@ -90,22 +145,24 @@ def test_no_reference_leak_on_arguments() -> None:
     assert [sys.getrefcount(o) for o in watched] == before
 
 
-def test_no_python_memory_growth() -> None:
-    pool, hashes, tokens = setup()
-    run = workload(pool, hashes, tokens)
-    for _ in range(500):
+@pytest.mark.parametrize("make", [pool_workload, manager_workload])
+def test_no_python_memory_growth(
+    make: Callable[[], tuple[Callable[[], None], list[object]]],
+) -> None:
+    run, _ = make()
+    for _ in range(300):
         run()
     gc.collect()
     tracemalloc.start()
     try:
         base, _ = tracemalloc.get_traced_memory()
-        for _ in range(5_000):
+        for _ in range(2_000):
             run()
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0] - base
     finally:
         tracemalloc.stop()
-    assert grown < 64 * 1024, f"{grown} bytes retained over 5000 rounds"
+    assert grown < 64 * 1024, f"{grown} bytes retained over 2000 rounds"
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
