@@ -39,6 +39,12 @@ def test_short_soak_keeps_the_invariants() -> None:
     assert len(samples) == 6
 
 
+def test_short_manager_soak_keeps_the_invariants() -> None:
+    soak = load_soak()
+    warm_at = soak.soak_manager(2_000, 60_000, seed=2)
+    assert 0 < warm_at < 60_000  # the pool filled up: preemptions and reuse happened
+
+
 def workload(pool: kb.BlockPool, hashes: list[bytes], tokens: list[int]) -> Callable[[], None]:
     """One round of every pool call, successful and failing, with fresh arguments."""
 
