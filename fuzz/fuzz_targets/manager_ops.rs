@@ -112,10 +112,10 @@ fn check(m: &KvCacheManager, live: &[Live]) {
             }
         }
     }
-    for b in 1..n {
+    for (b, &owners) in held.iter().enumerate().skip(1) {
         assert_eq!(
             p.ref_cnt(b as u32).unwrap(),
-            held[b],
+            owners,
             "block {b}: ref count != owners"
         );
     }

@@ -51,8 +51,11 @@ struct Owner {
     num_cached: usize,
 }
 
+/// Free queue, ref counts, cache keys (hash ‖ group) and the number of keys.
+type Observed = (Vec<BlockId>, Vec<u32>, Vec<Option<Vec<u8>>>, usize);
+
 /// Everything observable about a pool, to compare before and after a failing call.
-fn observe(p: &BlockPool) -> (Vec<BlockId>, Vec<u32>, Vec<Option<Vec<u8>>>, usize) {
+fn observe(p: &BlockPool) -> Observed {
     let n = p.num_blocks() as u32;
     (
         p.free_block_ids().collect(),
@@ -94,10 +97,10 @@ fn check(pool: &BlockPool, owners: &[Owner], bs: usize) {
             }
         }
     }
-    for b in 1..n {
+    for (b, &owners) in held.iter().enumerate().skip(1) {
         assert_eq!(
             pool.ref_cnt(b as u32).unwrap(),
-            held[b],
+            owners,
             "block {b}: ref count differs from its owners"
         );
     }
