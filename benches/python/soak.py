@@ -205,6 +205,11 @@ def soak_manager(
             next_report += report_every
             if report:
                 report(ops, time.perf_counter() - start, rss_mib())
+                # The prefix map's table grows (doubling) as cached blocks accumulate,
+                # bounded by the pool size: show the count beside the RSS.
+                view = mgr.block_pool
+                cached = sum(view.get_block_hash(b) is not None for b in range(num_blocks))
+                print(f"    cached blocks: {cached:,}", flush=True)
     for req in live:
         mgr.free(req)
     view = mgr.block_pool
