@@ -8,6 +8,7 @@
 //! `python` feature and only convert; every rule of behaviour lives here.
 
 pub mod error;
+pub mod events;
 pub mod hashing;
 pub mod pool;
 pub mod types;
