@@ -5,6 +5,6 @@
 
 from __future__ import annotations
 
-from kvblocks._core import __version__
+from kvblocks._core import EventSink, __version__, encode_event_batch
 
-__all__ = ["__version__"]
+__all__ = ["EventSink", "__version__", "encode_event_batch"]

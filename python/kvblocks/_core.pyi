@@ -3,3 +3,40 @@
 from __future__ import annotations
 
 __version__: str
+
+# --- events (src/python/publish.rs) ---
+from collections.abc import Iterable
+
+def encode_event_batch(
+    ts: float,
+    events: Iterable[object],
+    data_parallel_rank: int | None = None,
+    *,
+    format: str = "map",
+) -> bytes: ...
+
+class EventSink:
+    def __init__(
+        self,
+        *,
+        max_queue_size: int = 100_000,
+        format: str = "map",
+        data_parallel_rank: int | None = 0,
+    ) -> None: ...
+    def publish(
+        self,
+        events: Iterable[object],
+        ts: float | None = None,
+        data_parallel_rank: int | None = None,
+    ) -> bool: ...
+    def request_snapshot(self) -> None: ...
+    def next_payload(self, timeout: float) -> tuple[int, bytes] | None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def pending(self) -> int: ...
+    @property
+    def stale(self) -> bool: ...
+    def stats(self) -> dict[str, int]: ...
+    def cached_keys(self) -> set[tuple[int, int]]: ...

@@ -65,6 +65,11 @@ impl CacheIndex {
         self.entries.contains_key(&(hash, group))
     }
 
+    /// The cached (hash, group) keys, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.entries.keys().copied()
+    }
+
     /// Applies events in order.
     pub fn apply(&mut self, events: &[KvCacheEvent]) {
         for event in events {

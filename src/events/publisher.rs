@@ -201,6 +201,12 @@ pub struct EncoderStats {
     pub snapshots: u64,
     /// Snapshot requests refused because dropped batches left the index incomplete.
     pub snapshots_refused: u64,
+    /// Block hashes announced by `BlockStored` events of batches (snapshots excluded).
+    pub stored_blocks: u64,
+    /// Block hashes dropped from the prefix cache (`BlockRemoved`): evictions.
+    pub removed_blocks: u64,
+    /// `AllBlocksCleared` events (prefix-cache resets).
+    pub cleared: u64,
 }
 
 /// The network thread's state: sequence numbers, the wire format, the cache index.
@@ -240,6 +246,7 @@ impl PayloadEncoder {
                     self.stale = true;
                 }
                 self.expected_id = id + 1;
+                self.count(&batch.events);
                 self.index.apply(&batch.events);
                 if batch.events.contains(&KvCacheEvent::AllBlocksCleared) {
                     // Everything before the last clear is gone: the index is exact again.
@@ -268,6 +275,20 @@ impl PayloadEncoder {
             self.format,
         );
         Some((seq, &self.buf))
+    }
+
+    fn count(&mut self, events: &[KvCacheEvent]) {
+        for event in events {
+            match event {
+                KvCacheEvent::BlockStored(e) => {
+                    self.stats.stored_blocks += e.block_hashes.len() as u64
+                }
+                KvCacheEvent::BlockRemoved(e) => {
+                    self.stats.removed_blocks += e.block_hashes.len() as u64
+                }
+                KvCacheEvent::AllBlocksCleared => self.stats.cleared += 1,
+            }
+        }
     }
 
     /// The counters.

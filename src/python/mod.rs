@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 mod errors;
 mod hashing;
 mod pool;
+mod publish;
 
 /// The `kvblocks._core` extension module.
 #[pymodule(gil_used = false)]
@@ -14,5 +15,6 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     hashing::register(m)?;
     pool::register(m)?;
+    publish::register(m)?;
     Ok(())
 }
