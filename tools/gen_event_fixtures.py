@@ -58,7 +58,9 @@ def _array_twin(cls: type[msgspec.Struct]) -> type[msgspec.Struct]:
     return msgspec.defstruct(cls.__name__, fields, bases=(_ArrayEvent,), tag=cls.__name__)
 
 
-ARRAY_TWINS = {c.__name__: _array_twin(c) for c in (ke.BlockStored, ke.BlockRemoved, ke.AllBlocksCleared)}
+ARRAY_TWINS = {
+    c.__name__: _array_twin(c) for c in (ke.BlockStored, ke.BlockRemoved, ke.AllBlocksCleared)
+}
 
 
 def as_array_form(event: Any) -> Any:
@@ -125,7 +127,7 @@ def main(out_dir: Path) -> None:
     big = 70000  # a token id needing a uint32, hashes up to 2**64 - 1 come for free
     requests = [
         request("plain", list(range(1, 14))),
-        request("shared", list(range(1, 9)) + [big, 300, 301, 302]),
+        request("shared", [*range(1, 9), big, 300, 301, 302]),
         request("lora", list(range(1, 11)), lora_request=LoRARequest("adapter-x", 7, "/p")),
         request("salt", list(range(1, 10)), cache_salt="s" * 40),
         request("mm", [5] * 12, mm_features=mm),
@@ -162,7 +164,7 @@ def main(out_dir: Path) -> None:
         km.free(req)
         flush(3 if i % 3 == 0 else None)
     # a second round: prefix hits and evictions of earlier blocks
-    again = request("again", list(range(1, 14)) + [9, 9, 9])
+    again = request("again", [*range(1, 14), 9, 9, 9])
     blocks, hit, _ = km.get_computed_blocks(again)
     km.allocate_slots(again, again.num_tokens - hit, hit, blocks)
     flush(None)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import final
+
 __version__: str
 
 # --- events (src/python/publish.rs) ---
-from collections.abc import Iterable
 
 def encode_event_batch(
     ts: float,
@@ -15,14 +17,15 @@ def encode_event_batch(
     format: str = "map",
 ) -> bytes: ...
 
+@final
 class EventSink:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         max_queue_size: int = 100_000,
         format: str = "map",
         data_parallel_rank: int | None = 0,
-    ) -> None: ...
+    ) -> EventSink: ...
     def publish(
         self,
         events: Iterable[object],

@@ -93,7 +93,7 @@ class ZmqEventPublisher:
         )
         self._topic = topic.encode("utf-8")
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         endpoint_dp = offset_endpoint_port(endpoint, data_parallel_rank)
         assert endpoint_dp is not None
         self._pub = self._ctx.socket(zmq.PUB)
