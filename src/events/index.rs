@@ -287,4 +287,107 @@ mod tests {
             .collect();
         assert_eq!(tokens, vec![vec![2, 3], vec![4, 5]]);
     }
+
+    /// Random pool traffic (shared prefixes, so duplicate hashes; evictions; resets): the
+    /// index built from the pool's events holds exactly the pool's cached keys, each counted
+    /// once per block, and its snapshot rebuilds the same keys from nothing.
+    mod against_the_pool {
+        use proptest::prelude::*;
+
+        use super::super::CacheIndex;
+        use crate::pool::events::TokensOnly;
+        use crate::pool::BlockPool;
+        use crate::types::BlockHash;
+
+        const BS: usize = 2;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Alloc {
+                prefix: u32,
+                blocks: usize,
+                group: u32,
+            },
+            Free(usize),
+            Reset,
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => (0u32..3, 1usize..6, 0u32..2)
+                    .prop_map(|(prefix, blocks, group)| Op::Alloc { prefix, blocks, group }),
+                3 => (0usize..8).prop_map(Op::Free),
+                1 => Just(Op::Reset),
+            ]
+        }
+
+        fn chain(tokens: &[u32]) -> Vec<BlockHash> {
+            let mut h = 0xcbf2_9ce4_8422_2325u64;
+            tokens
+                .chunks(BS)
+                .map(|c| {
+                    for &t in c {
+                        h = (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3);
+                    }
+                    BlockHash::from_slice(&h.to_be_bytes()).unwrap()
+                })
+                .collect()
+        }
+
+        fn pool_keys(pool: &BlockPool) -> Vec<((u64, u32), u32)> {
+            let mut counts = std::collections::BTreeMap::new();
+            for b in 0..pool.num_blocks() as u32 {
+                if let Some(k) = pool.block_hash(b).unwrap() {
+                    *counts.entry((k.hash.external(), k.group)).or_insert(0u32) += 1;
+                }
+            }
+            counts.into_iter().collect()
+        }
+
+        fn index_keys(idx: &CacheIndex) -> Vec<((u64, u32), u32)> {
+            let mut v: Vec<_> = idx.entries.iter().map(|(k, e)| (*k, e.count)).collect();
+            v.sort_unstable();
+            v
+        }
+
+        proptest! {
+            #[test]
+            fn index_and_snapshot_match_the_pool(ops in proptest::collection::vec(op(), 1..60)) {
+                let mut pool = BlockPool::new(16, true, BS, true).unwrap();
+                let mut idx = CacheIndex::new();
+                let mut live: Vec<Vec<u32>> = Vec::new();
+                for op in ops {
+                    match op {
+                        Op::Alloc { prefix, blocks, group } => {
+                            if blocks > pool.num_free_blocks() {
+                                continue;
+                            }
+                            let tokens: Vec<u32> =
+                                (0..(blocks * BS) as u32).map(|t| prefix * 100 + t).collect();
+                            let ids = pool.get_new_blocks(blocks).unwrap();
+                            pool.cache_full_blocks(
+                                &chain(&tokens), &ids, 0, blocks, BS, group, None,
+                                &TokensOnly(&tokens),
+                            ).unwrap();
+                            live.push(ids);
+                        }
+                        Op::Free(i) => {
+                            if !live.is_empty() {
+                                let ids = live.remove(i % live.len());
+                                pool.free_blocks(ids.iter().rev().copied()).unwrap();
+                            }
+                        }
+                        Op::Reset => {
+                            pool.reset_prefix_cache();
+                        }
+                    }
+                    idx.apply(&pool.take_events());
+                    prop_assert_eq!(index_keys(&idx), pool_keys(&pool));
+                }
+                let mut rebuilt = CacheIndex::new();
+                rebuilt.apply(&idx.snapshot());
+                prop_assert_eq!(index_keys(&rebuilt), pool_keys(&pool));
+            }
+        }
+    }
 }
