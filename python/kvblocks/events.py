@@ -23,7 +23,9 @@ is created.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -37,6 +39,8 @@ __all__ = ["END_SEQ", "ZmqEventPublisher", "encode_event_batch", "offset_endpoin
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """The sequence frame that ends a replay."""
+
+logger = logging.getLogger(__name__)
 
 
 def offset_endpoint_port(endpoint: str | None, data_parallel_rank: int) -> str | None:
@@ -186,27 +190,26 @@ class ZmqEventPublisher:
             self._replay.close(linger=0)
 
     def _run(self) -> None:
-        import zmq
-
         replay = self._replay
         while True:
-            if replay is not None:
-                while replay.poll(0):
-                    self._serve_replay(replay)
-            item = self._sink.next_payload(self.POLL_INTERVAL_S)
-            if item is None:
-                if self._sink.closed and self._sink.pending == 0:
-                    break
-                continue
-            seq, payload = item
-            seq_bytes = seq.to_bytes(8, "big")
             try:
-                self._pub.send_multipart((self._topic, seq_bytes, payload))
-            except zmq.ZMQError:
+                if replay is not None:
+                    while replay.poll(0):
+                        self._serve_replay(replay)
+                item = self._sink.next_payload(self.POLL_INTERVAL_S)
+                if item is None:
+                    if self._sink.closed and self._sink.pending == 0:
+                        break
+                    continue
+                seq, payload = item
+                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+                self._buffer.append((seq, payload))
+            except Exception:
                 if not self._running:
                     break
-                raise
-            self._buffer.append((seq, payload))
+                # As vLLM: log, back off, keep serving (a batch that failed to send is lost).
+                logger.exception("KV event publisher error")
+                time.sleep(0.1)
 
     def _serve_replay(self, replay: zmq.Socket[bytes]) -> None:
         frames = replay.recv_multipart()
@@ -214,7 +217,7 @@ class ZmqEventPublisher:
             return
         client, _, start = frames
         start_seq = int.from_bytes(start, "big")
-        for seq, payload in list(self._buffer):
+        for seq, payload in self._buffer:
             if seq >= start_seq:
                 replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
         replay.send_multipart((client, b"", b"", END_SEQ, b""))
