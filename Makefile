@@ -5,6 +5,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.deps-stamp
+# The package registry here sends no cacheable responses, so pip's own cache stays empty;
+# keep the downloaded wheels (torch is ~3 GB) in a local wheelhouse and install from it.
+WHEELS ?= $(HOME)/.cache/kvblocks-wheels
+DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy \
+	prometheus_client torch
 
 .PHONY: venv deps dev test test-rust test-python lint fmt bench simulate
 
@@ -12,9 +17,8 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(PIP) install -U pip
-	$(PIP) install "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy
-	$(PIP) install torch
+	$(PIP) download -d $(WHEELS) $(DEPS)
+	$(PIP) install --no-index --find-links $(WHEELS) $(DEPS)
 	touch $(STAMP)
 
 deps: $(STAMP)

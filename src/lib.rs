@@ -7,10 +7,13 @@
 //! (block hash, group id) to block ids. Python bindings live in `src/python/` behind the
 //! `python` feature and only convert; every rule of behaviour lives here.
 
+pub mod config;
 pub mod error;
 pub mod events;
 pub mod hashing;
 pub mod pool;
+pub mod request;
+pub mod spec;
 pub mod types;
 
 #[cfg(feature = "python")]

@@ -53,14 +53,16 @@ def from_json(value: Any) -> Any:
     return value
 
 
-def event(d: dict[str, Any]) -> object:
+def event(d: dict[str, Any], classes: Any = None) -> object:
+    """The event of a fixture record, built with `classes` (a namespace with BlockStored,
+    BlockRemoved, AllBlocksCleared; the stand-ins here by default)."""
     fields = {k: v for k, v in d.items() if k != "type"}
     if d["type"] == "BlockStored" and fields["extra_keys"] is not None:
         fields["extra_keys"] = [
             None if keys is None else from_json(keys) for keys in fields["extra_keys"]
         ]
-    cls = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved}.get(d["type"])
-    return AllBlocksCleared() if cls is None else cls(**fields)
+    cls = getattr(classes, d["type"]) if classes is not None else globals()[d["type"]]
+    return cls(**fields)
 
 
 def payloads(name: str) -> list[bytes]:

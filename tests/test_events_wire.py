@@ -7,6 +7,8 @@ LoRA, cache salt, multimodal, evictions, a reset), encoded by msgspec.
 
 from __future__ import annotations
 
+from typing import Any
+
 import kvblocks
 import pytest
 from event_fixtures import AllBlocksCleared, BlockRemoved, BlockStored, event, payloads, steps
@@ -23,13 +25,14 @@ def test_fixture_covers_every_event_kind_and_field() -> None:
     assert {s["data_parallel_rank"] for s in steps()} >= {None, 0}
 
 
+@pytest.mark.parametrize("classes", [None, kvblocks], ids=["stand-ins", "kvblocks"])
 @pytest.mark.parametrize("fmt", ["map", "array"])
-def test_bytes_equal_vllm(fmt: str) -> None:
+def test_bytes_equal_vllm(fmt: str, classes: Any) -> None:
     trace = steps()
     expected = payloads(fmt)
     assert len(expected) == len(trace)
     for step, want in zip(trace, expected, strict=True):
-        events = [event(e) for e in step["events"]]
+        events = [event(e, classes) for e in step["events"]]
         got = kvblocks.encode_event_batch(
             step["ts"], events, step["data_parallel_rank"], format=fmt
         )

@@ -236,3 +236,66 @@ def test_shutdown_publishes_queued_batches_and_rejects_more() -> None:
     assert pub.stats()["published_batches"] == 50
     with pytest.raises(RuntimeError):
         pub.publish_events([AllBlocksCleared()])
+
+
+def test_pool_traffic_late_subscriber_matches_the_pool() -> None:
+    """BlockPool traffic (shared prefixes, evictions) published with publish_from: a late
+    subscriber's index, rebuilt from a snapshot and the batches after it, equals the
+    pool's cached (hash, group) set."""
+    import random
+
+    rng = random.Random(5)
+    bs = 4
+    pool = kvblocks.BlockPool(40, True, bs, True)
+    group_of: dict[int, int] = {}
+    live: list[list[int]] = []
+    ctx = zmq.Context()
+    pub = _publisher()
+    late = Subscriber(ctx, pub)
+
+    def traffic(steps: int) -> None:
+        for _ in range(steps):
+            n = rng.randint(1, 5)
+            if live and rng.random() < 0.4:
+                pool.free_blocks(list(reversed(live.pop(rng.randrange(len(live))))))
+            while pool.get_num_free_blocks() < n:
+                pool.free_blocks(list(reversed(live.pop(0))))
+            prefix = rng.randrange(4)
+            tokens = [prefix * 1000 + t for t in range(n * bs)]
+            hashes, parent = [], None
+            for i in range(n):
+                parent = kvblocks.hash_block_tokens("sha256", parent, tokens[i * bs : (i + 1) * bs])
+                hashes.append(parent)
+            ids = pool.get_new_blocks(n)
+            group = rng.randrange(2)
+            pool.cache_full_blocks(hashes, ids, 0, n, bs, group, tokens)
+            group_of.update(dict.fromkeys(ids, group))
+            live.append(ids)
+            pub.sink.publish_from(pool)
+
+    def pool_keys() -> set[tuple[int, int]]:
+        out = set()
+        for b in range(1, 40):
+            h = pool.get_block_hash(b)
+            if h is not None:
+                out.add((int.from_bytes(h[-8:], "big"), group_of[b]))
+        return out
+
+    try:
+        traffic(30)
+        deadline = time.monotonic() + DEADLINE_S
+        while not late.seqs:
+            assert time.monotonic() < deadline, "no snapshot received"
+            pub.publish_snapshot()
+            if late.sub.poll(200):
+                _, seq_bytes, payload = late.sub.recv_multipart()
+                late.apply(int.from_bytes(seq_bytes, "big"), payload)
+        traffic(30)
+        last = pub.stats()["pushed_batches"] + pub.stats()["snapshots"] - 1
+        late.receive(lose=set(), until=last)
+        assert pub.stats()["removed_blocks"] > 0  # evictions happened
+        assert pool_keys() and set(late.index) == pool_keys() == pub.sink.cached_keys()
+    finally:
+        pub.shutdown()
+        late.close()
+        ctx.term()

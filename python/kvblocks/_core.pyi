@@ -2,10 +2,513 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import final
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, TypeAlias, final
+
+from typing_extensions import Self
+
+_DtypeLike: TypeAlias = object
+"""A dtype name (`"bfloat16"`, `"half"`) or a torch dtype (read through `str()`)."""
 
 __version__: str
+
+# --- KV cache specs (src/python/spec.rs) ---------------------------------------------
+
+class KVCacheSpec:
+    """Base class of every KV cache spec: a frozen value, equal and hashable by value."""
+
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one page (one block of this layer or group)."""
+    def max_memory_usage_bytes(
+        self,
+        *,
+        max_model_len: int,
+        max_num_batched_tokens: int = 2048,
+        max_num_encoder_input_tokens: int | None = None,
+        max_concurrent_batches: int = 1,
+        dcp_world_size: int = 1,
+    ) -> int:
+        """The most bytes one request can hold (vLLM's formula for the spec type).
+
+        `max_num_encoder_input_tokens` defaults to `max_num_batched_tokens`.
+        """
+    @classmethod
+    def merge(cls, specs: Sequence[KVCacheSpec]) -> Self:
+        """Merges a group's layer specs with `cls`'s rules; ValueError if they conflict."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+class AttentionSpec(KVCacheSpec):
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_size(self) -> int: ...
+    @property
+    def head_size_v(self) -> int: ...
+    @property
+    def dtype(self) -> str:
+        """The canonical torch dtype name, e.g. `"bfloat16"`."""
+    @property
+    def page_size_padded(self) -> int | None: ...
+    @property
+    def dcp_sharded(self) -> bool: ...
+
+class FullAttentionSpec(AttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        head_size_v: int | None = None,
+        sliding_window: int | None = None,
+        attention_chunk_size: int | None = None,
+        page_size_padded: int | None = None,
+        dcp_sharded: bool = True,
+    ) -> FullAttentionSpec: ...
+    @property
+    def sliding_window(self) -> int | None: ...
+    @property
+    def attention_chunk_size(self) -> int | None: ...
+
+@final
+class MLAAttentionSpec(FullAttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        cache_dtype_str: str | None = None,
+        alignment: int | None = None,
+        page_size_padded: int | None = None,
+        dcp_sharded: bool = True,
+    ) -> MLAAttentionSpec: ...
+    @property
+    def cache_dtype_str(self) -> str | None: ...
+    @property
+    def alignment(self) -> int | None: ...
+
+@final
+class SinkFullAttentionSpec(FullAttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        sink_len: int,
+        head_size_v: int | None = None,
+        sliding_window: int | None = None,
+        attention_chunk_size: int | None = None,
+        page_size_padded: int | None = None,
+        dcp_sharded: bool = True,
+    ) -> SinkFullAttentionSpec: ...
+    @property
+    def sink_len(self) -> int: ...
+
+@final
+class SlidingWindowSpec(AttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        sliding_window: int,
+        head_size_v: int | None = None,
+        extra_retained_tokens: int = 0,
+        page_size_padded: int | None = None,
+        dcp_sharded: bool = True,
+    ) -> SlidingWindowSpec: ...
+    @property
+    def sliding_window(self) -> int: ...
+    @property
+    def extra_retained_tokens(self) -> int: ...
+    def max_admission_blocks_per_request(
+        self, max_in_flight_tokens: int, max_model_len: int
+    ) -> int | None:
+        """`cdiv(min(sliding_window - 1 + extra + T, max_model_len), block_size) + 1`."""
+
+@final
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        attention_chunk_size: int,
+        head_size_v: int | None = None,
+        page_size_padded: int | None = None,
+        dcp_sharded: bool = True,
+    ) -> ChunkedLocalAttentionSpec: ...
+    @property
+    def attention_chunk_size(self) -> int: ...
+    def max_admission_blocks_per_request(
+        self, max_in_flight_tokens: int, max_model_len: int
+    ) -> int | None:
+        """`cdiv(min(attention_chunk_size + T, max_model_len), block_size)`."""
+
+@final
+class CrossAttentionSpec(AttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        head_size_v: int | None = None,
+        page_size_padded: int | None = None,
+        dcp_sharded: bool = True,
+    ) -> CrossAttentionSpec: ...
+
+@final
+class MambaSpec(KVCacheSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        shapes: Sequence[Sequence[int]],
+        dtypes: Sequence[_DtypeLike],
+        page_size_padded: int | None = None,
+        mamba_type: str = "mamba2",
+        mamba_cache_mode: str = "none",
+        num_speculative_blocks: int = 0,
+        num_prefill_checkpoint_blocks: int = 0,
+        prefill_checkpoint_alignment: int | None = None,
+    ) -> MambaSpec: ...
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]: ...
+    @property
+    def dtypes(self) -> tuple[str, ...]: ...
+    @property
+    def page_size_padded(self) -> int | None: ...
+    @property
+    def mamba_type(self) -> str: ...
+    @property
+    def mamba_cache_mode(self) -> str: ...
+    @property
+    def num_speculative_blocks(self) -> int: ...
+    @property
+    def num_prefill_checkpoint_blocks(self) -> int: ...
+    @property
+    def prefill_checkpoint_alignment(self) -> int | None: ...
+
+@final
+class UniformTypeKVCacheSpecs(KVCacheSpec):
+    def __new__(
+        cls, *, block_size: int, kv_cache_specs: Mapping[str, KVCacheSpec]
+    ) -> UniformTypeKVCacheSpecs: ...
+    @property
+    def kv_cache_specs(self) -> dict[str, KVCacheSpec]: ...
+    @classmethod
+    def is_uniform_type(cls, kv_cache_specs: Mapping[str, KVCacheSpec]) -> bool: ...
+    @classmethod
+    def from_specs(cls, kv_cache_specs: Mapping[str, KVCacheSpec]) -> KVCacheSpec | None: ...
+
+# --- KV cache config (src/python/config.rs) ------------------------------------------
+
+@final
+class KVCacheTensor:
+    def __new__(
+        cls,
+        size: int,
+        shared_by: Sequence[str] | None = None,
+        *,
+        layers: Sequence[str] | None = None,
+    ) -> KVCacheTensor: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def shared_by(self) -> list[str]: ...
+    @property
+    def layers(self) -> list[str]: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+@final
+class KVCacheGroupSpec:
+    def __new__(
+        cls, layer_names: Sequence[str], kv_cache_spec: KVCacheSpec, is_eagle_group: bool = False
+    ) -> KVCacheGroupSpec: ...
+    @property
+    def layer_names(self) -> list[str]: ...
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec: ...
+    @property
+    def is_eagle_group(self) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+@final
+class KVCacheConfig:
+    def __new__(
+        cls,
+        num_blocks: int,
+        kv_cache_tensors: Sequence[KVCacheTensor],
+        kv_cache_groups: Sequence[KVCacheGroupSpec],
+        prefix_cache_retention_interval: int | None = None,
+    ) -> KVCacheConfig: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def kv_cache_tensors(self) -> list[KVCacheTensor]: ...
+    @property
+    def kv_cache_groups(self) -> list[KVCacheGroupSpec]: ...
+    @property
+    def prefix_cache_retention_interval(self) -> int | None: ...
+    def resolve_block_sizes(
+        self,
+        *,
+        enable_prefix_caching: bool = True,
+        connector_enabled: bool = False,
+        dcp_world_size: int = 1,
+        prefix_match_unit: int | None = None,
+    ) -> tuple[int, int]:
+        """`(scheduler_block_size, hash_block_size)`, as vLLM's `resolve_kv_cache_block_sizes`."""
+    def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+# An extra key value as published in events: None, bool, int, str, bytes or a tuple of those.
+_ExtraKey: TypeAlias = bool | int | str | bytes | tuple["_ExtraKey", ...] | None
+
+@final
+class BlockStored:
+    """vLLM's `BlockStored` KV cache event (same fields, same order)."""
+
+    __struct_fields__: ClassVar[list[str]]
+    @property
+    def block_hashes(self) -> list[int]: ...
+    @property
+    def parent_block_hash(self) -> int | None: ...
+    @property
+    def token_ids(self) -> list[int]: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def lora_id(self) -> int | None: ...
+    @property
+    def medium(self) -> str | None: ...
+    @property
+    def lora_name(self) -> str | None: ...
+    @property
+    def extra_keys(self) -> list[tuple[_ExtraKey, ...] | None] | None: ...
+    @property
+    def group_idx(self) -> int | None: ...
+    @property
+    def kv_cache_spec_kind(self) -> str | None: ...
+    @property
+    def kv_cache_spec_sliding_window(self) -> int | None: ...
+    @property
+    def locality(self) -> str | None: ...
+    @property
+    def ownership(self) -> str | None: ...
+    @property
+    def session_id(self) -> str | None: ...
+    @property
+    def lookahead_token_ids(self) -> list[list[int]] | None: ...
+    def __new__(
+        cls,
+        block_hashes: Sequence[int],
+        parent_block_hash: int | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_id: int | None,
+        medium: str | None,
+        lora_name: str | None,
+        extra_keys: Sequence[tuple[_ExtraKey, ...] | None] | None = None,
+        group_idx: int | None = None,
+        kv_cache_spec_kind: str | None = None,
+        kv_cache_spec_sliding_window: int | None = None,
+        locality: str | None = None,
+        ownership: str | None = None,
+        session_id: str | None = None,
+        lookahead_token_ids: Sequence[Sequence[int]] | None = None,
+    ) -> BlockStored: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class BlockRemoved:
+    """vLLM's `BlockRemoved` KV cache event."""
+
+    __struct_fields__: ClassVar[list[str]]
+    @property
+    def block_hashes(self) -> list[int]: ...
+    @property
+    def medium(self) -> str | None: ...
+    @property
+    def group_idx(self) -> int | None: ...
+    @property
+    def locality(self) -> str | None: ...
+    @property
+    def ownership(self) -> str | None: ...
+    def __new__(
+        cls,
+        block_hashes: Sequence[int],
+        medium: str | None,
+        group_idx: int | None = None,
+        locality: str | None = None,
+        ownership: str | None = None,
+    ) -> BlockRemoved: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class AllBlocksCleared:
+    """vLLM's `AllBlocksCleared` KV cache event (no fields)."""
+
+    __struct_fields__: ClassVar[list[str]]
+    def __new__(cls) -> AllBlocksCleared: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+_KVCacheEvent: TypeAlias = BlockStored | BlockRemoved | AllBlocksCleared
+
+@final
+class BlockPool:
+    """vLLM 0.33's `BlockPool` over block ids; block 0 is the null block."""
+
+    def __new__(
+        cls,
+        num_gpu_blocks: int,
+        enable_caching: bool = True,
+        hash_block_size: int = 16,
+        enable_kv_cache_events: bool = False,
+    ) -> BlockPool: ...
+    @property
+    def num_gpu_blocks(self) -> int: ...
+    @property
+    def enable_caching(self) -> bool: ...
+    @property
+    def hash_block_size(self) -> int: ...
+    @property
+    def enable_kv_cache_events(self) -> bool: ...
+    def get_new_blocks(self, n: int) -> list[int]:
+        """Pops `n` blocks off the free queue head; ValueError if fewer are free."""
+    def free_blocks(self, block_ids: Sequence[int]) -> None:
+        """Drops one reference per block, in the given order (pass a table reversed)."""
+    def touch(self, block_ids: Sequence[int]) -> None:
+        """Takes one reference per block (a prefix-cache hit); the null block is skipped."""
+    def cache_full_blocks(
+        self,
+        request_block_hashes: Sequence[bytes],
+        block_ids: Sequence[int],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        token_ids: Sequence[int] | None = None,
+    ) -> None:
+        """Caches `block_ids[num_cached_blocks:num_full_blocks]` under the request's hashes.
+
+        `token_ids` (the request's tokens) are used only for `BlockStored` events.
+        """
+    def get_cached_block(
+        self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
+    ) -> list[int] | None:
+        """One cached block per group, or None if any group misses."""
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drops the cache entries of the blocks, in iteration order."""
+    def reset_prefix_cache(self) -> bool:
+        """Clears the prefix cache if no block is in use; returns whether it did."""
+    def get_num_free_blocks(self) -> int: ...
+    def get_usage(self) -> float: ...
+    def get_free_block_ids(self) -> list[int]:
+        """The free queue, head (next allocated) to tail."""
+    def get_ref_cnt(self, block_id: int) -> int: ...
+    def get_block_hash(self, block_id: int) -> bytes | None:
+        """The block's bare hash digest, or None if it is not cached."""
+    def take_events(self) -> list[_KVCacheEvent]:
+        """Returns and clears the recorded events."""
+
+# --- hashing -------------------------------------------------------------------------------
+
+def hash_block_tokens(
+    algo: str,
+    parent_block_hash: bytes | None,
+    token_ids: Sequence[int],
+    extra_keys: tuple[Any, ...] | None = None,
+) -> bytes:
+    """vLLM's `hash_block_tokens`: the hash of one full block chained to its parent."""
+
+def none_hash(algo: str) -> bytes:
+    """vLLM's NONE_HASH for `algo` in this process (honours PYTHONHASHSEED)."""
+
+@final
+class BlockHasher:
+    """The block size and algorithm a `Request` hashes its full blocks with."""
+
+    def __new__(cls, hash_block_size: int, algo: str = "sha256_cbor") -> BlockHasher: ...
+    @property
+    def hash_block_size(self) -> int: ...
+    @property
+    def algo(self) -> str: ...
+
+# --- request -------------------------------------------------------------------------------
+
+@final
+class Request:
+    """A request's tokens and block hashes (vLLM's `Request`, KV-cache-relevant parts)."""
+
+    def __new__(
+        cls,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        hasher: BlockHasher | None = None,
+        *,
+        lora_name: str | None = None,
+        lora_path: str | None = None,
+        lora_id: int | None = None,
+        cache_salt: str | None = None,
+        mm_features: Sequence[tuple[str, int, int]] | None = None,
+    ) -> Request: ...
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def num_output_tokens(self) -> int: ...
+    @property
+    def num_computed_tokens(self) -> int: ...
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None: ...
+    @property
+    def num_in_flight_tokens(self) -> int: ...
+    @num_in_flight_tokens.setter
+    def num_in_flight_tokens(self, value: int) -> None: ...
+    @property
+    def num_preemptions(self) -> int: ...
+    @num_preemptions.setter
+    def num_preemptions(self, value: int) -> None: ...
+    @property
+    def skip_reading_prefix_cache(self) -> bool: ...
+    @skip_reading_prefix_cache.setter
+    def skip_reading_prefix_cache(self, value: bool) -> None: ...
+    @property
+    def lora_name(self) -> str | None: ...
+    @property
+    def lora_id(self) -> int | None: ...
+    @property
+    def cache_salt(self) -> str | None: ...
+    @property
+    def all_token_ids(self) -> list[int]: ...
+    @property
+    def block_hashes(self) -> list[bytes]: ...
+    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
+        """Appends output tokens and hashes the full blocks they complete."""
 
 # --- events (src/python/publish.rs) ---
 
@@ -32,6 +535,7 @@ class EventSink:
         ts: float | None = None,
         data_parallel_rank: int | None = None,
     ) -> bool: ...
+    def publish_from(self, source: BlockPool, ts: float | None = None) -> bool: ...
     def request_snapshot(self) -> None: ...
     def next_payload(self, timeout: float) -> tuple[int, bytes] | None: ...
     def close(self) -> None: ...

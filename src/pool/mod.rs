@@ -172,7 +172,8 @@ impl BlockPool {
         let start = out.len();
         self.queue.popleft_n(n, |b| out.push(b));
         for &b in &out[start..] {
-            if self.enable_caching {
+            // The check is inline; only blocks that still carry a hash pay for the call.
+            if self.enable_caching && self.hash_of[b as usize].is_some() {
                 self.evict_hash(b);
             }
             debug_assert_eq!(self.ref_cnt[b as usize], 0);

@@ -1,7 +1,165 @@
-//! Python bindings for the `hashing` module.
+//! Python bindings for the `hashing` module: `hash_block_tokens`, `none_hash`,
+//! `BlockHasher`.
 
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
 
-pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+use crate::hashing::{self, BlockHasher, HashAlgo};
+use crate::types::{BlockHash, KeyValue};
+
+/// Converts a Python value tree (None/bool/int/str/bytes/tuple) to a `KeyValue`.
+fn key_value(obj: &Bound<'_, PyAny>) -> PyResult<KeyValue> {
+    if obj.is_none() {
+        Ok(KeyValue::None)
+    } else if let Ok(b) = obj.downcast_exact::<PyBool>() {
+        Ok(KeyValue::Bool(b.is_true()))
+    } else if obj.is_instance_of::<PyInt>() {
+        obj.extract::<i64>()
+            .map(KeyValue::Int)
+            .map_err(|_| PyOverflowError::new_err("extra key ints must fit in a signed 64-bit int"))
+    } else if let Ok(s) = obj.downcast::<PyString>() {
+        Ok(KeyValue::Str(s.to_str()?.to_owned()))
+    } else if let Ok(b) = obj.downcast::<PyBytes>() {
+        Ok(KeyValue::Bytes(b.as_bytes().to_vec()))
+    } else if let Ok(t) = obj.downcast::<PyTuple>() {
+        t.iter()
+            .map(|x| key_value(&x))
+            .collect::<PyResult<_>>()
+            .map(KeyValue::Tuple)
+    } else {
+        Err(PyTypeError::new_err(format!(
+            "extra keys may only hold None, bool, int, str, bytes and tuples, got {}",
+            obj.get_type().name()?
+        )))
+    }
+}
+
+const TOKEN_RANGE: &str = "token ids must be ints in 0..=4294967295 (u32)";
+
+/// Extracts token ids (a sequence of ints in u32 range) with a clear overflow message.
+pub(crate) fn extract_token_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    if let Ok(list) = obj.downcast_exact::<PyList>() {
+        if let Some(tokens) = exact_int_list(list) {
+            return tokens;
+        }
+    }
+    obj.extract::<Vec<u32>>().map_err(|e| {
+        if e.is_instance_of::<PyOverflowError>(obj.py()) {
+            PyOverflowError::new_err(TOKEN_RANGE)
+        } else {
+            e
+        }
+    })
+}
+
+/// Fast path for a list of exact `int`s (the common prompt): borrowed items, no iterator
+/// protocol. None if some item is not an exact `int` (the caller then takes the generic
+/// path, which reports type errors).
+fn exact_int_list(list: &Bound<'_, PyList>) -> Option<PyResult<Vec<u32>>> {
+    let n = list.len();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: `i < len` and the list cannot change during the loop: only exact ints are
+        // converted, which runs no Python code, so the borrowed item stays alive.
+        let v = unsafe {
+            let item = pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t);
+            if item.is_null() || pyo3::ffi::PyLong_CheckExact(item) == 0 {
+                pyo3::ffi::PyErr_Clear();
+                return None;
+            }
+            pyo3::ffi::PyLong_AsLongLong(item)
+        };
+        match u32::try_from(v) {
+            Ok(t) => out.push(t),
+            Err(_) => {
+                // -1 with an error set is an int beyond 64 bits: drop that error.
+                let _ = PyErr::take(list.py());
+                return Some(Err(PyOverflowError::new_err(TOKEN_RANGE)));
+            }
+        }
+    }
+    Some(Ok(out))
+}
+
+/// Parses a vLLM hash algorithm name.
+pub(crate) fn parse_algo(algo: &str) -> PyResult<HashAlgo> {
+    Ok(algo.parse::<HashAlgo>()?)
+}
+
+/// Hashes one full block chained to its parent, as vLLM's `hash_block_tokens`.
+#[pyfunction]
+#[pyo3(signature = (algo, parent_block_hash, token_ids, extra_keys=None))]
+fn hash_block_tokens<'py>(
+    py: Python<'py>,
+    algo: &str,
+    parent_block_hash: Option<&[u8]>,
+    token_ids: &Bound<'py, PyAny>,
+    extra_keys: Option<&Bound<'py, PyTuple>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let algo = parse_algo(algo)?;
+    let token_ids = extract_token_ids(token_ids)?;
+    let parent = parent_block_hash.map(BlockHash::from_slice).transpose()?;
+    let keys = extra_keys
+        .map(|t| {
+            t.iter()
+                .map(|x| key_value(&x))
+                .collect::<PyResult<Vec<_>>>()
+        })
+        .transpose()?;
+    let h = hashing::hash_block_tokens(algo, parent.as_ref(), &token_ids, keys.as_deref());
+    Ok(PyBytes::new(py, h.as_bytes()))
+}
+
+/// vLLM's NONE_HASH for `algo` in this process (honours PYTHONHASHSEED).
+#[pyfunction]
+fn none_hash<'py>(py: Python<'py>, algo: &str) -> PyResult<Bound<'py, PyBytes>> {
+    let h = hashing::none_hash(parse_algo(algo)?);
+    Ok(PyBytes::new(py, h.as_bytes()))
+}
+
+/// The block size and algorithm a `Request` hashes its full blocks with.
+#[pyclass(name = "BlockHasher", module = "kvblocks._core", frozen)]
+pub(crate) struct PyBlockHasher {
+    pub(crate) inner: BlockHasher,
+}
+
+#[pymethods]
+impl PyBlockHasher {
+    #[new]
+    #[pyo3(signature = (hash_block_size, algo="sha256_cbor"))]
+    fn new(hash_block_size: i64, algo: &str) -> PyResult<Self> {
+        let algo = parse_algo(algo)?;
+        let size = usize::try_from(hash_block_size).unwrap_or(0);
+        Ok(Self {
+            inner: BlockHasher::new(size, algo)?,
+        })
+    }
+
+    /// Tokens per hashed block.
+    #[getter]
+    fn hash_block_size(&self) -> usize {
+        self.inner.hash_block_size()
+    }
+
+    /// vLLM's algorithm name.
+    #[getter]
+    fn algo(&self) -> &'static str {
+        self.inner.algo().name()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "BlockHasher(hash_block_size={}, algo={:?})",
+            self.inner.hash_block_size(),
+            self.inner.algo().name()
+        )
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(hash_block_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(none_hash, m)?)?;
+    m.add_class::<PyBlockHasher>()?;
     Ok(())
 }

@@ -3,18 +3,27 @@
 
 use pyo3::prelude::*;
 
+mod config;
 mod errors;
+mod events;
 mod hashing;
+mod ids;
 mod pool;
 mod publish;
+mod request;
+mod spec;
 
 /// The `kvblocks._core` extension module.
 #[pymodule(gil_used = false)]
 #[pyo3(name = "_core")]
 fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    events::register(m)?;
     hashing::register(m)?;
     pool::register(m)?;
     publish::register(m)?;
+    spec::register(m)?;
+    config::register(m)?;
+    request::register(m)?;
     Ok(())
 }

@@ -9,11 +9,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PySet, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PySet};
+
+use super::events::key_value_from_py;
+use super::pool::PyBlockPool;
 
 use crate::events::{encode_batch, EventBatch, EventSink, PayloadEncoder, WireFormat};
 use crate::pool::events::{BlockRemoved, BlockStored, EventExtraKeys, KvCacheEvent};
-use crate::types::KeyValue;
 
 /// Media a kvblocks event may name (vLLM's `MEDIUM_*` constants).
 const MEDIA: [&str; 3] = ["GPU", "CPU", "STORAGE"];
@@ -54,30 +56,6 @@ fn now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-fn key_value(obj: &Bound<'_, PyAny>) -> PyResult<KeyValue> {
-    if obj.is_none() {
-        Ok(KeyValue::None)
-    } else if let Ok(b) = obj.downcast::<PyBool>() {
-        Ok(KeyValue::Bool(b.is_true()))
-    } else if let Ok(s) = obj.downcast::<PyString>() {
-        Ok(KeyValue::Str(s.to_str()?.to_owned()))
-    } else if let Ok(b) = obj.downcast::<PyBytes>() {
-        Ok(KeyValue::Bytes(b.as_bytes().to_vec()))
-    } else if obj.downcast::<PyTuple>().is_ok() || obj.downcast::<PyList>().is_ok() {
-        obj.try_iter()?
-            .map(|item| key_value(&item?))
-            .collect::<PyResult<Vec<_>>>()
-            .map(KeyValue::Tuple)
-    } else if let Ok(i) = obj.extract::<i64>() {
-        Ok(KeyValue::Int(i))
-    } else {
-        Err(PyTypeError::new_err(format!(
-            "extra key values must be None, bool, int, str, bytes, tuple or list; got {}",
-            obj.get_type().name()?
-        )))
-    }
-}
-
 fn opt<'py, T: FromPyObject<'py>>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Option<T>> {
     obj.getattr(name)?.extract()
 }
@@ -107,7 +85,7 @@ fn extra_keys(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<EventExtraKeys>>> {
             Some(
                 block
                     .try_iter()?
-                    .map(|k| key_value(&k?))
+                    .map(|k| key_value_from_py(&k?))
                     .collect::<PyResult<Vec<_>>>()?,
             )
         });
@@ -202,7 +180,10 @@ impl PyEventSink {
 #[pymethods]
 impl PyEventSink {
     #[new]
-    #[pyo3(signature = (*, max_queue_size=100_000, format="map", data_parallel_rank=Some(0)))]
+    #[pyo3(
+        signature = (*, max_queue_size=100_000, format="map", data_parallel_rank=Some(0)),
+        text_signature = "(*, max_queue_size=100000, format='map', data_parallel_rank=0)"
+    )]
     fn new(max_queue_size: usize, format: &str, data_parallel_rank: Option<i64>) -> PyResult<Self> {
         let format = parse_format(format)?;
         Ok(Self {
@@ -226,6 +207,26 @@ impl PyEventSink {
             ts,
             events,
             data_parallel_rank,
+        }))
+    }
+
+    /// Moves the pending events of a `BlockPool` (or `KVCacheManager`) into the queue
+    /// without making Python objects: O(1) for the batch, never blocks. `False` when the
+    /// oldest queued batch was dropped to make room. `ts` defaults to now.
+    #[pyo3(signature = (source, ts=None))]
+    fn publish_from(&self, source: &Bound<'_, PyAny>, ts: Option<f64>) -> PyResult<bool> {
+        let events = if let Ok(pool) = source.downcast::<PyBlockPool>() {
+            pool.try_borrow_mut()?.take_core_events()
+        } else {
+            return Err(PyTypeError::new_err(format!(
+                "publish_from takes a BlockPool or KVCacheManager, not {}",
+                source.get_type().name()?
+            )));
+        };
+        Ok(self.sink.push(EventBatch {
+            ts: ts.unwrap_or_else(now),
+            events,
+            data_parallel_rank: None,
         }))
     }
 

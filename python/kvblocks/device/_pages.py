@@ -1,0 +1,795 @@
+"""KVPages: the KV cache memory of one worker, and page operations by block id."""
+
+from __future__ import annotations
+
+import array
+import collections
+import contextlib
+import math
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
+
+import torch
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+from kvblocks.device import _kernels
+from kvblocks.device._layout import (
+    Batch,
+    Geometry,
+    LayerGeom,
+    Layout,
+    Plane,
+    dtype_size,
+    plan,
+)
+
+Ids = Union[Sequence[int], torch.Tensor, "npt.NDArray[np.integer[Any]]"]
+"""Block ids: a sequence of ints, a 1-D integer tensor (host preferred) or a numpy array."""
+
+# copy_blocks moves runs of consecutive (src, dst) ids with plain slice copies instead of an
+# index gather + scatter when there are at most this many runs per plane...
+SLICE_COPY_MAX_RUNS = 4
+# ...or when the average run is at least this many bytes (per plane).
+SLICE_COPY_MIN_RUN_BYTES = 4 << 20
+# Host transfers use one DMA per run of consecutive host ids when the average run is at least
+# this many bytes (or there are few runs); otherwise they go through a pinned staging buffer
+# and a host-side index copy.
+DMA_MIN_RUN_BYTES = 256 << 10
+DMA_MAX_RUNS = 8
+# Temporaries of index copies without the kernel are cut to this size (cache-resident).
+COPY_CHUNK_BYTES = 2 << 20
+# Runs in id lists up to this long are found with a Python loop (cheaper than torch ops).
+SMALL = 64
+
+
+@dataclass(frozen=True, eq=False)
+class _Move:
+    """One plane of one batch: the device view `[num_blocks, buffers, rows, words]`."""
+
+    batch: Batch
+    plane: Plane
+    prefix: int  # bytes of the batch's earlier planes within one buffer's block
+    device: torch.Tensor
+
+
+class HostIds(NamedTuple):
+    """Validated block ids: a 1-D int64 CPU tensor and the same ids as Python ints (checks on
+    the host run on the list: set/min/max are C loops, cheaper than torch ops)."""
+
+    tensor: torch.Tensor
+    values: list[int]
+
+
+def _host_ids(ids: Ids, what: str) -> HostIds:
+    """Ids as a HostIds; TypeError/ValueError for anything that is not 1-D integers."""
+    if isinstance(ids, (list, tuple, range)):
+        try:
+            buffer = array.array("q", ids)  # ints only (C loop); anything else: torch's checks
+        except OverflowError:
+            raise IndexError(f"{what}: block id out of the int64 range") from None
+        except TypeError:
+            pass
+        else:
+            if not buffer:
+                return HostIds(torch.empty(0, dtype=torch.int64), [])
+            return HostIds(torch.frombuffer(buffer, dtype=torch.int64), buffer.tolist())
+    if isinstance(ids, torch.Tensor):
+        tensor = ids.detach()
+    else:
+        try:
+            tensor = torch.as_tensor(ids)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"{what}: block ids must be a sequence of ints ({err})") from None
+        if tensor.numel() == 0:
+            tensor = tensor.reshape(0).to(torch.int64)
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        raise TypeError(f"{what}: block ids must be integers, got {tensor.dtype}")
+    if tensor.dim() != 1:
+        raise ValueError(f"{what}: block ids must be 1-D, got shape {tuple(tensor.shape)}")
+    tensor = tensor.to("cpu", torch.int64)
+    return HostIds(tensor, tensor.tolist())
+
+
+def _check_range(values: list[int], limit: int, what: str) -> None:
+    if values and (min(values) < 0 or max(values) >= limit):
+        bad = min(values) if min(values) < 0 else max(values)
+        raise IndexError(f"{what}: block id {bad} out of range [0, {limit})")
+
+
+def _check_unique(values: list[int], what: str) -> None:
+    if len(set(values)) != len(values):
+        dup = next(v for v, count in collections.Counter(values).items() if count > 1)
+        raise ValueError(f"{what}: duplicate destination block id {dup}")
+
+
+def _runs(*columns: HostIds, most: int) -> list[tuple[int, int]] | None:
+    """(position, length) of the maximal runs where every column advances by exactly 1, or
+    None when there are more than `most` runs (then nobody iterates them)."""
+    n = len(columns[0].values)
+    if n == 0:
+        return []
+    if n <= SMALL:
+        cuts = [i for i in range(1, n) if any(c.values[i] - c.values[i - 1] != 1 for c in columns)]
+    else:
+        breaks = torch.zeros(n - 1, dtype=torch.bool)
+        for col in columns:
+            breaks |= col.tensor[1:] - col.tensor[:-1] != 1
+        if int(breaks.sum()) >= most:
+            return None
+        cuts = (torch.nonzero(breaks).flatten() + 1).tolist()
+    if len(cuts) >= most:
+        return None
+    starts = [0, *cuts]
+    ends = [*cuts, n]
+    return [(s, e - s) for s, e in zip(starts, ends, strict=True)]
+
+
+def _copy_indexed(
+    src: torch.Tensor, src_ids: torch.Tensor, dst: torch.Tensor, dst_ids: torch.Tensor
+) -> None:
+    """`dst[dst_ids[i]] = src[src_ids[i]]` with torch index ops, through a temporary of at
+    most COPY_CHUNK_BYTES that stays in cache. No destination may be a source."""
+    per_id = src[0].numel() * src.element_size()
+    chunk = max(1, COPY_CHUNK_BYTES // per_id)
+    scratch = torch.empty(
+        (min(chunk, len(src_ids)), *src.shape[1:]), dtype=src.dtype, device=src.device
+    )
+    for start in range(0, len(src_ids), chunk):
+        part = scratch[: len(src_ids[start : start + chunk])]
+        torch.index_select(src, 0, src_ids[start : start + chunk], out=part)
+        dst.index_copy_(0, dst_ids[start : start + chunk], part)
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    """Free memory on `device` (None when unknown)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as meminfo:
+                for line in meminfo:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def _allocate(nbytes: int, device: torch.device, pin: bool, what: str) -> torch.Tensor:
+    available = _available_bytes(device)
+    if available is not None and nbytes > available:
+        raise ValueError(f"{what} needs {nbytes} bytes but {device} has {available} available")
+    try:
+        return torch.zeros(nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
+    except (RuntimeError, torch.OutOfMemoryError) as err:
+        raise ValueError(f"{what}: cannot allocate {nbytes} bytes on {device}: {err}") from None
+
+
+def _event() -> torch.cuda.Event:
+    return torch.cuda.Event()  # type: ignore[no-untyped-call]
+
+
+class Transfer:
+    """A host<->device page transfer in flight.
+
+    `event` is recorded on the side stream after the last device-side step (for swap_out:
+    after the device pages were read, so they may be reused; for swap_in: after the pages were
+    written). It is None when the work ran synchronously (CPU pools). Call `wait()` before a
+    stream reads swapped-in pages, and `synchronize()` before the host reads swapped-out data.
+    KVPages itself orders its later swaps after earlier ones.
+    """
+
+    def __init__(
+        self,
+        event: torch.cuda.Event | None = None,
+        device: torch.device | None = None,
+        keep: tuple[torch.Tensor, ...] = (),
+        finish: Callable[[], object] | None = None,
+    ) -> None:
+        self.event = event
+        self._device = device
+        self._keep = keep
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        if finish is not None:
+            self._thread = threading.Thread(target=self._finish, args=(finish,), daemon=True)
+            self._thread.start()
+
+    def _finish(self, finish: Callable[[], object]) -> None:
+        try:
+            if self.event is not None:
+                self.event.synchronize()
+            finish()
+        except BaseException as err:  # re-raised by synchronize()
+            self._error = err
+
+    def wait(self, stream: torch.cuda.Stream | None = None) -> None:
+        """Make `stream` (default: the current one) wait on the device side; no host block."""
+        if self.event is not None:
+            (stream or torch.cuda.current_stream(self._device)).wait_event(self.event)
+
+    def synchronize(self) -> None:
+        """Block the host until the transfer, including any host-side step, is complete."""
+        if self._thread is not None:
+            self._thread.join()
+        elif self.event is not None:
+            self.event.synchronize()
+        self._keep = ()
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def has_host_step(self) -> bool:
+        """True when part of the transfer runs on the host after the device part."""
+        return self._thread is not None
+
+    def done(self) -> bool:
+        """True once the whole transfer is complete (never blocks)."""
+        if self._thread is not None:
+            return not self._thread.is_alive()
+        return self.event is None or bool(self.event.query())  # type: ignore[no-untyped-call]
+
+
+class KVPages:
+    """KV cache pages for every layer of a KVCacheConfig, moved by block id.
+
+    One allocation holds every KVCacheTensor (each a raw byte buffer shared by the layers it
+    names, as vLLM); per-layer views are typed. With `host_blocks`, a host pool of that many
+    blocks (pinned when the device is CUDA) backs swap_out/swap_in; a host block holds one
+    block of every buffer, contiguously (`block_bytes` bytes), which is also the row format of
+    `gather`/`scatter`.
+
+    `layout`: "NHD" (vLLM FlashAttention: physical `[2, num_blocks, block_size, heads, head]`)
+    or "HND" (physical `[2, num_blocks, heads, block_size, head]`); attention views are always
+    indexed `[.., block, slot, head, dim]`. `block_major=True` stores each block's K and V
+    together (vLLM's hybrid attention+mamba layout); buffers shared with mamba or MLA layers,
+    or with attention layers of other K/V widths, are block-major anyway.
+
+    Destination ids must be unique and in range; block 0 (the null block) may not be written
+    unless `protect_null_block=False`. Every check runs before any page is touched. Ids are
+    validated on the host: pass Python lists, numpy arrays or CPU tensors (a CUDA tensor of
+    ids costs a device sync).
+
+    On CUDA, copy_blocks/gather/scatter run one Triton kernel per group of same-shaped
+    buffers (see `_kernels`; the first call of each variant compiles it), copy_blocks with
+    overlapping source and destination sets goes through a temporary, and swaps run on a side
+    stream through the copy engines. Not thread-safe: one owner thread per KVPages.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        device: torch.device | str | None = None,
+        *,
+        layout: Layout = "NHD",
+        block_major: bool = False,
+        host_blocks: int | None = None,
+        pin_memory: bool | None = None,
+        protect_null_block: bool = True,
+    ) -> None:
+        if layout not in ("NHD", "HND"):
+            raise ValueError(f"layout must be 'NHD' or 'HND', got {layout!r}")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if host_blocks is not None and host_blocks < 1:
+            raise ValueError(f"host_blocks must be >= 1, got {host_blocks}")
+        self.layout: Layout = layout
+        self.geometry: Geometry = plan(config, block_major)
+        self.num_blocks = self.geometry.num_blocks
+        self.block_bytes = self.geometry.block_bytes
+        self.host_blocks = host_blocks or 0
+        self._null = 1 if protect_null_block else 0
+        pin = self.device.type == "cuda" if pin_memory is None else pin_memory
+        host_bytes = self.host_blocks * self.block_bytes
+        cpu = torch.device("cpu")
+        if host_bytes and self.device.type == "cpu":
+            available = _available_bytes(cpu)
+            if available is not None and self.geometry.total_bytes + host_bytes > available:
+                raise ValueError(
+                    f"the device pool and host pool need "
+                    f"{self.geometry.total_bytes + host_bytes} bytes but the host "
+                    f"has {available} available"
+                )
+        self._storage = _allocate(self.geometry.total_bytes, self.device, False, "the KV cache")
+        self.host_pool: torch.Tensor | None = None
+        if host_bytes:
+            self.host_pool = _allocate(host_bytes, cpu, pin, "the host pool").view(
+                self.host_blocks, self.block_bytes
+            )
+        self._moves = tuple(self._make_moves())
+        self._row_word = _WORDS[math.gcd(8, self.block_bytes)]
+        self._swap_outs: list[Transfer] = []
+        self._side: torch.cuda.Stream | None = (
+            torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+            if self.device.type == "cuda"
+            else None
+        )
+
+    # ------------------------------------------------------------------ views
+
+    def _make_moves(self) -> list[_Move]:
+        moves = []
+        for batch in self.geometry.batches:
+            words = self._storage.view(_WORDS[batch.word])
+            prefix = 0
+            for plane in batch.planes:
+                w = batch.word
+                view = words.as_strided(
+                    (batch.num_blocks, len(batch.buffers), plane.rows, plane.width // w),
+                    (plane.width // w, batch.stride // w, batch.num_blocks * plane.width // w, 1),
+                    (batch.base + plane.offset) // w,
+                )
+                moves.append(_Move(batch, plane, prefix, view))
+                prefix += plane.rows * plane.width
+        return moves
+
+    def _rows_view(self, rows: torch.Tensor, move: _Move) -> torch.Tensor:
+        """`move`'s part of a contiguous `[n, block_bytes]` byte tensor, shaped like the device
+        view (`[n, buffers, rows, words]`)."""
+        batch, plane, w = move.batch, move.plane, move.batch.word
+        words = rows.view(_WORDS[w])
+        per_buffer = sum(p.rows * p.width for p in batch.planes)
+        return words.as_strided(
+            (rows.shape[0], len(batch.buffers), plane.rows, plane.width // w),
+            (self.block_bytes // w, per_buffer // w, plane.width // w, 1),
+            words.storage_offset() + (batch.host_offset + move.prefix) // w,
+        )
+
+    def _words(self, rows: torch.Tensor) -> torch.Tensor:
+        """A contiguous uint8 `[n, block_bytes]` tensor as wide words, for fast index ops."""
+        return rows.view(self._row_word)
+
+    def layer_names(self) -> list[str]:
+        """Every layer with pages, in config order."""
+        return list(self.geometry.layers)
+
+    def buffers(self) -> list[torch.Tensor]:
+        """One raw uint8 tensor per KVCacheTensor, in config order."""
+        return [self._storage[b.base : b.base + b.size] for b in self.geometry.buffers]
+
+    def _layer(self, name: str, *kinds: str) -> LayerGeom:
+        try:
+            geom = self.geometry.layers[name]
+        except KeyError:
+            raise KeyError(f"no layer {name!r} in this KV cache") from None
+        if geom.kind not in kinds:
+            raise TypeError(f"layer {name!r} is a {geom.kind} layer, expected {' or '.join(kinds)}")
+        return geom
+
+    def _attention_view(self, geom: LayerGeom, value: bool, stacked: bool) -> torch.Tensor:
+        buf = self.geometry.buffers[geom.buffer]
+        size = dtype_size(geom.dtype)
+        heads, bs = geom.num_kv_heads, geom.block_size
+        dim = geom.head_size_v if value else geom.head_size
+        if buf.split:
+            block_stride = (geom.v_width if value else geom.k_width) // size
+            v_offset = buf.num_blocks * geom.k_width
+        else:
+            block_stride = geom.page // size
+            v_offset = geom.k_width
+        inner = (heads * dim, dim, 1) if self.layout == "NHD" else (dim, bs * dim, 1)
+        typed = self._storage.view(geom.dtype)
+        offset = (buf.base + (v_offset if value else 0)) // size
+        if stacked:
+            return typed.as_strided(
+                (2, buf.num_blocks, bs, heads, dim),
+                (v_offset // size, block_stride, *inner),
+                offset,
+            )
+        return typed.as_strided((buf.num_blocks, bs, heads, dim), (block_stride, *inner), offset)
+
+    def kv_cache(self, name: str) -> torch.Tensor:
+        """The layer's cache as vLLM's backends see it.
+
+        Attention: `[2, num_blocks, block_size, num_kv_heads, head_size]` (K then V; needs
+        `head_size_v == head_size`, else use key_cache/value_cache). MLA:
+        `[num_blocks, block_size, head_size]`. `num_blocks` is the buffer's block count.
+        """
+        geom = self._layer(name, "attention", "mla")
+        buf = self.geometry.buffers[geom.buffer]
+        if geom.kind == "mla":
+            size = dtype_size(geom.dtype)
+            return self._storage.view(geom.dtype).as_strided(
+                (buf.num_blocks, geom.block_size, geom.head_size),
+                (geom.page // size, geom.head_size, 1),
+                buf.base // size,
+            )
+        if geom.head_size_v != geom.head_size:
+            raise ValueError(
+                f"layer {name!r} has head_size {geom.head_size} != head_size_v "
+                f"{geom.head_size_v}: use key_cache() and value_cache()"
+            )
+        return self._attention_view(geom, value=False, stacked=True)
+
+    def key_cache(self, name: str) -> torch.Tensor:
+        """An attention layer's K: `[num_blocks, block_size, num_kv_heads, head_size]`."""
+        return self._attention_view(self._layer(name, "attention"), value=False, stacked=False)
+
+    def value_cache(self, name: str) -> torch.Tensor:
+        """An attention layer's V: `[num_blocks, block_size, num_kv_heads, head_size_v]`."""
+        return self._attention_view(self._layer(name, "attention"), value=True, stacked=False)
+
+    def mamba_states(self, name: str) -> tuple[torch.Tensor, ...]:
+        """A mamba layer's states, one `[num_blocks, *shape]` tensor per spec shape, packed
+        in order within each page (as vLLM)."""
+        geom = self._layer(name, "mamba")
+        buf = self.geometry.buffers[geom.buffer]
+        states = []
+        offset = 0
+        for shape, dtype in zip(geom.state_shapes, geom.state_dtypes, strict=True):
+            size = dtype_size(dtype)
+            inner = torch.empty(shape, device="meta").stride()
+            states.append(
+                self._storage.view(dtype).as_strided(
+                    (buf.num_blocks, *shape),
+                    (geom.page // size, *inner),
+                    (buf.base + offset) // size,
+                )
+            )
+            offset += torch.Size(shape).numel() * size
+        return tuple(states)
+
+    # ------------------------------------------------------------ validation
+
+    def _sources(self, ids: Ids, what: str, limit: int | None = None) -> HostIds:
+        host = _host_ids(ids, what)
+        _check_range(host.values, self.num_blocks if limit is None else limit, what)
+        return host
+
+    def _destinations(self, ids: Ids, what: str, host_side: bool = False) -> HostIds:
+        host = _host_ids(ids, what)
+        _check_range(host.values, self.host_blocks if host_side else self.num_blocks, what)
+        _check_unique(host.values, what)
+        if not host_side and self._null and 0 in host.values:
+            raise ValueError(
+                f"{what}: block 0 is the null block and is never written "
+                f"(protect_null_block=False allows it)"
+            )
+        return host
+
+    def _same_length(self, a: HostIds, b: HostIds, what: str) -> None:
+        if len(a.values) != len(b.values):
+            raise ValueError(
+                f"{what}: {len(a.values)} source ids but {len(b.values)} destination ids"
+            )
+
+    def _need_host_pool(self, what: str) -> torch.Tensor:
+        if self.host_pool is None:
+            raise ValueError(f"{what} needs a host pool: create KVPages with host_blocks=N")
+        return self.host_pool
+
+    def _to_device(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return ids
+        if self.device.type == "cuda":
+            return ids.pin_memory().to(self.device, non_blocking=True)
+        return ids.to(self.device)
+
+    # ------------------------------------------------------------- operations
+
+    def copy_blocks(self, src: Ids, dst: Ids) -> None:
+        """Copy block `src[i]` to block `dst[i]` in every buffer. All sources are read before
+        any destination is written (as vLLM's copy_kv_cache_blocks_inplace)."""
+        s = self._sources(src, "copy_blocks src")
+        d = self._destinations(dst, "copy_blocks dst")
+        self._same_length(s, d, "copy_blocks")
+        n = len(s.values)
+        if n == 0:
+            return
+        disjoint = set(s.values).isdisjoint(d.values)
+        # Runs of consecutive (src, dst) pairs go as slice copies where they are few or long;
+        # they are counted only up to where no plane would take that path.
+        most = [self._slice_runs(n, m) for m in self._moves]
+        runs = _runs(s, d, most=max(most)) if disjoint else None
+        sliced = []
+        if runs is not None:
+            sliced = [m for m, k in zip(self._moves, most, strict=True) if len(runs) <= k]
+            for move in sliced:
+                for pos, length in runs:
+                    a, b = s.values[pos], d.values[pos]
+                    move.device[b : b + length].copy_(move.device[a : a + length])
+        rest = [m for m in self._moves if m not in sliced]
+        if rest:
+            s_dev, d_dev = self._to_device(torch.stack([s.tensor, d.tensor])).unbind(0)
+            for move in rest:
+                if self._kernel_for(move) and disjoint:
+                    _kernels.copy(move.device, move.device, s_dev, d_dev, n)
+                elif self._kernel_for(move):  # all sources read (into tmp) before any write
+                    tmp = move.device.new_empty((n, *move.device.shape[1:]))
+                    _kernels.copy(move.device, tmp, s_dev, None, n)
+                    _kernels.copy(tmp, move.device, None, d_dev, n)
+                elif disjoint:
+                    _copy_indexed(move.device, s_dev, move.device, d_dev)
+                else:
+                    move.device.index_copy_(0, d_dev, move.device.index_select(0, s_dev))
+
+    @staticmethod
+    def _slice_runs(num_ids: int, move: _Move) -> int:
+        """The most runs for which slice copies beat the index path on `move`."""
+        plane_bytes = num_ids * move.plane.rows * move.plane.width * len(move.batch.buffers)
+        return max(SLICE_COPY_MAX_RUNS, plane_bytes // SLICE_COPY_MIN_RUN_BYTES)
+
+    def zero_blocks(self, ids: Ids) -> None:
+        """Fill the given blocks of every buffer with zero bytes."""
+        d = self._destinations(ids, "zero_blocks")
+        if not d.values:
+            return
+        d_dev = self._to_device(d.tensor)
+        for move in self._moves:
+            move.device.index_fill_(0, d_dev, 0)
+
+    def gather(self, ids: Ids, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The given blocks of every buffer as one contiguous uint8 `[len(ids), block_bytes]`
+        tensor on the device (the host-pool row format), written to `out` if given."""
+        s = self._sources(ids, "gather")
+        n = len(s.values)
+        if out is None:
+            out = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
+        else:
+            self._check_rows(out, n, "gather out")
+            if not out.is_contiguous():
+                raise ValueError("gather out must be contiguous")
+        if n:
+            self._gather_into(out, self._to_device(s.tensor))
+        return out
+
+    def _check_rows(self, rows: object, n: int, what: str) -> None:
+        if not isinstance(rows, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(rows).__name__}")
+        if rows.dtype != torch.uint8:
+            raise TypeError(f"{what} must be uint8, got {rows.dtype}")
+        if tuple(rows.shape) != (n, self.block_bytes):
+            raise ValueError(
+                f"{what} must have shape ({n}, {self.block_bytes}), got {tuple(rows.shape)}"
+            )
+        if rows.device != self.device:
+            raise ValueError(f"{what} is on {rows.device}, the pages on {self.device}")
+
+    def _gather_into(self, out: torch.Tensor, ids: torch.Tensor) -> None:
+        for move in self._moves:
+            rows = self._rows_view(out, move)
+            if self._kernel_for(move):
+                _kernels.copy(move.device, rows, ids, None, ids.numel())
+            else:
+                torch.index_select(move.device, 0, ids, out=rows)
+
+    def _kernel_for(self, move: _Move) -> bool:
+        return _kernels.usable(self.device, len(move.batch.buffers) * move.plane.rows)
+
+    def scatter(self, ids: Ids, data: torch.Tensor) -> None:
+        """Write `data` (as returned by gather: uint8 `[len(ids), block_bytes]` on the
+        device) into the given blocks."""
+        d = self._destinations(ids, "scatter")
+        self._check_rows(data, len(d.values), "scatter data")
+        if d.values:
+            self._scatter_from(data.contiguous(), self._to_device(d.tensor))
+
+    def _scatter_from(self, data: torch.Tensor, ids: torch.Tensor) -> None:
+        for move in self._moves:
+            rows = self._rows_view(data, move)
+            if self._kernel_for(move):
+                _kernels.copy(rows, move.device, None, ids, ids.numel())
+            else:
+                move.device.index_copy_(0, ids, rows)
+
+    def _dma_runs(self, ids: HostIds) -> list[tuple[int, int]] | None:
+        """Runs of consecutive host ids, if few or long enough for one DMA each; else None."""
+        n = len(ids.values)
+        return _runs(ids, most=max(DMA_MAX_RUNS, n * self.block_bytes // DMA_MIN_RUN_BYTES))
+
+    def swap_out(self, device_ids: Ids, host_ids: Ids) -> Transfer:
+        """Copy device blocks to host-pool blocks on a side stream; returns the Transfer.
+
+        The side stream first waits for the current stream, so the pages hold everything
+        queued before the call. The device pages may be reused once `event` completes; the
+        host rows are valid after `synchronize()`.
+        """
+        host = self._need_host_pool("swap_out")
+        src = self._sources(device_ids, "swap_out device ids")
+        dst = self._destinations(host_ids, "swap_out host ids", host_side=True)
+        self._same_length(src, dst, "swap_out")
+        n = len(src.values)
+        if n == 0:
+            return Transfer()
+        self._settle(all_swap_outs=False)
+        if self._swap_by_kernel():
+            with self._on_side():
+                s_dev, d_dev = self._to_device(torch.stack([src.tensor, dst.tensor])).unbind(0)
+                for move in self._moves:
+                    _kernels.copy(move.device, self._rows_view(host, move), s_dev, d_dev, n)
+                return self._track(self._transfer(()))
+        if self.device.type == "cpu":
+            for move in self._moves:
+                _copy_indexed(move.device, src.tensor, self._rows_view(host, move), dst.tensor)
+            return Transfer()
+        if self._side is None:  # another accelerator: synchronous, through host memory
+            rows = self.gather(src.tensor).to("cpu")
+            self._words(host).index_copy_(0, dst.tensor, self._words(rows))
+            return Transfer()
+        runs = self._dma_runs(dst)
+        with self._on_side():
+            staging = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
+            self._gather_into(staging, self._to_device(src.tensor))
+            if runs is not None:
+                for pos, length in runs:
+                    first = dst.values[pos]
+                    host[first : first + length].copy_(
+                        staging[pos : pos + length], non_blocking=True
+                    )
+                return self._track(self._transfer((staging,)))
+            pinned = torch.empty_like(staging, device="cpu", pin_memory=True)
+            pinned.copy_(staging, non_blocking=True)
+            transfer = self._transfer(
+                (staging, pinned),
+                lambda: self._words(host).index_copy_(0, dst.tensor, self._words(pinned)),
+            )
+        return self._track(transfer)
+
+    def _swap_by_kernel(self) -> bool:
+        """Swaps run as one kernel per plane reading/writing the pinned host pool directly
+        (over unified addressing) when KVBLOCKS_DEVICE_SWAP=kernel and the kernel is usable;
+        by default they use the copy engines (DMA)."""
+        return _kernels.swap_mode() == "kernel" and all(self._kernel_for(m) for m in self._moves)
+
+    def _on_side(self) -> contextlib.AbstractContextManager[object]:
+        """Run on the side stream after the work queued so far (no-op off CUDA)."""
+        if self._side is None:
+            return contextlib.nullcontext()
+        self._side.wait_stream(torch.cuda.current_stream(self.device))
+        return torch.cuda.stream(self._side)
+
+    def _transfer(
+        self, keep: tuple[torch.Tensor, ...], finish: Callable[[], object] | None = None
+    ) -> Transfer:
+        """A Transfer for the work just queued on the side stream (complete off CUDA)."""
+        if self._side is None:
+            if finish is not None:
+                finish()
+            return Transfer()
+        event = _event()
+        event.record(self._side)
+        return Transfer(event, self.device, keep, finish)
+
+    def _track(self, transfer: Transfer) -> Transfer:
+        self._swap_outs.append(transfer)
+        return transfer
+
+    def _settle(self, all_swap_outs: bool) -> None:
+        """Finish earlier swap_outs that could race with a new host-pool access: those with a
+        host-side step (it writes host rows outside any stream), or all of them before the host
+        itself reads the pool. Device-side steps are already ordered on the side stream."""
+        pending = []
+        for transfer in self._swap_outs:
+            if transfer.done():
+                continue
+            if all_swap_outs or transfer.has_host_step:
+                transfer.synchronize()
+            else:
+                pending.append(transfer)
+        self._swap_outs = pending
+
+    def swap_in(self, host_ids: Ids, device_ids: Ids) -> Transfer:
+        """Copy host-pool blocks into device blocks on a side stream; returns the Transfer.
+
+        The side stream first waits for the current stream (earlier readers of the target
+        pages finish first). Call `wait()` on the Transfer before reading the pages.
+        """
+        host = self._need_host_pool("swap_in")
+        src = self._sources(host_ids, "swap_in host ids", self.host_blocks)
+        dst = self._destinations(device_ids, "swap_in device ids")
+        self._same_length(src, dst, "swap_in")
+        n = len(src.values)
+        if n == 0:
+            return Transfer()
+        if self._swap_by_kernel():
+            self._settle(all_swap_outs=False)
+            with self._on_side():
+                s_dev, d_dev = self._to_device(torch.stack([src.tensor, dst.tensor])).unbind(0)
+                for move in self._moves:
+                    _kernels.copy(self._rows_view(host, move), move.device, s_dev, d_dev, n)
+                return self._transfer(())
+        if self.device.type == "cpu":
+            for move in self._moves:
+                _copy_indexed(self._rows_view(host, move), src.tensor, move.device, dst.tensor)
+            return Transfer()
+        if self._side is None:  # another accelerator: synchronous, through host memory
+            rows = self._words(host).index_select(0, src.tensor).view(torch.uint8)
+            self._scatter_from(rows.to(self.device), self._to_device(dst.tensor))
+            return Transfer()
+        runs = self._dma_runs(src)
+        self._settle(all_swap_outs=runs is None)  # the host reads the pool below if None
+        with self._on_side():
+            staging = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
+            keep: tuple[torch.Tensor, ...] = (staging,)
+            if runs is not None:
+                for pos, length in runs:
+                    first = src.values[pos]
+                    staging[pos : pos + length].copy_(
+                        host[first : first + length], non_blocking=True
+                    )
+            else:
+                source = torch.empty((n, self.block_bytes), dtype=torch.uint8, pin_memory=True)
+                torch.index_select(self._words(host), 0, src.tensor, out=self._words(source))
+                staging.copy_(source, non_blocking=True)
+                keep = (staging, source)
+            self._scatter_from(staging, self._to_device(dst.tensor))
+            return self._transfer(keep)
+
+    def write_slots(
+        self,
+        name: str,
+        key: torch.Tensor,
+        value: torch.Tensor | None,
+        slot_mapping: Ids,
+    ) -> None:
+        """Store new tokens' K/V (vLLM's reshape_and_cache): token i goes to block
+        `slot // block_size`, offset `slot % block_size`; negative slots are padding.
+
+        Attention: key `[T, num_kv_heads, head_size]`, value `[T, num_kv_heads, head_size_v]`.
+        MLA: key `[T, head_size]` (the latent and rope parts concatenated), value None.
+        Tensors must already be in the cache dtype (no fp8 scaling here). Slots are validated
+        on the host (a device slot_mapping costs one sync); valid slots must be unique.
+        """
+        geom = self._layer(name, "attention", "mla")
+        slots = _host_ids(slot_mapping, "write_slots slot_mapping").tensor
+        if geom.kind == "mla":
+            if value is not None:
+                raise ValueError(f"MLA layer {name!r} stores one latent: pass value=None")
+            pairs: list[tuple[torch.Tensor, tuple[int, ...], torch.Tensor]] = [
+                (key, (geom.head_size,), self.kv_cache(name))
+            ]
+        else:
+            if value is None:
+                raise ValueError(f"attention layer {name!r} needs a value tensor")
+            heads = geom.num_kv_heads
+            pairs = [
+                (key, (heads, geom.head_size), self.key_cache(name)),
+                (value, (heads, geom.head_size_v), self.value_cache(name)),
+            ]
+        for tensor, inner, _cache in pairs:
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(
+                    f"write_slots: expected a torch.Tensor, got {type(tensor).__name__}"
+                )
+            if tuple(tensor.shape) != (slots.numel(), *inner):
+                raise ValueError(
+                    f"write_slots {name!r}: expected shape "
+                    f"{(slots.numel(), *inner)}, got {tuple(tensor.shape)}"
+                )
+            if tensor.dtype != geom.dtype:
+                raise TypeError(f"write_slots {name!r}: expected {geom.dtype}, got {tensor.dtype}")
+            if tensor.device != self.device:
+                raise ValueError(
+                    f"write_slots {name!r}: tensor on {tensor.device}, pages on {self.device}"
+                )
+        valid = slots >= 0
+        kept = slots[valid]
+        bs = geom.block_size
+        kept_values = kept.tolist()
+        _check_range(kept_values, self.num_blocks * bs, "write_slots slot")
+        _check_unique(kept_values, "write_slots slot_mapping")
+        if self._null and kept_values and min(kept_values) < bs:
+            raise ValueError("write_slots: a slot falls in block 0, the null block")
+        if kept.numel() == 0:
+            return
+        rows = None if bool(valid.all()) else self._to_device(torch.nonzero(valid).flatten())
+        index = (self._to_device(kept // bs), self._to_device(kept % bs))
+        for tensor, _inner, cache in pairs:
+            cache.index_put_(index, tensor if rows is None else tensor.index_select(0, rows))
+
+
+_WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}

@@ -1,0 +1,97 @@
+"""Block tables and slot mappings for attention kernels, built with tensor ops only."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvblocks.device._pages import Ids, _host_ids
+
+
+def _on(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def block_table(
+    block_ids_per_request: Sequence[Ids],
+    max_blocks: int,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """An int32 `[num_requests, max_blocks]` table, row r = request r's block ids padded with
+    0 (the null block), as vLLM's BlockTable."""
+    if max_blocks < 0:
+        raise ValueError(f"max_blocks must be >= 0, got {max_blocks}")
+    parts = [
+        _host_ids(ids, f"block_table request {r}").tensor
+        for r, ids in enumerate(block_ids_per_request)
+    ]
+    lengths = torch.tensor([p.numel() for p in parts], dtype=torch.int64)
+    table = torch.zeros((len(parts), max_blocks), dtype=torch.int32)
+    if parts and int(lengths.max()) > max_blocks:
+        row = int(torch.argmax(lengths))
+        raise ValueError(
+            f"block_table: request {row} has {int(lengths[row])} blocks, more than "
+            f"max_blocks={max_blocks}"
+        )
+    flat = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+    if flat.numel():
+        if int(flat.min()) < 0:
+            raise ValueError(f"block_table: negative block id {int(flat.min())}")
+        if int(flat.max()) > torch.iinfo(torch.int32).max:
+            raise OverflowError(f"block_table: block id {int(flat.max())} does not fit int32")
+        table[torch.arange(max_blocks) < lengths[:, None]] = flat.to(torch.int32)
+    return _on(torch.device(device), table)
+
+
+def slot_mapping(
+    table: torch.Tensor,
+    num_computed_tokens: Ids,
+    num_scheduled_tokens: Ids,
+    block_size: int,
+    pad_to: int | None = None,
+) -> torch.Tensor:
+    """int64 slots for the scheduled tokens of every request, in request order, on the
+    table's device: token at position p of request r goes to
+    `table[r, p // block_size] * block_size + p % block_size`. Positions run from
+    num_computed_tokens[r] for num_scheduled_tokens[r] tokens. Padded with -1 to `pad_to`.
+    """
+    if not isinstance(table, torch.Tensor) or table.dim() != 2:
+        raise TypeError("slot_mapping: table must be a 2-D tensor (see block_table)")
+    if table.dtype.is_floating_point or table.dtype == torch.bool:
+        raise TypeError(f"slot_mapping: table must hold integers, got {table.dtype}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    computed = _host_ids(num_computed_tokens, "slot_mapping num_computed_tokens").tensor
+    scheduled = _host_ids(num_scheduled_tokens, "slot_mapping num_scheduled_tokens").tensor
+    rows = table.shape[0]
+    if computed.numel() != rows or scheduled.numel() != rows:
+        raise ValueError(
+            f"slot_mapping: table has {rows} rows but {computed.numel()} computed "
+            f"and {scheduled.numel()} scheduled counts"
+        )
+    if rows and (int(computed.min()) < 0 or int(scheduled.min()) < 0):
+        raise ValueError("slot_mapping: token counts must be >= 0")
+    capacity = table.shape[1] * block_size
+    ends = computed + scheduled
+    if rows and int(ends.max()) > capacity:
+        row = int(torch.argmax(ends))
+        raise ValueError(
+            f"slot_mapping: request {row} reaches token {int(ends[row])}, beyond "
+            f"its {table.shape[1]} blocks of {block_size}"
+        )
+    total = int(scheduled.sum())
+    if pad_to is not None and pad_to < total:
+        raise ValueError(f"slot_mapping: pad_to={pad_to} < {total} scheduled tokens")
+    request = torch.repeat_interleave(torch.arange(rows), scheduled)
+    starts = torch.cumsum(scheduled, 0) - scheduled
+    positions = computed[request] + torch.arange(total) - starts[request]
+    index: Any = (_on(table.device, request), _on(table.device, positions // block_size))
+    slots = table[index].to(torch.int64) * block_size + _on(table.device, positions % block_size)
+    if pad_to is not None and pad_to > total:
+        pad = torch.full((pad_to - total,), -1, dtype=torch.int64, device=table.device)
+        slots = torch.cat([slots, pad])
+    return slots

@@ -1,0 +1,476 @@
+"""KV cache layouts: one description, built as a kvblocks or a vLLM ``KVCacheManager``.
+
+A :class:`KVLayout` names the attention groups of a model and the manager options; the
+same layout builds ``kvblocks.KVCacheManager`` (:func:`build_kvblocks_manager`) and vLLM
+0.33's ``KVCacheManager`` (:func:`build_vllm_manager`, vLLM imported only then), so both
+implementations always replay the very same configuration.
+
+Two families of layouts:
+
+* replay configs (:data:`REPLAY_CONFIGS`, :func:`replay_layout`): the small one- or
+  two-layer configurations of the conformance driver (``full``, ``hybrid``, ``swa``,
+  ``chunked``, ``mamba``, ``eagle``, ``bs32``);
+* model presets (:data:`MODEL_PRESETS`, :func:`model_layout`): whole models for
+  ``kvblocks simulate``, with a GPU memory budget turned into a block count.
+
+Memory rule (vLLM's, for groups with equal layer counts): every KV cache group owns block
+ids from one shared pool, so the pool needs one tensor per layer *position* of a group,
+shared by the groups; a block costs ``layers_per_group * max(page size of a layer)``
+bytes, and ``num_blocks = budget // that``. For one group this is the sum of the page
+sizes of all layers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+__all__ = [
+    "MODEL_PRESETS",
+    "REPLAY_CONFIGS",
+    "GroupDesc",
+    "KVLayout",
+    "ModelPreset",
+    "build_kvblocks_config",
+    "build_kvblocks_manager",
+    "build_vllm_manager",
+    "model_layout",
+    "parse_memory",
+    "replay_layout",
+]
+
+GroupKind = Literal["full", "sliding_window", "chunked_local", "mamba"]
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class GroupDesc:
+    """One KV cache group: layers sharing a block table.
+
+    Attributes:
+        kind: Attention type of the group.
+        num_layers: Layers in the group (only for memory sizing and layer names).
+        block_size: Tokens per block.
+        num_kv_heads: KV heads per layer (attention kinds).
+        head_size: Head size (attention kinds).
+        dtype: KV dtype name (``bfloat16``, ``float16``, ``float32``, ...).
+        sliding_window: Window of a ``sliding_window`` group.
+        attention_chunk_size: Chunk of a ``chunked_local`` group.
+        mamba_shapes: State shapes of a ``mamba`` group.
+        mamba_dtypes: State dtype names of a ``mamba`` group.
+        mamba_cache_mode: ``"align"`` (prefix caching) or ``"none"``.
+        layer_offset: Index of the group's first layer in the model's layer names.
+    """
+
+    kind: GroupKind
+    num_layers: int
+    block_size: int
+    num_kv_heads: int = 8
+    head_size: int = 128
+    dtype: str = "bfloat16"
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    mamba_shapes: tuple[tuple[int, ...], ...] = ()
+    mamba_dtypes: tuple[str, ...] = ()
+    mamba_cache_mode: str = "none"
+    layer_offset: int = 0
+
+    @property
+    def layer_names(self) -> list[str]:
+        """Layer names, ``model.layers.<i>.self_attn`` (``.mixer`` for mamba)."""
+        suffix = "mixer" if self.kind == "mamba" else "self_attn"
+        first = self.layer_offset
+        return [f"model.layers.{first + i}.{suffix}" for i in range(self.num_layers)]
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one block of one layer (K and V for attention, all states for mamba)."""
+        if self.kind == "mamba":
+            return sum(
+                math.prod(s) * _DTYPE_BYTES[d]
+                for s, d in zip(self.mamba_shapes, self.mamba_dtypes, strict=True)
+            )
+        return self.block_size * self.num_kv_heads * 2 * self.head_size * _DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """A KV cache configuration plus the ``KVCacheManager`` options to build it with."""
+
+    groups: tuple[GroupDesc, ...]
+    num_blocks: int
+    max_model_len: int
+    hash_block_size: int
+    scheduler_block_size: int
+    enable_caching: bool = True
+    use_eagle: bool = False
+    max_in_flight_tokens: int | None = None
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Memory of one pool block across all layers (see the module docs)."""
+        slots = max(g.num_layers for g in self.groups)
+        return slots * max(g.page_size_bytes for g in self.groups)
+
+    def with_num_blocks(self, num_blocks: int) -> KVLayout:
+        """A copy with another pool size."""
+        return replace(self, num_blocks=num_blocks)
+
+
+# ------------------------------------------------------------------ builders
+def build_kvblocks_config(layout: KVLayout) -> Any:
+    """``kvblocks.KVCacheConfig`` for ``layout`` (no tensors: the manager needs none)."""
+    import kvblocks as kb
+
+    k: Any = kb
+    groups = []
+    for g in layout.groups:
+        spec: Any
+        common: dict[str, Any] = {"block_size": g.block_size}
+        if g.kind == "mamba":
+            spec = k.MambaSpec(
+                shapes=[list(s) for s in g.mamba_shapes],
+                dtypes=list(g.mamba_dtypes),
+                mamba_cache_mode=g.mamba_cache_mode,
+                **common,
+            )
+        else:
+            common.update(num_kv_heads=g.num_kv_heads, head_size=g.head_size, dtype=g.dtype)
+            if g.kind == "full":
+                spec = k.FullAttentionSpec(**common)
+            elif g.kind == "sliding_window":
+                spec = k.SlidingWindowSpec(sliding_window=g.sliding_window, **common)
+            else:
+                spec = k.ChunkedLocalAttentionSpec(
+                    attention_chunk_size=g.attention_chunk_size, **common
+                )
+        groups.append(k.KVCacheGroupSpec(g.layer_names, spec))
+    return k.KVCacheConfig(layout.num_blocks, [], groups)
+
+
+def build_kvblocks_manager(layout: KVLayout) -> Any:
+    """``kvblocks.KVCacheManager`` for ``layout``."""
+    import kvblocks as kb
+
+    k: Any = kb
+    return k.KVCacheManager(
+        build_kvblocks_config(layout),
+        layout.max_model_len,
+        layout.hash_block_size,
+        scheduler_block_size=layout.scheduler_block_size,
+        max_in_flight_tokens=layout.max_in_flight_tokens,
+        enable_caching=layout.enable_caching,
+        use_eagle=layout.use_eagle,
+    )
+
+
+def build_vllm_manager(layout: KVLayout) -> Any:
+    """vLLM 0.33's ``KVCacheManager`` for ``layout`` (imports vLLM and torch)."""
+    # importlib keeps vLLM and torch (optional, untyped here) out of the type check.
+    torch = importlib.import_module("torch")
+    iface = importlib.import_module("vllm.v1.kv_cache_interface")
+    KVCacheManager = importlib.import_module("vllm.v1.core.kv_cache_manager").KVCacheManager
+    ChunkedLocalAttentionSpec = iface.ChunkedLocalAttentionSpec
+    FullAttentionSpec, SlidingWindowSpec = iface.FullAttentionSpec, iface.SlidingWindowSpec
+    KVCacheConfig, KVCacheGroupSpec, MambaSpec = (
+        iface.KVCacheConfig,
+        iface.KVCacheGroupSpec,
+        iface.MambaSpec,
+    )
+
+    groups = []
+    for g in layout.groups:
+        spec: Any
+        if g.kind == "mamba":
+            spec = MambaSpec(
+                block_size=g.block_size,
+                shapes=g.mamba_shapes,
+                dtypes=tuple(getattr(torch, d) for d in g.mamba_dtypes),
+                mamba_cache_mode=g.mamba_cache_mode,
+            )
+        else:
+            common: dict[str, Any] = {
+                "block_size": g.block_size,
+                "num_kv_heads": g.num_kv_heads,
+                "head_size": g.head_size,
+                "dtype": getattr(torch, g.dtype),
+            }
+            if g.kind == "full":
+                spec = FullAttentionSpec(**common)
+            elif g.kind == "sliding_window":
+                spec = SlidingWindowSpec(sliding_window=g.sliding_window, **common)
+            else:
+                spec = ChunkedLocalAttentionSpec(
+                    attention_chunk_size=g.attention_chunk_size, **common
+                )
+        groups.append(KVCacheGroupSpec(g.layer_names, spec))
+    cfg = KVCacheConfig(num_blocks=layout.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    return KVCacheManager(
+        kv_cache_config=cfg,
+        max_model_len=layout.max_model_len,
+        scheduler_block_size=layout.scheduler_block_size,
+        hash_block_size=layout.hash_block_size,
+        max_in_flight_tokens=layout.max_in_flight_tokens,
+        enable_caching=layout.enable_caching,
+        use_eagle=layout.use_eagle,
+        log_stats=False,
+    )
+
+
+# ------------------------------------------------------------- replay configs
+REPLAY_CONFIGS = ("full", "hybrid", "swa", "chunked", "mamba", "eagle", "bs32")
+
+# A small Mamba2-like state: conv (3, 2048) bf16 and SSM (32, 64, 128) fp32.
+_MAMBA_SHAPES = ((3, 2048), (32, 64, 128))
+_MAMBA_DTYPES = ("bfloat16", "float32")
+
+
+def _mamba_group(
+    block_size: int, caching: bool, max_model_len: int, num_layers: int, offset: int
+) -> tuple[GroupDesc, int]:
+    """The mamba group and the scheduler/hash block size it forces.
+
+    vLLM 0.33's KVCacheManager asserts mode "align" when prefix caching is on (then the
+    mamba block size is the attention block size); without caching vLLM uses mode "none"
+    with one state block per request (block size = max_model_len), and the scheduler
+    block size becomes lcm(attention block size, max_model_len).
+    """
+    if caching:
+        mode, bs, sched = "align", block_size, block_size
+    else:
+        mode, bs = "none", max_model_len
+        sched = math.lcm(block_size, max_model_len)
+    group = GroupDesc(
+        "mamba",
+        num_layers,
+        bs,
+        mamba_shapes=_MAMBA_SHAPES,
+        mamba_dtypes=_MAMBA_DTYPES,
+        mamba_cache_mode=mode,
+        layer_offset=offset,
+    )
+    return group, sched
+
+
+def replay_layout(
+    config: str,
+    *,
+    num_blocks: int,
+    block_size: int = 16,
+    max_model_len: int = 262144,
+    sliding_window: int = 1024,
+    chunk_size: int = 8192,
+    enable_caching: bool = True,
+    max_in_flight_tokens: int | None = None,
+) -> KVLayout:
+    """The layout of one of :data:`REPLAY_CONFIGS` (one layer per group, 8 heads x 128, bf16).
+
+    ``full``: full attention; ``hybrid``: full + sliding window; ``swa``: sliding window
+    only; ``chunked``: full + chunked local; ``mamba``: full + mamba; ``eagle``: full with
+    ``use_eagle``; ``bs32``: full attention with 32-token blocks over 16-token hashes (plus a
+    16-token full-attention group: vLLM 0.33 accepts mixed block sizes only in the hybrid
+    coordinator), scheduler block size 32.
+    """
+    if config not in REPLAY_CONFIGS:
+        raise ValueError(f"unknown config {config!r}; choose from {', '.join(REPLAY_CONFIGS)}")
+    full = GroupDesc("full", 1, block_size)
+    groups: tuple[GroupDesc, ...] = (full,)
+    hash_bs = sched_bs = block_size
+    if config == "hybrid":
+        groups = (
+            full,
+            GroupDesc(
+                "sliding_window", 1, block_size, sliding_window=sliding_window, layer_offset=1
+            ),
+        )
+    elif config == "swa":
+        groups = (GroupDesc("sliding_window", 1, block_size, sliding_window=sliding_window),)
+    elif config == "chunked":
+        chunked = GroupDesc(
+            "chunked_local", 1, block_size, attention_chunk_size=chunk_size, layer_offset=1
+        )
+        groups = (full, chunked)
+    elif config == "mamba":
+        mamba, sched_bs = _mamba_group(block_size, enable_caching, max_model_len, 1, 1)
+        groups = (full, mamba)
+        hash_bs = block_size if enable_caching else sched_bs
+    elif config == "bs32":
+        # vLLM 0.33's unitary coordinator asserts hash_block_size == block_size, so blocks
+        # coarser than the hash need the hybrid coordinator: a second full-attention group.
+        groups = (GroupDesc("full", 1, 2 * block_size), replace(full, layer_offset=1))
+        sched_bs = 2 * block_size
+    return KVLayout(
+        groups,
+        num_blocks,
+        max_model_len,
+        hash_bs,
+        sched_bs,
+        enable_caching=enable_caching,
+        use_eagle=config == "eagle",
+        max_in_flight_tokens=max_in_flight_tokens,
+    )
+
+
+# --------------------------------------------------------------- model presets
+@dataclass(frozen=True)
+class ModelPreset:
+    """A model's KV cache shape, for ``kvblocks simulate --model``."""
+
+    name: str
+    description: str
+    groups: tuple[GroupDesc, ...]
+
+
+MODEL_PRESETS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in (
+        ModelPreset(
+            "llama-3-8b",
+            "Llama-3-8B-like: 32 full-attention layers, 8 KV heads x 128, bf16",
+            (GroupDesc("full", 32, 16, 8, 128),),
+        ),
+        ModelPreset(
+            "gpt-oss",
+            "gpt-oss-like: 24 layers alternating full / sliding window 128, 8 KV heads x 64",
+            (
+                GroupDesc("full", 12, 16, 8, 64),
+                GroupDesc("sliding_window", 12, 16, 8, 64, sliding_window=128, layer_offset=12),
+            ),
+        ),
+        ModelPreset(
+            "hybrid-mamba",
+            "1:1 attention/Mamba2 hybrid: 8 full-attention layers (8 KV heads x 128) "
+            "+ 8 Mamba2 layers (conv 3x2048 bf16, SSM 32x64x128 fp32)",
+            (GroupDesc("full", 8, 16, 8, 128), GroupDesc("mamba", 8, 16, layer_offset=8)),
+        ),
+    )
+}
+
+
+def parse_memory(text: str) -> int:
+    """Bytes of a size such as ``40GiB``, ``512MiB``, ``1.5GB`` or ``1000000``.
+
+    Raises:
+        ValueError: Not a positive size.
+    """
+    units = {
+        "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+        "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    }  # fmt: skip
+    s = text.strip().lower()
+    num = s.rstrip("abgikmt")
+    unit = s[len(num) :]
+    try:
+        value = float(num)
+    except ValueError:
+        raise ValueError(f"not a memory size: {text!r} (e.g. 40GiB)") from None
+    if unit not in units or value <= 0 or not math.isfinite(value):
+        raise ValueError(f"not a memory size: {text!r} (e.g. 40GiB)")
+    return int(value * units[unit])
+
+
+_OVERRIDABLE = ("num_layers", "num_kv_heads", "head_size", "dtype", "sliding_window")
+
+
+def _with_overrides(
+    groups: tuple[GroupDesc, ...], overrides: dict[str, Any]
+) -> tuple[GroupDesc, ...]:
+    unknown = set(overrides) - set(_OVERRIDABLE)
+    if unknown:
+        raise ValueError(f"cannot override {', '.join(sorted(unknown))}")
+    if "dtype" in overrides and overrides["dtype"] not in _DTYPE_BYTES:
+        raise ValueError(
+            f"unknown dtype {overrides['dtype']!r}; choose from {', '.join(_DTYPE_BYTES)}"
+        )
+    out = []
+    offset = 0
+    for g in groups:
+        if g.kind != "mamba":
+            fields = {k: v for k, v in overrides.items() if k != "sliding_window"}
+            if g.kind == "sliding_window" and "sliding_window" in overrides:
+                fields["sliding_window"] = overrides["sliding_window"]
+            g = replace(g, **fields)
+        out.append(replace(g, layer_offset=offset))
+        offset += g.num_layers
+    return tuple(out)
+
+
+def _default_block_size(groups: tuple[GroupDesc, ...]) -> int:
+    """16, or with mamba layers vLLM's choice: the smallest multiple of 16 whose attention
+    page holds a mamba state (so that all groups share one page size)."""
+    mamba = [g for g in groups if g.kind == "mamba"]
+    if not mamba:
+        return 16
+    state = _mamba_group(16, False, 16, 1, 0)[0].page_size_bytes
+    per_token = max(g.page_size_bytes // g.block_size for g in groups if g.kind != "mamba")
+    return 16 * -(-state // (16 * per_token))
+
+
+def model_layout(
+    preset: str,
+    *,
+    block_size: int | None = None,
+    num_blocks: int | None = None,
+    gpu_memory: int | None = None,
+    max_model_len: int = 262144,
+    enable_caching: bool = True,
+    max_in_flight_tokens: int | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> KVLayout:
+    """The layout of a model preset, sized by ``num_blocks`` or a ``gpu_memory`` budget.
+
+    Args:
+        preset: A key of :data:`MODEL_PRESETS`.
+        block_size: Attention block size (default 16).
+        num_blocks: Pool size; exclusive with ``gpu_memory``.
+        gpu_memory: KV cache memory budget in bytes (``num_blocks = budget // bytes per
+            block``, see the module docs).
+        max_model_len: Longest sequence.
+        enable_caching: Prefix caching.
+        max_in_flight_tokens: Tokens in flight (the step's token budget).
+        overrides: Explicit attention-layer fields replacing the preset's in every
+            attention group: ``num_layers``, ``num_kv_heads``, ``head_size``, ``dtype``,
+            ``sliding_window`` (sliding-window groups only).
+
+    Raises:
+        ValueError: Unknown preset, or neither / both of ``num_blocks`` and ``gpu_memory``,
+            or a budget too small for two blocks.
+    """
+    if preset not in MODEL_PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; choose from {', '.join(MODEL_PRESETS)}")
+    if (num_blocks is None) == (gpu_memory is None):
+        raise ValueError("give exactly one of num_blocks and gpu_memory")
+    spec_groups = _with_overrides(MODEL_PRESETS[preset].groups, overrides or {})
+    bs = block_size or _default_block_size(spec_groups)
+    groups: list[GroupDesc] = []
+    hash_bs = sched_bs = bs
+    for g in spec_groups:
+        if g.kind == "mamba":
+            mamba, sched_bs = _mamba_group(
+                bs, enable_caching, max_model_len, g.num_layers, g.layer_offset
+            )
+            hash_bs = bs if enable_caching else sched_bs
+            groups.append(mamba)
+        else:
+            groups.append(replace(g, block_size=bs))
+    layout = KVLayout(
+        tuple(groups),
+        num_blocks or 0,
+        max_model_len,
+        hash_bs,
+        sched_bs,
+        enable_caching=enable_caching,
+        max_in_flight_tokens=max_in_flight_tokens,
+    )
+    if gpu_memory is not None:
+        n = gpu_memory // layout.bytes_per_block
+        if n < 2:
+            raise ValueError(
+                f"gpu memory {gpu_memory} bytes holds {n} blocks of "
+                f"{layout.bytes_per_block} bytes; need at least 2"
+            )
+        layout = layout.with_num_blocks(n)
+    return layout

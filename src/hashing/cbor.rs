@@ -1,0 +1,197 @@
+//! Canonical CBOR, byte-exact with `cbor2.dumps(obj, canonical=True)` for the value kinds
+//! of block-hash inputs: tuples become arrays, ints use the shortest head, `None` is
+//! `0xf6`, bools `0xf4`/`0xf5`, `str` a text string, `bytes` a byte string.
+
+use super::encode::Encoder;
+
+/// CBOR encoder writing into a caller-owned, reused buffer.
+pub(crate) struct Cbor<'b> {
+    buf: &'b mut Vec<u8>,
+}
+
+impl<'b> Cbor<'b> {
+    /// An encoder appending to `buf` (cleared by [`Encoder::begin`]).
+    pub(crate) fn new(buf: &'b mut Vec<u8>) -> Self {
+        Self { buf }
+    }
+
+    /// Writes a data item head: major type `major` with argument `arg`, shortest form.
+    #[inline]
+    fn head(&mut self, major: u8, arg: u64) {
+        let m = major << 5;
+        if arg < 24 {
+            self.buf.push(m | arg as u8);
+        } else if arg <= 0xff {
+            self.buf.extend_from_slice(&[m | 24, arg as u8]);
+        } else if arg <= 0xffff {
+            let b = (arg as u16).to_be_bytes();
+            self.buf.extend_from_slice(&[m | 25, b[0], b[1]]);
+        } else if arg <= 0xffff_ffff {
+            let b = (arg as u32).to_be_bytes();
+            self.buf
+                .extend_from_slice(&[m | 26, b[0], b[1], b[2], b[3]]);
+        } else {
+            self.buf.push(m | 27);
+            self.buf.extend_from_slice(&arg.to_be_bytes());
+        }
+    }
+}
+
+/// The CBOR encoding of the unsigned int `t` as a little-endian word, and its length.
+///
+/// NOTE 1: branch-free, because token widths are random (1, 2, 3 or 5 bytes) and a
+/// mispredicted branch per token costs more than the whole encoding. The class
+/// `c = [t >= 24] + [t >= 256] + [t >= 65536]` picks the head byte (`t` itself, or
+/// 0x18/0x19/0x1a) and the payload length `(1 << c) >> 1` (0, 1, 2 or 4 bytes, big endian).
+#[inline(always)]
+fn uint32_word(t: u32) -> (u64, usize) {
+    let c = u32::from(t >= 24) + u32::from(t >= 256) + u32::from(t >= 65536);
+    let plen = (1u32 << c) >> 1;
+    let head = if c == 0 { t } else { 0x17 + c };
+    let payload = u64::from(t.swap_bytes()) >> (32 - 8 * plen);
+    (u64::from(head) | (payload << 8), 1 + plen as usize)
+}
+
+impl Encoder for Cbor<'_> {
+    fn begin(&mut self) {
+        self.buf.clear();
+    }
+
+    fn finish(&mut self) -> &[u8] {
+        self.buf
+    }
+
+    fn none(&mut self) {
+        self.buf.push(0xf6);
+    }
+
+    fn boolean(&mut self, v: bool) {
+        self.buf.push(if v { 0xf5 } else { 0xf4 });
+    }
+
+    fn int(&mut self, v: i64) {
+        if v >= 0 {
+            self.head(0, v as u64);
+        } else {
+            // -1 - v, computed without overflow for i64::MIN.
+            self.head(1, !(v as u64));
+        }
+    }
+
+    fn str(&mut self, s: &str) {
+        self.head(3, s.len() as u64);
+        self.buf.extend_from_slice(s.as_bytes());
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        self.head(2, b.len() as u64);
+        self.buf.extend_from_slice(b);
+    }
+
+    fn tuple_begin(&mut self, n: usize) {
+        self.head(4, n as u64);
+    }
+
+    fn tuple_end(&mut self, _n: usize) {}
+
+    fn tokens(&mut self, tokens: &[u32]) {
+        self.head(4, tokens.len() as u64);
+        // Reserve the worst case (5 bytes per token, plus slack for the 8-byte stores),
+        // write in place, then trim.
+        let start = self.buf.len();
+        self.buf.resize(start + 5 * tokens.len() + 8, 0);
+        let out = &mut self.buf[start..];
+        let mut pos = 0;
+        for &t in tokens {
+            let (word, len) = uint32_word(t);
+            out[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
+            pos += len;
+        }
+        self.buf.truncate(start + pos);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hashing::encode::{encode_block, write_value};
+    use crate::types::KeyValue;
+
+    fn enc(v: &KeyValue) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let mut e = Cbor::new(&mut buf);
+        e.begin();
+        write_value(&mut e, v);
+        e.finish().to_vec()
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    #[test]
+    fn ints_use_the_shortest_head() {
+        // cbor2.dumps((0,1,255,256,65535,65536,2**32,-1,-24,-25,-2**63), canonical=True)
+        let v = KeyValue::Tuple(
+            [
+                0,
+                1,
+                255,
+                256,
+                65535,
+                65536,
+                1 << 32,
+                -1,
+                -24,
+                -25,
+                i64::MIN,
+            ]
+            .into_iter()
+            .map(KeyValue::Int)
+            .collect(),
+        );
+        assert_eq!(
+            hex(&enc(&v)),
+            "8b000118ff19010019ffff1a000100001b0000000100000000203738183b7fffffffffffffff"
+        );
+    }
+
+    #[test]
+    fn atoms_and_strings() {
+        // cbor2.dumps((None, True, False, 'abc', b'xx', ()), canonical=True)
+        let v = KeyValue::Tuple(vec![
+            KeyValue::None,
+            KeyValue::Bool(true),
+            KeyValue::Bool(false),
+            KeyValue::Str("abc".into()),
+            KeyValue::Bytes(b"xx".to_vec()),
+            KeyValue::Tuple(vec![]),
+        ]);
+        assert_eq!(hex(&enc(&v)), "86f6f5f46361626342787880");
+    }
+
+    #[test]
+    fn block_layout_matches_the_reference_vector() {
+        // (NONE_HASH, (0,1,2,3), None) -> 83 5820 <32B> 84 00 01 02 03 f6
+        let parent = [0xabu8; 32];
+        let mut buf = Vec::new();
+        let mut e = Cbor::new(&mut buf);
+        let out = encode_block::<_, [KeyValue]>(&mut e, &parent, &[0, 1, 2, 3], None);
+        let mut want = vec![0x83, 0x58, 0x20];
+        want.extend_from_slice(&parent);
+        want.extend_from_slice(&[0x84, 0, 1, 2, 3, 0xf6]);
+        assert_eq!(out, &want[..]);
+    }
+
+    #[test]
+    fn token_widths() {
+        let mut buf = Vec::new();
+        let mut e = Cbor::new(&mut buf);
+        e.begin();
+        e.tokens(&[23, 24, 255, 256, 65535, 65536, u32::MAX]);
+        assert_eq!(
+            hex(e.finish()),
+            "8717181818ff19010019ffff1a000100001affffffff"
+        );
+    }
+}

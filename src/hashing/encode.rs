@@ -1,0 +1,102 @@
+//! The serializer interface shared by the CBOR and pickle encoders, and the one function
+//! that lays out vLLM's hash input `(parent, tuple(tokens), extra_keys)` on top of it.
+
+use crate::types::KeyValue;
+
+/// A serializer of the Python values that appear in block-hash inputs.
+///
+/// Each method appends one value (or the start/end of a tuple) to the encoder's buffer,
+/// exactly as vLLM's serializer (cbor2 canonical or CPython pickle protocol 5) writes the
+/// corresponding Python object.
+pub(crate) trait Encoder {
+    /// Clears the buffer and writes the stream header, if any.
+    fn begin(&mut self);
+    /// Writes the stream trailer, if any, and returns the finished bytes.
+    fn finish(&mut self) -> &[u8];
+    /// Python `None`.
+    fn none(&mut self);
+    /// Python `bool`.
+    fn boolean(&mut self, v: bool);
+    /// Python `int`.
+    fn int(&mut self, v: i64);
+    /// Python `str`.
+    fn str(&mut self, s: &str);
+    /// Python `bytes`.
+    fn bytes(&mut self, b: &[u8]);
+    /// Starts a tuple of `n` items; the items follow, then [`Encoder::tuple_end`].
+    fn tuple_begin(&mut self, n: usize);
+    /// Ends a tuple of `n` items.
+    fn tuple_end(&mut self, n: usize);
+    /// `tuple(tokens)`: a tuple of non-negative ints (the hot path).
+    fn tokens(&mut self, tokens: &[u32]);
+}
+
+/// A source of a block's extra keys: the tuple's length, then its items.
+pub(crate) trait ExtraKeys {
+    /// Number of items in the extra-keys tuple.
+    fn count(&self) -> usize;
+    /// Writes the items (not the enclosing tuple).
+    fn write_items<E: Encoder>(&self, e: &mut E);
+}
+
+impl ExtraKeys for [KeyValue] {
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn write_items<E: Encoder>(&self, e: &mut E) {
+        for v in self {
+            write_value(e, v);
+        }
+    }
+}
+
+/// Writes one value tree.
+pub(crate) fn write_value<E: Encoder>(e: &mut E, v: &KeyValue) {
+    match v {
+        KeyValue::None => e.none(),
+        KeyValue::Bool(b) => e.boolean(*b),
+        KeyValue::Int(i) => e.int(*i),
+        KeyValue::Str(s) => e.str(s),
+        KeyValue::Bytes(b) => e.bytes(b),
+        KeyValue::Tuple(items) => {
+            e.tuple_begin(items.len());
+            for item in items {
+                write_value(e, item);
+            }
+            e.tuple_end(items.len());
+        }
+    }
+}
+
+/// Serializes `(parent, tuple(tokens), extra_keys)` (extra keys `None` when absent) and
+/// returns the bytes vLLM's hash function would digest.
+pub(crate) fn encode_block<'e, E: Encoder, K: ExtraKeys + ?Sized>(
+    e: &'e mut E,
+    parent: &[u8],
+    tokens: &[u32],
+    extra_keys: Option<&K>,
+) -> &'e [u8] {
+    e.begin();
+    e.tuple_begin(3);
+    e.bytes(parent);
+    e.tokens(tokens);
+    match extra_keys {
+        None => e.none(),
+        Some(keys) => {
+            let n = keys.count();
+            e.tuple_begin(n);
+            keys.write_items(e);
+            e.tuple_end(n);
+        }
+    }
+    e.tuple_end(3);
+    e.finish()
+}
+
+/// Serializes a lone string (the NONE_HASH seed).
+pub(crate) fn encode_str<'e, E: Encoder>(e: &'e mut E, s: &str) -> &'e [u8] {
+    e.begin();
+    e.str(s);
+    e.finish()
+}

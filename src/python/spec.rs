@@ -1,0 +1,768 @@
+//! Python bindings for the `spec` module: the `KVCacheSpec` class tree with vLLM's
+//! names, keywords and `isinstance` relations. Each object holds one core
+//! [`KvCacheSpec`]; other bindings read it through `PyRef<PyKVCacheSpec>::inner`.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::pyclass::CompareOp;
+use pyo3::types::{PyDict, PyString, PyTuple, PyType};
+use pyo3::IntoPyObjectExt;
+
+use crate::spec::{
+    is_uniform_type, AttentionParams, ChunkedLocalAttentionSpec, CrossAttentionSpec, Dtype,
+    FullAttentionSpec, KvCacheSpec, LayerSpecs, MambaCacheMode, MambaSpec, MemoryParams,
+    MlaAttentionSpec, SinkFullAttentionSpec, SlidingWindowSpec, SpecClass, UniformTypeSpecs,
+};
+
+/// A non-negative integer argument: negative values raise ValueError (not OverflowError).
+pub(crate) struct Count(pub(crate) usize);
+
+impl<'py> FromPyObject<'py> for Count {
+    fn extract_bound(ob: &Bound<'py, PyAny>) -> PyResult<Self> {
+        match ob.extract::<usize>() {
+            Ok(v) => Ok(Count(v)),
+            Err(e) => match ob.extract::<i64>() {
+                Ok(v) if v < 0 => Err(PyValueError::new_err(format!(
+                    "expected a non-negative integer, got {v}"
+                ))),
+                _ => Err(e),
+            },
+        }
+    }
+}
+
+fn opt(v: Option<Count>) -> Option<usize> {
+    v.map(|c| c.0)
+}
+
+/// A dtype given as a name (`"bfloat16"`, `"half"`) or as a torch dtype, recognised by
+/// `str(obj)` (`"torch.bfloat16"`) so that torch is never imported.
+struct PyDtype(Dtype);
+
+impl<'py> FromPyObject<'py> for PyDtype {
+    fn extract_bound(ob: &Bound<'py, PyAny>) -> PyResult<Self> {
+        if let Ok(name) = ob.downcast::<PyString>() {
+            return Ok(PyDtype(Dtype::parse(name.to_str()?)?));
+        }
+        let text = ob.str()?.to_string();
+        if text.starts_with("torch.") {
+            return Ok(PyDtype(Dtype::parse(&text)?));
+        }
+        Err(PyTypeError::new_err(format!(
+            "dtype must be a dtype name or a torch.dtype, got {}",
+            ob.get_type().name()?
+        )))
+    }
+}
+
+fn attention_params(
+    block_size: Count,
+    num_kv_heads: Count,
+    head_size: Count,
+    dtype: PyDtype,
+    head_size_v: Option<Count>,
+    page_size_padded: Option<Count>,
+    dcp_sharded: bool,
+) -> AttentionParams {
+    let mut attn = AttentionParams::new(block_size.0, num_kv_heads.0, head_size.0, dtype.0);
+    attn.head_size_v = head_size_v.map_or(head_size.0, |c| c.0);
+    attn.page_size_padded = opt(page_size_padded);
+    attn.dcp_sharded = dcp_sharded;
+    attn
+}
+
+fn base_init(inner: KvCacheSpec) -> PyClassInitializer<PyKVCacheSpec> {
+    PyClassInitializer::from(PyKVCacheSpec { inner })
+}
+
+fn attention_init(inner: KvCacheSpec) -> PyClassInitializer<PyAttentionSpec> {
+    base_init(inner).add_subclass(PyAttentionSpec)
+}
+
+fn full_init(inner: KvCacheSpec) -> PyClassInitializer<PyFullAttentionSpec> {
+    attention_init(inner).add_subclass(PyFullAttentionSpec)
+}
+
+/// Wraps a core spec in the Python class that matches it.
+pub(crate) fn spec_to_py(py: Python<'_>, inner: KvCacheSpec) -> PyResult<Bound<'_, PyAny>> {
+    Ok(match inner.class() {
+        SpecClass::Base => Bound::new(py, base_init(inner))?.into_any(),
+        SpecClass::FullAttention => Bound::new(py, full_init(inner))?.into_any(),
+        SpecClass::MlaAttention => {
+            Bound::new(py, full_init(inner).add_subclass(PyMLAAttentionSpec))?.into_any()
+        }
+        SpecClass::SinkFullAttention => {
+            Bound::new(py, full_init(inner).add_subclass(PySinkFullAttentionSpec))?.into_any()
+        }
+        SpecClass::SlidingWindow => {
+            Bound::new(py, attention_init(inner).add_subclass(PySlidingWindowSpec))?.into_any()
+        }
+        SpecClass::ChunkedLocalAttention => Bound::new(
+            py,
+            attention_init(inner).add_subclass(PyChunkedLocalAttentionSpec),
+        )?
+        .into_any(),
+        SpecClass::CrossAttention => {
+            Bound::new(py, attention_init(inner).add_subclass(PyCrossAttentionSpec))?.into_any()
+        }
+        SpecClass::Mamba => Bound::new(py, base_init(inner).add_subclass(PyMambaSpec))?.into_any(),
+        SpecClass::UniformType => {
+            Bound::new(py, base_init(inner).add_subclass(PyUniformTypeKVCacheSpecs))?.into_any()
+        }
+    })
+}
+
+/// The spec class a Python class object stands for (most derived first).
+fn class_of(cls: &Bound<'_, PyType>) -> PyResult<SpecClass> {
+    Ok(if cls.is_subclass_of::<PyMLAAttentionSpec>()? {
+        SpecClass::MlaAttention
+    } else if cls.is_subclass_of::<PySinkFullAttentionSpec>()? {
+        SpecClass::SinkFullAttention
+    } else if cls.is_subclass_of::<PyFullAttentionSpec>()? {
+        SpecClass::FullAttention
+    } else if cls.is_subclass_of::<PySlidingWindowSpec>()? {
+        SpecClass::SlidingWindow
+    } else if cls.is_subclass_of::<PyChunkedLocalAttentionSpec>()? {
+        SpecClass::ChunkedLocalAttention
+    } else if cls.is_subclass_of::<PyCrossAttentionSpec>()? {
+        SpecClass::CrossAttention
+    } else if cls.is_subclass_of::<PyMambaSpec>()? {
+        SpecClass::Mamba
+    } else if cls.is_subclass_of::<PyUniformTypeKVCacheSpecs>()? {
+        SpecClass::UniformType
+    } else {
+        SpecClass::Base
+    })
+}
+
+/// Ordered `(layer name, spec)` pairs from a `dict[str, KVCacheSpec]`.
+fn layer_specs(specs: &Bound<'_, PyDict>) -> PyResult<Vec<(String, KvCacheSpec)>> {
+    specs
+        .iter()
+        .map(|(k, v)| {
+            let name: String = k.extract()?;
+            let spec: PyRef<'_, PyKVCacheSpec> = v.extract()?;
+            Ok((name, spec.inner.clone()))
+        })
+        .collect()
+}
+
+fn attn_of(spec: &KvCacheSpec) -> PyResult<&AttentionParams> {
+    spec.attention()
+        .ok_or_else(|| PyTypeError::new_err("not an attention spec"))
+}
+
+fn full_of(spec: &KvCacheSpec) -> PyResult<&FullAttentionSpec> {
+    spec.full_attention()
+        .ok_or_else(|| PyTypeError::new_err("not a full attention spec"))
+}
+
+/// Base class of every KV cache spec (vLLM's `KVCacheSpec`).
+#[pyclass(name = "KVCacheSpec", module = "kvblocks._core", subclass)]
+pub(crate) struct PyKVCacheSpec {
+    pub(crate) inner: KvCacheSpec,
+}
+
+#[pymethods]
+impl PyKVCacheSpec {
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    #[getter]
+    fn page_size_bytes(&self) -> usize {
+        self.inner.page_size_bytes()
+    }
+
+    #[pyo3(signature = (
+        *,
+        max_model_len,
+        max_num_batched_tokens = Count(2048),
+        max_num_encoder_input_tokens = None,
+        max_concurrent_batches = Count(1),
+        dcp_world_size = Count(1),
+    ), text_signature = "(self, *, max_model_len, max_num_batched_tokens=2048, \
+        max_num_encoder_input_tokens=None, max_concurrent_batches=1, dcp_world_size=1)")]
+    fn max_memory_usage_bytes(
+        &self,
+        max_model_len: Count,
+        max_num_batched_tokens: Count,
+        max_num_encoder_input_tokens: Option<Count>,
+        max_concurrent_batches: Count,
+        dcp_world_size: Count,
+    ) -> PyResult<usize> {
+        let params = MemoryParams {
+            max_model_len: max_model_len.0,
+            max_num_batched_tokens: max_num_batched_tokens.0,
+            max_num_encoder_input_tokens: opt(max_num_encoder_input_tokens)
+                .unwrap_or(max_num_batched_tokens.0),
+            max_concurrent_batches: max_concurrent_batches.0,
+            dcp_world_size: dcp_world_size.0,
+        };
+        Ok(self.inner.max_memory_usage_bytes(&params)?)
+    }
+
+    #[classmethod]
+    fn merge<'py>(
+        cls: &Bound<'py, PyType>,
+        specs: Vec<PyRef<'py, PyKVCacheSpec>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let specs: Vec<KvCacheSpec> = specs.iter().map(|s| s.inner.clone()).collect();
+        let merged = KvCacheSpec::merge_as(class_of(cls)?, &specs)?;
+        spec_to_py(cls.py(), merged)
+    }
+
+    fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<PyObject> {
+        let py = other.py();
+        let Ok(other) = other.downcast::<PyKVCacheSpec>() else {
+            return Ok(py.NotImplemented());
+        };
+        let eq = self.inner == other.borrow().inner;
+        match op {
+            CompareOp::Eq => eq.into_py_any(py),
+            CompareOp::Ne => (!eq).into_py_any(py),
+            _ => Ok(py.NotImplemented()),
+        }
+    }
+
+    fn __hash__(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.inner.hash(&mut h);
+        h.finish()
+    }
+
+    fn __repr__(&self) -> String {
+        self.inner.to_string()
+    }
+}
+
+/// Base class of the attention specs (vLLM's `AttentionSpec`).
+#[pyclass(name = "AttentionSpec", module = "kvblocks._core", extends = PyKVCacheSpec, subclass)]
+pub(crate) struct PyAttentionSpec;
+
+#[pymethods]
+impl PyAttentionSpec {
+    #[getter]
+    fn num_kv_heads(slf: PyRef<'_, Self>) -> PyResult<usize> {
+        Ok(attn_of(&slf.as_super().inner)?.num_kv_heads)
+    }
+
+    #[getter]
+    fn head_size(slf: PyRef<'_, Self>) -> PyResult<usize> {
+        Ok(attn_of(&slf.as_super().inner)?.head_size)
+    }
+
+    #[getter]
+    fn head_size_v(slf: PyRef<'_, Self>) -> PyResult<usize> {
+        Ok(attn_of(&slf.as_super().inner)?.head_size_v)
+    }
+
+    #[getter]
+    fn dtype(slf: PyRef<'_, Self>) -> PyResult<&'static str> {
+        Ok(attn_of(&slf.as_super().inner)?.dtype.name())
+    }
+
+    #[getter]
+    fn page_size_padded(slf: PyRef<'_, Self>) -> PyResult<Option<usize>> {
+        Ok(attn_of(&slf.as_super().inner)?.page_size_padded)
+    }
+
+    #[getter]
+    fn dcp_sharded(slf: PyRef<'_, Self>) -> PyResult<bool> {
+        Ok(attn_of(&slf.as_super().inner)?.dcp_sharded)
+    }
+}
+
+/// Full attention (vLLM's `FullAttentionSpec`).
+#[pyclass(name = "FullAttentionSpec", module = "kvblocks._core", extends = PyAttentionSpec, subclass)]
+pub(crate) struct PyFullAttentionSpec;
+
+#[pymethods]
+impl PyFullAttentionSpec {
+    #[new]
+    #[pyo3(signature = (
+        *, block_size, num_kv_heads, head_size, dtype, head_size_v = None,
+        sliding_window = None, attention_chunk_size = None, page_size_padded = None,
+        dcp_sharded = true,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        block_size: Count,
+        num_kv_heads: Count,
+        head_size: Count,
+        dtype: PyDtype,
+        head_size_v: Option<Count>,
+        sliding_window: Option<Count>,
+        attention_chunk_size: Option<Count>,
+        page_size_padded: Option<Count>,
+        dcp_sharded: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let attn = attention_params(
+            block_size,
+            num_kv_heads,
+            head_size,
+            dtype,
+            head_size_v,
+            page_size_padded,
+            dcp_sharded,
+        );
+        let spec = KvCacheSpec::from(FullAttentionSpec {
+            attn,
+            sliding_window: opt(sliding_window),
+            attention_chunk_size: opt(attention_chunk_size),
+        })
+        .build()?;
+        Ok(full_init(spec))
+    }
+
+    #[getter]
+    fn sliding_window(slf: PyRef<'_, Self>) -> PyResult<Option<usize>> {
+        Ok(full_of(&slf.as_super().as_super().inner)?.sliding_window)
+    }
+
+    #[getter]
+    fn attention_chunk_size(slf: PyRef<'_, Self>) -> PyResult<Option<usize>> {
+        Ok(full_of(&slf.as_super().as_super().inner)?.attention_chunk_size)
+    }
+}
+
+/// Multi-head latent attention (vLLM's `MLAAttentionSpec`): `head_size_v` is 0.
+#[pyclass(name = "MLAAttentionSpec", module = "kvblocks._core", extends = PyFullAttentionSpec)]
+pub(crate) struct PyMLAAttentionSpec;
+
+#[pymethods]
+impl PyMLAAttentionSpec {
+    #[new]
+    #[pyo3(signature = (
+        *, block_size, num_kv_heads, head_size, dtype, cache_dtype_str = None,
+        alignment = None, page_size_padded = None, dcp_sharded = true,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        block_size: Count,
+        num_kv_heads: Count,
+        head_size: Count,
+        dtype: PyDtype,
+        cache_dtype_str: Option<String>,
+        alignment: Option<Count>,
+        page_size_padded: Option<Count>,
+        dcp_sharded: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let attn = attention_params(
+            block_size,
+            num_kv_heads,
+            head_size,
+            dtype,
+            Some(Count(0)),
+            page_size_padded,
+            dcp_sharded,
+        );
+        let spec = KvCacheSpec::from(MlaAttentionSpec {
+            full: FullAttentionSpec::new(attn),
+            cache_dtype_str,
+            alignment: opt(alignment),
+        })
+        .build()?;
+        Ok(full_init(spec).add_subclass(PyMLAAttentionSpec))
+    }
+
+    #[getter]
+    fn cache_dtype_str(slf: PyRef<'_, Self>) -> Option<String> {
+        match &slf.as_super().as_super().as_super().inner {
+            KvCacheSpec::MlaAttention(m) => m.cache_dtype_str.clone(),
+            _ => None,
+        }
+    }
+
+    #[getter]
+    fn alignment(slf: PyRef<'_, Self>) -> Option<usize> {
+        match &slf.as_super().as_super().as_super().inner {
+            KvCacheSpec::MlaAttention(m) => m.alignment,
+            _ => None,
+        }
+    }
+}
+
+/// Full attention with attention sinks (vLLM's `SinkFullAttentionSpec`).
+#[pyclass(name = "SinkFullAttentionSpec", module = "kvblocks._core", extends = PyFullAttentionSpec)]
+pub(crate) struct PySinkFullAttentionSpec;
+
+#[pymethods]
+impl PySinkFullAttentionSpec {
+    #[new]
+    #[pyo3(signature = (
+        *, block_size, num_kv_heads, head_size, dtype, sink_len, head_size_v = None,
+        sliding_window = None, attention_chunk_size = None, page_size_padded = None,
+        dcp_sharded = true,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        block_size: Count,
+        num_kv_heads: Count,
+        head_size: Count,
+        dtype: PyDtype,
+        sink_len: Count,
+        head_size_v: Option<Count>,
+        sliding_window: Option<Count>,
+        attention_chunk_size: Option<Count>,
+        page_size_padded: Option<Count>,
+        dcp_sharded: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let attn = attention_params(
+            block_size,
+            num_kv_heads,
+            head_size,
+            dtype,
+            head_size_v,
+            page_size_padded,
+            dcp_sharded,
+        );
+        let spec = KvCacheSpec::from(SinkFullAttentionSpec {
+            full: FullAttentionSpec {
+                attn,
+                sliding_window: opt(sliding_window),
+                attention_chunk_size: opt(attention_chunk_size),
+            },
+            sink_len: sink_len.0,
+        })
+        .build()?;
+        Ok(full_init(spec).add_subclass(PySinkFullAttentionSpec))
+    }
+
+    #[getter]
+    fn sink_len(slf: PyRef<'_, Self>) -> Option<usize> {
+        match &slf.as_super().as_super().as_super().inner {
+            KvCacheSpec::SinkFullAttention(s) => Some(s.sink_len),
+            _ => None,
+        }
+    }
+}
+
+/// Sliding window attention (vLLM's `SlidingWindowSpec`).
+#[pyclass(name = "SlidingWindowSpec", module = "kvblocks._core", extends = PyAttentionSpec)]
+pub(crate) struct PySlidingWindowSpec;
+
+#[pymethods]
+impl PySlidingWindowSpec {
+    #[new]
+    #[pyo3(signature = (
+        *, block_size, num_kv_heads, head_size, dtype, sliding_window, head_size_v = None,
+        extra_retained_tokens = Count(0), page_size_padded = None, dcp_sharded = true,
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, sliding_window, \
+        head_size_v=None, extra_retained_tokens=0, page_size_padded=None, dcp_sharded=True)")]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        block_size: Count,
+        num_kv_heads: Count,
+        head_size: Count,
+        dtype: PyDtype,
+        sliding_window: Count,
+        head_size_v: Option<Count>,
+        extra_retained_tokens: Count,
+        page_size_padded: Option<Count>,
+        dcp_sharded: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let attn = attention_params(
+            block_size,
+            num_kv_heads,
+            head_size,
+            dtype,
+            head_size_v,
+            page_size_padded,
+            dcp_sharded,
+        );
+        let spec = KvCacheSpec::from(SlidingWindowSpec {
+            attn,
+            sliding_window: sliding_window.0,
+            extra_retained_tokens: extra_retained_tokens.0,
+        })
+        .build()?;
+        Ok(attention_init(spec).add_subclass(PySlidingWindowSpec))
+    }
+
+    #[getter]
+    fn sliding_window(slf: PyRef<'_, Self>) -> Option<usize> {
+        slf.as_super().as_super().inner.sliding_window()
+    }
+
+    #[getter]
+    fn extra_retained_tokens(slf: PyRef<'_, Self>) -> Option<usize> {
+        match &slf.as_super().as_super().inner {
+            KvCacheSpec::SlidingWindow(s) => Some(s.extra_retained_tokens),
+            _ => None,
+        }
+    }
+
+    fn max_admission_blocks_per_request(
+        slf: PyRef<'_, Self>,
+        max_in_flight_tokens: Count,
+        max_model_len: Count,
+    ) -> Option<usize> {
+        slf.as_super()
+            .as_super()
+            .inner
+            .max_admission_blocks_per_request(max_in_flight_tokens.0, max_model_len.0)
+    }
+}
+
+/// Chunked local attention (vLLM's `ChunkedLocalAttentionSpec`).
+#[pyclass(name = "ChunkedLocalAttentionSpec", module = "kvblocks._core", extends = PyAttentionSpec)]
+pub(crate) struct PyChunkedLocalAttentionSpec;
+
+#[pymethods]
+impl PyChunkedLocalAttentionSpec {
+    #[new]
+    #[pyo3(signature = (
+        *, block_size, num_kv_heads, head_size, dtype, attention_chunk_size,
+        head_size_v = None, page_size_padded = None, dcp_sharded = true,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        block_size: Count,
+        num_kv_heads: Count,
+        head_size: Count,
+        dtype: PyDtype,
+        attention_chunk_size: Count,
+        head_size_v: Option<Count>,
+        page_size_padded: Option<Count>,
+        dcp_sharded: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let attn = attention_params(
+            block_size,
+            num_kv_heads,
+            head_size,
+            dtype,
+            head_size_v,
+            page_size_padded,
+            dcp_sharded,
+        );
+        let spec = KvCacheSpec::from(ChunkedLocalAttentionSpec {
+            attn,
+            attention_chunk_size: attention_chunk_size.0,
+        })
+        .build()?;
+        Ok(attention_init(spec).add_subclass(PyChunkedLocalAttentionSpec))
+    }
+
+    #[getter]
+    fn attention_chunk_size(slf: PyRef<'_, Self>) -> Option<usize> {
+        match &slf.as_super().as_super().inner {
+            KvCacheSpec::ChunkedLocalAttention(c) => Some(c.attention_chunk_size),
+            _ => None,
+        }
+    }
+
+    fn max_admission_blocks_per_request(
+        slf: PyRef<'_, Self>,
+        max_in_flight_tokens: Count,
+        max_model_len: Count,
+    ) -> Option<usize> {
+        slf.as_super()
+            .as_super()
+            .inner
+            .max_admission_blocks_per_request(max_in_flight_tokens.0, max_model_len.0)
+    }
+}
+
+/// Cross attention of encoder-decoder models (vLLM's `CrossAttentionSpec`).
+#[pyclass(name = "CrossAttentionSpec", module = "kvblocks._core", extends = PyAttentionSpec)]
+pub(crate) struct PyCrossAttentionSpec;
+
+#[pymethods]
+impl PyCrossAttentionSpec {
+    #[new]
+    #[pyo3(signature = (
+        *, block_size, num_kv_heads, head_size, dtype, head_size_v = None,
+        page_size_padded = None, dcp_sharded = true,
+    ))]
+    fn new(
+        block_size: Count,
+        num_kv_heads: Count,
+        head_size: Count,
+        dtype: PyDtype,
+        head_size_v: Option<Count>,
+        page_size_padded: Option<Count>,
+        dcp_sharded: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let attn = attention_params(
+            block_size,
+            num_kv_heads,
+            head_size,
+            dtype,
+            head_size_v,
+            page_size_padded,
+            dcp_sharded,
+        );
+        let spec = KvCacheSpec::from(CrossAttentionSpec { attn }).build()?;
+        Ok(attention_init(spec).add_subclass(PyCrossAttentionSpec))
+    }
+}
+
+fn mamba_of(spec: &KvCacheSpec) -> PyResult<&MambaSpec> {
+    match spec {
+        KvCacheSpec::Mamba(m) => Ok(m),
+        _ => Err(PyTypeError::new_err("not a Mamba spec")),
+    }
+}
+
+/// A Mamba layer's state (vLLM's `MambaSpec`).
+#[pyclass(name = "MambaSpec", module = "kvblocks._core", extends = PyKVCacheSpec)]
+pub(crate) struct PyMambaSpec;
+
+#[pymethods]
+impl PyMambaSpec {
+    #[new]
+    #[pyo3(signature = (
+        *, block_size, shapes, dtypes, page_size_padded = None, mamba_type = "mamba2",
+        mamba_cache_mode = "none", num_speculative_blocks = Count(0),
+        num_prefill_checkpoint_blocks = Count(0), prefill_checkpoint_alignment = None,
+    ), text_signature = "(*, block_size, shapes, dtypes, page_size_padded=None, \
+        mamba_type='mamba2', mamba_cache_mode='none', num_speculative_blocks=0, \
+        num_prefill_checkpoint_blocks=0, prefill_checkpoint_alignment=None)")]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        block_size: Count,
+        shapes: Vec<Vec<Count>>,
+        dtypes: Vec<PyDtype>,
+        page_size_padded: Option<Count>,
+        mamba_type: &str,
+        mamba_cache_mode: &str,
+        num_speculative_blocks: Count,
+        num_prefill_checkpoint_blocks: Count,
+        prefill_checkpoint_alignment: Option<Count>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let spec = KvCacheSpec::from(MambaSpec {
+            block_size: block_size.0,
+            shapes: shapes
+                .into_iter()
+                .map(|s| s.into_iter().map(|c| c.0).collect())
+                .collect(),
+            dtypes: dtypes.into_iter().map(|d| d.0).collect(),
+            page_size_padded: opt(page_size_padded),
+            mamba_type: mamba_type.to_owned(),
+            mamba_cache_mode: MambaCacheMode::parse(mamba_cache_mode)?,
+            num_speculative_blocks: num_speculative_blocks.0,
+            num_prefill_checkpoint_blocks: num_prefill_checkpoint_blocks.0,
+            prefill_checkpoint_alignment: opt(prefill_checkpoint_alignment),
+        })
+        .build()?;
+        Ok(base_init(spec).add_subclass(PyMambaSpec))
+    }
+
+    #[getter]
+    fn shapes<'py>(slf: PyRef<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let m = mamba_of(&slf.as_super().inner)?;
+        let shapes = m
+            .shapes
+            .iter()
+            .map(|s| PyTuple::new(py, s))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(py, shapes)
+    }
+
+    #[getter]
+    fn dtypes<'py>(slf: PyRef<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let m = mamba_of(&slf.as_super().inner)?;
+        PyTuple::new(py, m.dtypes.iter().map(|d| d.name()))
+    }
+
+    #[getter]
+    fn page_size_padded(slf: PyRef<'_, Self>) -> PyResult<Option<usize>> {
+        Ok(mamba_of(&slf.as_super().inner)?.page_size_padded)
+    }
+
+    #[getter]
+    fn mamba_type(slf: PyRef<'_, Self>) -> PyResult<String> {
+        Ok(mamba_of(&slf.as_super().inner)?.mamba_type.clone())
+    }
+
+    #[getter]
+    fn mamba_cache_mode(slf: PyRef<'_, Self>) -> PyResult<&'static str> {
+        Ok(mamba_of(&slf.as_super().inner)?.mamba_cache_mode.as_str())
+    }
+
+    #[getter]
+    fn num_speculative_blocks(slf: PyRef<'_, Self>) -> PyResult<usize> {
+        Ok(mamba_of(&slf.as_super().inner)?.num_speculative_blocks)
+    }
+
+    #[getter]
+    fn num_prefill_checkpoint_blocks(slf: PyRef<'_, Self>) -> PyResult<usize> {
+        Ok(mamba_of(&slf.as_super().inner)?.num_prefill_checkpoint_blocks)
+    }
+
+    #[getter]
+    fn prefill_checkpoint_alignment(slf: PyRef<'_, Self>) -> PyResult<Option<usize>> {
+        Ok(mamba_of(&slf.as_super().inner)?.prefill_checkpoint_alignment)
+    }
+}
+
+/// Same-type layers sharing one block table (vLLM's `UniformTypeKVCacheSpecs`).
+#[pyclass(name = "UniformTypeKVCacheSpecs", module = "kvblocks._core", extends = PyKVCacheSpec)]
+pub(crate) struct PyUniformTypeKVCacheSpecs;
+
+#[pymethods]
+impl PyUniformTypeKVCacheSpecs {
+    #[new]
+    #[pyo3(signature = (*, block_size, kv_cache_specs))]
+    fn new(
+        block_size: Count,
+        kv_cache_specs: &Bound<'_, PyDict>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let spec = KvCacheSpec::from(UniformTypeSpecs {
+            block_size: block_size.0,
+            kv_cache_specs: LayerSpecs(layer_specs(kv_cache_specs)?),
+        })
+        .build()?;
+        Ok(base_init(spec).add_subclass(PyUniformTypeKVCacheSpecs))
+    }
+
+    #[getter]
+    fn kv_cache_specs<'py>(slf: PyRef<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        let py = slf.py();
+        let dict = PyDict::new(py);
+        if let KvCacheSpec::UniformType(u) = &slf.as_super().inner {
+            for (name, spec) in &u.kv_cache_specs.0 {
+                dict.set_item(name, spec_to_py(py, spec.clone())?)?;
+            }
+        }
+        Ok(dict)
+    }
+
+    #[classmethod]
+    fn is_uniform_type(
+        _cls: &Bound<'_, PyType>,
+        kv_cache_specs: &Bound<'_, PyDict>,
+    ) -> PyResult<bool> {
+        let specs = layer_specs(kv_cache_specs)?;
+        Ok(is_uniform_type(specs.iter().map(|(_, s)| s)))
+    }
+
+    #[classmethod]
+    fn from_specs<'py>(
+        cls: &Bound<'py, PyType>,
+        kv_cache_specs: &Bound<'py, PyDict>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        UniformTypeSpecs::from_specs(layer_specs(kv_cache_specs)?)
+            .map(|spec| spec_to_py(cls.py(), spec))
+            .transpose()
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyKVCacheSpec>()?;
+    m.add_class::<PyAttentionSpec>()?;
+    m.add_class::<PyFullAttentionSpec>()?;
+    m.add_class::<PyMLAAttentionSpec>()?;
+    m.add_class::<PySinkFullAttentionSpec>()?;
+    m.add_class::<PySlidingWindowSpec>()?;
+    m.add_class::<PyChunkedLocalAttentionSpec>()?;
+    m.add_class::<PyCrossAttentionSpec>()?;
+    m.add_class::<PyMambaSpec>()?;
+    m.add_class::<PyUniformTypeKVCacheSpecs>()?;
+    Ok(())
+}

@@ -1,0 +1,390 @@
+"""``kvblocks simulate`` (kvblocks.cli) and the model presets behind it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kvblocks
+import pytest
+from kvblocks import cli
+from kvblocks.presets import (
+    MODEL_PRESETS,
+    REPLAY_CONFIGS,
+    GroupDesc,
+    KVLayout,
+    build_kvblocks_config,
+    model_layout,
+    parse_memory,
+    replay_layout,
+)
+from kvblocks.replay import make_backend, vllm_available
+
+HAVE_KB = hasattr(kvblocks, "KVCacheManager")
+HAVE_VLLM = vllm_available() is not None
+needs_kb = pytest.mark.skipif(not HAVE_KB, reason="kvblocks manager not built")
+
+
+def _impls() -> list[Any]:
+    return [
+        pytest.param("kvblocks", marks=needs_kb),
+        pytest.param(
+            "vllm",
+            marks=[pytest.mark.vllm, pytest.mark.skipif(not HAVE_VLLM, reason="no vLLM")],
+        ),
+    ]
+
+
+@pytest.fixture
+def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the CLI on the parametrized implementation (vLLM replaces kvblocks' backend)."""
+    name: str = request.param
+    if name == "vllm":
+        monkeypatch.setattr(
+            cli, "make_backend", lambda _impl, layout, algo, batch=False: make_backend(
+                "vllm", layout, algo
+            )
+        )  # fmt: skip
+    return name
+
+
+def _simulate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["simulate", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main(list(argv))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+# ------------------------------------------------------------------ presets
+def test_gpu_memory_to_num_blocks() -> None:
+    # Llama-3-8B: 32 layers x 16 tokens x 8 heads x (K+V) 2 x 128 x 2 bytes = 2 MiB a block.
+    assert model_layout("llama-3-8b", gpu_memory=16 * 2**30).num_blocks == 8192
+    # gpt-oss: two groups of 12 layers share the pool: 12 x (16 x 8 x 2 x 64 x 2) bytes.
+    gpt = model_layout("gpt-oss", gpu_memory=40 * 2**30)
+    assert gpt.bytes_per_block == 12 * 32768
+    assert gpt.num_blocks == 42949672960 // 393216 == 109226
+    assert [g.sliding_window for g in gpt.groups] == [None, 128]
+
+
+def test_hybrid_mamba_uses_vllm_align_mode_and_page_matching_block_size() -> None:
+    lay = model_layout("hybrid-mamba", num_blocks=100)
+    full, mamba = lay.groups
+    # mamba state: 3*2048*2 + 32*64*128*4 = 1060864 bytes; attention: 4096 bytes a token;
+    # 1060864 / 4096 = 259 tokens -> next multiple of 16 = 272.
+    assert mamba.page_size_bytes == 1060864
+    assert (full.block_size, mamba.block_size, lay.hash_block_size) == (272, 272, 272)
+    assert mamba.mamba_cache_mode == "align"
+    off = model_layout("hybrid-mamba", num_blocks=100, enable_caching=False, max_model_len=4096)
+    assert off.groups[1].mamba_cache_mode == "none"
+    # without caching: mode "none", one state block of max_model_len tokens; the scheduler
+    # block size is lcm(272, 4096) = 69632 (hash block size too: nothing is cached).
+    assert off.groups[1].block_size == 4096
+    assert off.scheduler_block_size == off.hash_block_size == 69632
+    assert [n.split(".")[2] for n in full.layer_names + mamba.layer_names] == [
+        str(i) for i in range(16)
+    ]
+
+
+def test_overrides_and_errors() -> None:
+    lay = model_layout(
+        "gpt-oss",
+        num_blocks=10,
+        overrides={"num_layers": 2, "sliding_window": 512, "dtype": "float32"},
+    )
+    assert [(g.num_layers, g.sliding_window, g.dtype) for g in lay.groups] == [
+        (2, None, "float32"),
+        (2, 512, "float32"),
+    ]
+    assert lay.groups[1].layer_names == ["model.layers.2.self_attn", "model.layers.3.self_attn"]
+    with pytest.raises(ValueError, match="unknown model preset"):
+        model_layout("gpt-5", num_blocks=10)
+    with pytest.raises(ValueError, match="exactly one"):
+        model_layout("llama-3-8b")
+    with pytest.raises(ValueError, match="need at least 2"):
+        model_layout("llama-3-8b", gpu_memory=2**21)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        model_layout("llama-3-8b", num_blocks=10, overrides={"dtype": "int4"})
+
+
+def test_replay_configs() -> None:
+    assert [g.block_size for g in replay_layout("bs32", num_blocks=10).groups] == [32, 16]
+    bs32 = replay_layout("bs32", num_blocks=10)
+    assert (bs32.hash_block_size, bs32.scheduler_block_size) == (16, 32)
+    assert replay_layout("eagle", num_blocks=10).use_eagle
+    assert [g.kind for g in replay_layout("chunked", num_blocks=10).groups] == [
+        "full",
+        "chunked_local",
+    ]
+    with pytest.raises(ValueError, match="unknown config"):
+        replay_layout("nope", num_blocks=10)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("40GiB", 40 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000), ("1000", 1000)],
+)
+def test_parse_memory(text: str, value: int) -> None:
+    assert parse_memory(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "-1GiB", "12XB", "nanGiB"])
+def test_parse_memory_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="not a memory size"):
+        parse_memory(text)
+
+
+@pytest.mark.vllm
+def test_page_sizes_match_vllm() -> None:
+    pytest.importorskip("vllm")
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    g = GroupDesc("full", 1, 16, 8, 64, "bfloat16")
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=64, dtype=torch.bfloat16)
+    assert g.page_size_bytes == spec.page_size_bytes
+    mamba = model_layout("hybrid-mamba", num_blocks=10).groups[1]
+    mspec = MambaSpec(
+        block_size=272,
+        shapes=mamba.mamba_shapes,
+        dtypes=tuple(getattr(torch, d) for d in mamba.mamba_dtypes),
+    )
+    assert mamba.page_size_bytes == mspec.page_size_bytes
+
+
+def _all_layouts() -> list[Any]:
+    out: list[Any] = []
+    for caching in (True, False):
+        for config in REPLAY_CONFIGS:
+            lay = replay_layout(config, num_blocks=64, max_model_len=4096, enable_caching=caching)
+            out.append(pytest.param(lay, id=f"{config}-caching{int(caching)}"))
+        for preset in MODEL_PRESETS:
+            lay = model_layout(preset, num_blocks=64, max_model_len=4096, enable_caching=caching)
+            out.append(pytest.param(lay, id=f"{preset}-caching{int(caching)}"))
+    return out
+
+
+@needs_kb
+@pytest.mark.parametrize("layout", _all_layouts())
+def test_layouts_agree_with_kvblocks_specs(layout: KVLayout) -> None:
+    cfg = build_kvblocks_config(layout)
+    sched, hash_bs = cfg.resolve_block_sizes(enable_prefix_caching=layout.enable_caching)
+    assert (sched, hash_bs) == (layout.scheduler_block_size, layout.hash_block_size)
+    for group, desc in zip(cfg.kv_cache_groups, layout.groups, strict=True):
+        assert group.kv_cache_spec.page_size_bytes == desc.page_size_bytes
+        assert group.layer_names == desc.layer_names
+
+
+# ------------------------------------------------------------------ CLI errors
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "simulate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "gpt-5"], "unknown preset 'gpt-5'"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--num-requests", "0"], "must be >= 1"),
+        (["--workload", "chat"], "invalid choice: 'chat'"),
+        (["--sweep", "colour=1,2"], "KEY one of num_blocks"),
+        (["--sweep", "num_blocks=8,x"], "bad num_blocks value"),
+        (["--gpu-memory", "12XB"], "not a memory size"),
+        (["--gpu-memory", "1KiB"], "need at least 2"),
+        (["--num-blocks", "8", "--gpu-memory", "1GiB"], "not allowed with argument"),
+        (["--dtype", "int4", "--num-requests", "2"], "unknown dtype 'int4'"),
+        (["--plot", "usage.txt"], "expected a .png"),
+        (["--workload", "long-context", "--num-requests", "2", "--max-model-len", "1000"],
+         "> --max-model-len 1000"),
+    ],
+)  # fmt: skip
+def test_bad_flags_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    err = _error(capsys, "simulate", *argv)
+    assert "usage: kvblocks" in err
+    assert message in err
+
+
+def test_malformed_trace_names_file_and_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "broken.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 4, "output_length": 2, "hash_ids": [1]}\n'
+        '{"timestamp": 1, "input_length": 4}\n'
+    )
+    err = _error(capsys, "simulate", "--trace", str(path))
+    assert f"{path}:2: " in err and "'output_length'" in err
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="vLLM is importable here")
+def test_compare_vllm_without_vllm(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _error(capsys, "simulate", "--compare-vllm")
+    assert "vLLM is not importable" in err
+
+
+def test_python_dash_m_help() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kvblocks", "simulate", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "--gpu-memory" in out.stdout and "kvblocks-simulate-v1" in out.stdout
+
+
+# ------------------------------------------------------------------ runs
+def _hand_trace(tmp_path: Path) -> str:
+    # Two 4-token prompts with 3 outputs each (test_replay.test_preemption_and_resume).
+    path = tmp_path / "hand.jsonl"
+    lines = [{"format": "kvtrace-v1", "kind": "hand", "seed": 0, "vocab_size": 1000}] + [
+        {"request_id": rid, "arrival_step": 0, "after": None, "prompt_token_ids": ids,
+         "out_seed": 5, "max_output_tokens": 3}
+        for rid, ids in (("A", [1, 2, 3, 4]), ("B", [5, 6, 7, 8]))
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return str(path)
+
+
+SMALL = ["--block-size", "4", "--num-blocks", "4", "--max-model-len", "64"]
+
+
+@pytest.mark.parametrize("impl", _impls(), indirect=True)
+def test_json_numbers_of_a_hand_worked_replay(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str
+) -> None:
+    code, out, _ = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["schema"] == "kvblocks-simulate-v1"
+    assert set(doc) == {"schema", "workload", "model", "scheduler", "sweep", "runs"}
+    assert doc["workload"] == {
+        "kind": "hand", "seed": 0, "source": _hand_trace(tmp_path), "requests": 2,
+        "prompt_tokens": 8,
+    }  # fmt: skip
+    assert doc["model"]["preset"] == "llama-3-8b"
+    assert doc["model"]["groups"] == [
+        {"kind": "full", "num_layers": 32, "block_size": 4, "page_size_bytes": 4 * 8 * 2 * 128 * 2}
+    ]
+    (run,) = doc["runs"]
+    # Free blocks (of 3) after steps 0..4: 1, 1, 3, 1, 3 -> usage 2/3, 2/3, 0, 2/3, 0.
+    assert run["steps"] == 5 and run["preemptions"] == 1
+    assert (run["queried_tokens"], run["hit_tokens"]) == (4 + 4 + 5, 4)
+    assert run["prefix_hit_rate"] == round(4 / 13, 6)
+    assert run["peak_usage"] == round(2 / 3, 6)
+    assert run["mean_usage"] == round(2 / 5, 6)
+    assert run["generated_tokens"] == 6 and run["requests"] == 2
+    assert run["num_blocks"] == 4 and run["value"] is None
+    assert run["kv_cache_bytes"] == 4 * 32 * 4 * 8 * 2 * 128 * 2
+    expected = {
+        "value", "num_blocks", "block_size", "bytes_per_block", "kv_cache_bytes", "requests",
+        "prompt_tokens", "generated_tokens", "steps", "preemptions", "queried_tokens",
+        "hit_tokens", "prefix_hit_rate", "peak_usage", "mean_usage", "kv_total_ns",
+        "kv_ns_per_step", "kv_ns_per_generated_token", "request_hash_ns", "wall_s",
+        "steps_per_s",
+    }  # fmt: skip
+    assert set(run) == expected
+    assert run["kv_total_ns"] > 0 and run["kv_ns_per_step"] == round(run["kv_total_ns"] / 5, 1)
+
+
+@pytest.mark.parametrize("impl", _impls(), indirect=True)
+def test_summary_table(capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str) -> None:
+    code, out, err = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--progress")
+    assert code == 0
+    for row in ("requests", "prefix hit rate", "preemptions", "peak usage", "mean usage",
+                "KV time / step", "KV time / token", "steps / s"):  # fmt: skip
+        assert row in out
+    assert "30.8% (4 of 13 tokens)" in out
+    assert "100.0% 2/2 requests" in err  # the progress bar's last state
+
+
+@pytest.mark.parametrize("impl", _impls(), indirect=True)
+def test_sweep_prints_one_row_per_value(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str
+) -> None:
+    argv = ["--trace", _hand_trace(tmp_path), "--block-size", "4", "--max-model-len", "64"]
+    code, out, _ = _simulate(capsys, *argv, "--sweep", "num_blocks=4,16")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert len(lines) == 3 and lines[0].split()[0] == "num_blocks"
+    assert [ln.split()[0] for ln in lines[1:]] == ["4", "16"]
+    code, out, _ = _simulate(capsys, *argv, "--sweep", "num_blocks=4,16", "--json")
+    runs = json.loads(out)["runs"]
+    assert [(r["value"], r["num_blocks"], r["preemptions"]) for r in runs] == [
+        (4, 4, 1),
+        (16, 16, 0),  # 15 free blocks hold both requests
+    ]
+
+
+@pytest.mark.parametrize("impl", _impls(), indirect=True)
+def test_plot_writes_png(capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "usage.png"
+    code, out, _ = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--plot", str(png))
+    assert code == 0 and str(png) in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("impl", _impls(), indirect=True)
+def test_generated_workload_and_mooncake(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str
+) -> None:
+    code, out, _ = _simulate(
+        capsys, "--workload", "agentic", "--num-requests", "3", "--num-blocks", "2000", "--json"
+    )
+    assert code == 0
+    run = json.loads(out)["runs"][0]
+    assert run["hit_tokens"] > 0  # later turns reuse earlier turns' blocks
+    mc = tmp_path / "mc.jsonl"
+    mc.write_text(
+        '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [7, 8]}\n'
+        '{"timestamp": 500, "input_length": 520, "output_length": 2, "hash_ids": [7, 9]}\n'
+    )
+    code, out, _ = _simulate(capsys, "--trace", str(mc), "--num-blocks", "200", "--json")
+    run = json.loads(out)["runs"][0]
+    # the second request arrives after the first finished and hits hash id 7's 512 tokens
+    assert (run["hit_tokens"], run["queried_tokens"], run["steps"]) == (512, 1120, 5)
+
+
+@pytest.mark.parametrize("impl", _impls(), indirect=True)
+def test_too_small_cache_is_reported_without_traceback(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str
+) -> None:
+    code, _, err = _simulate(capsys, "--trace", _hand_trace(tmp_path), "--block-size", "2",
+                             "--num-blocks", "2", "--max-model-len", "64")  # fmt: skip
+    assert code == 1
+    assert "cannot admit A" in err and "Traceback" not in err
+
+
+@pytest.mark.vllm
+@needs_kb
+def test_compare_vllm_digests_agree(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    code, out, _ = _simulate(capsys, "--workload", "shared-prefix", "--num-requests", "20",
+                             "--num-blocks", "600", "--compare-vllm", "--json")  # fmt: skip
+    assert code == 0
+    v = json.loads(out)["runs"][0]["vllm"]
+    assert v["digests_agree"] and v["digest"] == v["kvblocks_digest"]
+    assert v["speedup"] > 0
+
+
+@pytest.mark.slow
+@needs_kb
+def test_default_run_prints_the_summary() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kvblocks", "simulate"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "prefix hit rate" in out.stdout
