@@ -11,7 +11,7 @@ WHEELS ?= $(HOME)/.cache/kvblocks-wheels
 DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy \
 	prometheus_client torch
 
-.PHONY: venv deps dev test test-rust test-python lint fmt bench simulate
+.PHONY: venv deps dev test test-rust test-python lint fmt bench simulate oracle test-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -51,3 +51,21 @@ bench:
 
 simulate: dev
 	$(BIN)/kvblocks simulate
+
+# vLLM 0.33.0 as a reference oracle (CPU venv; a few minutes the first time).
+VREF ?= $(abspath .venv-vllm-oracle)
+VLLM_TESTS ?= .
+ORACLE_SITE := $(abspath .oracle-site)
+
+oracle:
+	VREF=$(VREF) bash ../shared/tools/vllm-oracle/setup.sh
+
+# The tests that compare with vLLM, run inside the oracle venv with this build of kvblocks.
+test-vllm: deps
+	rm -rf dist $(ORACLE_SITE)
+	$(BIN)/maturin build --release -q -o dist
+	$(VREF)/bin/python -m pip install -q --no-deps --target $(ORACLE_SITE) dist/kvblocks-*.whl
+	$(VREF)/bin/python -m pip install -q --no-deps --no-index --find-links $(WHEELS) \
+		--target $(ORACLE_SITE) pytest iniconfig pluggy hypothesis sortedcontainers
+	cd tests && PYTHONPATH=$(ORACLE_SITE) $(VREF)/bin/python -m pytest -q -p no:cacheprovider \
+		-c ../pyproject.toml --rootdir .. $(VLLM_TESTS)

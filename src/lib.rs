@@ -8,9 +8,12 @@
 //! `python` feature and only convert; every rule of behaviour lives here.
 
 pub mod config;
+pub mod coordinator;
 pub mod error;
 pub mod events;
 pub mod hashing;
+pub mod manager;
+pub mod managers;
 pub mod pool;
 pub mod request;
 pub mod spec;

@@ -101,6 +101,28 @@ def _publisher(**kw: Any) -> ZmqEventPublisher:
     )
 
 
+def _drain(pub: ZmqEventPublisher) -> None:
+    """Waits until every queued batch was published."""
+    deadline = time.monotonic() + DEADLINE_S
+    while pub.stats()["published_batches"] < pub.stats()["pushed_batches"]:
+        assert time.monotonic() < deadline, "publisher did not drain"
+        time.sleep(0.01)
+
+
+def _receive_snapshot(pub: ZmqEventPublisher, sub: Subscriber) -> None:
+    """Requests snapshots until one arrives (the subscription takes a moment to reach the
+    PUB socket; snapshots are idempotent). `sub` must have connected after the last batch
+    was published, so that the first message it receives is a snapshot."""
+    _drain(pub)
+    deadline = time.monotonic() + DEADLINE_S
+    while not sub.seqs:
+        assert time.monotonic() < deadline, "no snapshot received"
+        pub.publish_snapshot()
+        if sub.sub.poll(200):
+            _, seq_bytes, payload = sub.sub.recv_multipart()
+            sub.apply(int.from_bytes(seq_bytes, "big"), payload)
+
+
 def _wait_until_subscribed(pub: ZmqEventPublisher, sub: Subscriber) -> None:
     """PUB drops messages until the subscription arrives: send probes (empty batches are
     not queued, so probe with a clear on an empty cache) until one is seen."""
@@ -139,15 +161,10 @@ def test_in_order_delivery_gap_replay_and_late_snapshot() -> None:
         # a late subscriber rebuilds the index from a snapshot (repeated until it is
         # subscribed; snapshots are idempotent)
         late = Subscriber(ctx, pub)
-        deadline = time.monotonic() + DEADLINE_S
-        while not late.seqs:
-            assert time.monotonic() < deadline, "no snapshot received"
-            pub.publish_snapshot()
-            if late.sub.poll(200):
-                _, seq_bytes, payload = late.sub.recv_multipart()
-                late.apply(int.from_bytes(seq_bytes, "big"), payload)
+        _receive_snapshot(pub, late)
         _, events, _ = msgpack.unpackb(late.payloads[0])
-        assert events and {e["type"] for e in events} == {"BlockStored"}
+        assert events[0] == {"type": "AllBlocksCleared"}
+        assert len(events) > 1 and {e["type"] for e in events[1:]} == {"BlockStored"}
         assert set(late.index) == set(early.index) == pub.sink.cached_keys()
         assert set(late.index) == _oracle_final_keys(trace)
         assert pub.stats()["dropped_batches"] == 0
@@ -222,7 +239,8 @@ def test_full_queue_drops_oldest_and_snapshot_waits_for_a_clear() -> None:
     assert item is not None
     _, events, rank = msgpack.unpackb(item[1])
     assert rank == 0
-    assert [(e["block_hashes"], e["parent_block_hash"], e["token_ids"]) for e in events] == [
+    assert events[0] == {"type": "AllBlocksCleared"}
+    assert [(e["block_hashes"], e["parent_block_hash"], e["token_ids"]) for e in events[1:]] == [
         ([1], None, [1, 2]),
         ([2], 1, [3, 4]),
     ]
@@ -251,7 +269,7 @@ def test_pool_traffic_late_subscriber_matches_the_pool() -> None:
     live: list[list[int]] = []
     ctx = zmq.Context()
     pub = _publisher()
-    late = Subscriber(ctx, pub)
+    late: Subscriber | None = None
 
     def traffic(steps: int) -> None:
         for _ in range(steps):
@@ -283,13 +301,9 @@ def test_pool_traffic_late_subscriber_matches_the_pool() -> None:
 
     try:
         traffic(30)
-        deadline = time.monotonic() + DEADLINE_S
-        while not late.seqs:
-            assert time.monotonic() < deadline, "no snapshot received"
-            pub.publish_snapshot()
-            if late.sub.poll(200):
-                _, seq_bytes, payload = late.sub.recv_multipart()
-                late.apply(int.from_bytes(seq_bytes, "big"), payload)
+        _drain(pub)
+        late = Subscriber(ctx, pub)
+        _receive_snapshot(pub, late)
         traffic(30)
         last = pub.stats()["pushed_batches"] + pub.stats()["snapshots"] - 1
         late.receive(lose=set(), until=last)
@@ -297,5 +311,55 @@ def test_pool_traffic_late_subscriber_matches_the_pool() -> None:
         assert pool_keys() and set(late.index) == pool_keys() == pub.sink.cached_keys()
     finally:
         pub.shutdown()
-        late.close()
+        if late is not None:
+            late.close()
+        ctx.term()
+
+
+def test_manager_late_subscriber_matches_the_manager() -> None:
+    """KVCacheManager traffic (shared prefixes, evictions, a reset) published each step with
+    publish_from: a late subscriber's snapshot equals the manager's cached-hash set."""
+    import random
+
+    rng = random.Random(11)
+    spec = kvblocks.FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
+    config = kvblocks.KVCacheConfig(24, [], [kvblocks.KVCacheGroupSpec(["l0"], spec)])
+    mgr = kvblocks.KVCacheManager(config, 256, 4, enable_kv_cache_events=True)
+    hasher = kvblocks.BlockHasher(4, "sha256")
+    prefixes = [list(range(100, 140)), list(range(300, 320)), [7] * 30]
+    ctx = zmq.Context()
+    pub = _publisher()
+    late: Subscriber | None = None
+
+    def traffic(steps: int, start: int) -> None:
+        for i in range(start, start + steps):
+            tokens = rng.choice(prefixes)[: rng.randint(5, 30)] + [900 + i] * rng.randint(0, 6)
+            req = kvblocks.Request(f"r{i}", tokens, hasher)
+            blocks, hit = mgr.get_computed_blocks(req)
+            if mgr.allocate_slots(req, req.num_tokens - hit, hit, blocks) is not None:
+                mgr.free(req)
+            if i == start + 5 and start == 0:
+                assert mgr.reset_prefix_cache()
+            pub.sink.publish_from(mgr)
+
+    def manager_keys() -> set[tuple[int, int]]:
+        view = mgr.block_pool
+        hashes = (view.get_block_hash(b) for b in range(view.num_gpu_blocks))
+        return {(int.from_bytes(h[-8:], "big"), 0) for h in hashes if h is not None}
+
+    try:
+        traffic(40, 0)
+        _drain(pub)
+        late = Subscriber(ctx, pub)
+        _receive_snapshot(pub, late)
+        assert set(late.index) == manager_keys()
+        traffic(20, 40)
+        late.receive(lose=set(), until=pub.stats()["pushed_batches"] + pub.stats()["snapshots"] - 1)
+        stats = pub.stats()
+        assert stats["removed_blocks"] > 0 and stats["cleared"] == 1
+        assert manager_keys() and set(late.index) == manager_keys()
+    finally:
+        pub.shutdown()
+        if late is not None:
+            late.close()
         ctx.term()

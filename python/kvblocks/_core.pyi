@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, TypeAlias, final
+from typing import Any, ClassVar, Literal, TypeAlias, final, overload
 
 from typing_extensions import Self
 
@@ -279,6 +279,99 @@ class KVCacheConfig:
     def __eq__(self, other: object, /) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
+@final
+class KVCacheBlocks:
+    """Block ids per KV cache group (vLLM's `KVCacheBlocks`)."""
+
+    def __new__(cls, blocks: Sequence[Sequence[int]]) -> KVCacheBlocks: ...
+    @overload
+    def get_block_ids(self, allow_none: Literal[False] = False) -> tuple[list[int], ...]: ...
+    @overload
+    def get_block_ids(self, allow_none: bool) -> tuple[list[int], ...] | None:
+        """Block ids per group; with `allow_none`, None when every group is empty."""
+    def __add__(self, other: KVCacheBlocks, /) -> KVCacheBlocks: ...
+    def __radd__(self, other: KVCacheBlocks, /) -> KVCacheBlocks: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+@final
+class PrefixCacheStats:
+    """vLLM 0.33's `PrefixCacheStats`."""
+
+    reset: bool
+    requests: int
+    queries: int
+    hits: int
+    preempted_requests: int
+    preempted_queries: int
+    preempted_hits: int
+    def __new__(cls) -> PrefixCacheStats: ...
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None: ...
+
+@final
+class BlockPoolView:
+    """A read-only view of a `KVCacheManager`'s block pool."""
+
+    def get_num_free_blocks(self) -> int: ...
+    def get_usage(self) -> float: ...
+    def get_free_block_ids(self) -> list[int]:
+        """The free queue from head (allocated next) to tail."""
+    def get_ref_cnt(self, block_id: int) -> int: ...
+    def get_block_hash(self, block_id: int) -> bytes | None: ...
+    @property
+    def num_gpu_blocks(self) -> int: ...
+
+@final
+class KVCacheManager:
+    """vLLM 0.33.0's `KVCacheManager`, with identical block tables."""
+
+    def __new__(
+        cls,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        hash_block_size: int,
+        *,
+        scheduler_block_size: int | None = None,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+    ) -> KVCacheManager: ...
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]: ...
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+    ) -> KVCacheBlocks | None: ...
+    def allocate_slots_batch(
+        self, requests: Sequence[Request], num_new_tokens: Sequence[int]
+    ) -> list[tuple[list[int], ...] | None]:
+        """`allocate_slots(r, n).get_block_ids()` per pair, stopping after the first None."""
+    def free(self, request: Request) -> None: ...
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]: ...
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None: ...
+    def new_step_starts(self) -> None: ...
+    def evict_blocks(self, block_ids: Iterable[int]) -> None: ...
+    def reset_prefix_cache(self) -> bool: ...
+    def get_num_common_prefix_blocks(self, request_id: str) -> list[int]: ...
+    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None: ...
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None: ...
+    @property
+    def usage(self) -> float: ...
+    @property
+    def num_kv_cache_groups(self) -> int: ...
+    @property
+    def block_pool(self) -> BlockPoolView: ...
+
 # An extra key value as published in events: None, bool, int, str, bytes or a tuple of those.
 _ExtraKey: TypeAlias = bool | int | str | bytes | tuple["_ExtraKey", ...] | None
 
@@ -535,7 +628,9 @@ class EventSink:
         ts: float | None = None,
         data_parallel_rank: int | None = None,
     ) -> bool: ...
-    def publish_from(self, source: BlockPool, ts: float | None = None) -> bool: ...
+    def publish_from(
+        self, source: KVCacheManager | BlockPool, ts: float | None = None
+    ) -> bool: ...
     def request_snapshot(self) -> None: ...
     def next_payload(self, timeout: float) -> tuple[int, bytes] | None: ...
     def close(self) -> None: ...

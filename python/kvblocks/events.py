@@ -16,9 +16,11 @@ The scheduler thread calls `publish` / `publish_events`: a non-blocking O(1) pus
 bounded lock-free queue (`kvblocks._core.EventSink`); when it is full the oldest batch is
 dropped and counted. The publisher thread takes batches, numbers and encodes them in Rust
 without the GIL, sends them and serves replay requests. `publish_snapshot` publishes the
-whole cache as `BlockStored` events (parents first) so a late subscriber can rebuild its
-index; the snapshot is sequenced like any batch. pyzmq is imported only when a publisher
-is created.
+whole cache so a late subscriber can rebuild its index: one batch, sequenced like any
+other, of `AllBlocksCleared` followed by a `BlockStored` per cached block (parents first),
+built from the publisher's mirror of the batches it has sent, so applying every batch in
+order (snapshots included, any number of times) gives the publisher's cache exactly.
+pyzmq is imported only when a publisher is created.
 """
 
 from __future__ import annotations
@@ -168,9 +170,10 @@ class ZmqEventPublisher:
         return self._sink.publish(events, ts, data_parallel_rank)
 
     def publish_snapshot(self) -> None:
-        """Publishes the whole cache as `BlockStored` events, after the batches already
-        taken. Refused (counted in ``stats()["snapshots_refused"]``) while dropped batches
-        leave the publisher's cache mirror incomplete."""
+        """Publishes the whole cache (`AllBlocksCleared`, then `BlockStored` per cached
+        block, parents first), after the batches already taken. Refused (counted in
+        ``stats()["snapshots_refused"]``) while dropped batches leave the publisher's cache
+        mirror incomplete."""
         self._sink.request_snapshot()
 
     def stats(self) -> dict[str, int]:

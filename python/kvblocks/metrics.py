@@ -2,11 +2,11 @@
 exported in the Prometheus text format (and as a prometheus_client collector when that
 package is installed).
 
-`PrefixCacheStats` mirrors `vllm.v1.metrics.stats.PrefixCacheStats` (one scheduler step's
-counts; `record` is vLLM's). `KVCacheMetrics` accumulates steps into counters: feed it the
-stats a manager makes each step (kvblocks' or vLLM's, read by attribute), the usage, and
-optionally an event publisher or sink whose counters it reports. Evictions are the block
-hashes announced as removed by the published `BlockRemoved` events.
+`KVCacheMetrics` accumulates scheduler steps into counters: feed it the `PrefixCacheStats`
+a manager makes each step (`KVCacheManager.make_prefix_cache_stats()`, or vLLM's own; read
+by attribute), the usage, and optionally an event publisher or sink whose counters it
+reports. Evictions are the block hashes announced as removed by the published
+`BlockRemoved` events.
 """
 
 from __future__ import annotations
@@ -16,32 +16,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from kvblocks._core import PrefixCacheStats
+
 __all__ = ["KVCacheMetrics", "MetricSample", "PrefixCacheStats", "StatsSource"]
-
-
-@dataclass
-class PrefixCacheStats:
-    """One step's prefix-cache counts, as vLLM's `PrefixCacheStats` (without the
-    connector-only ``hits_by_source``). ``queries``/``hits`` count tokens."""
-
-    reset: bool = False
-    requests: int = 0
-    queries: int = 0
-    hits: int = 0
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
-
-    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
-        """Adds one request's lookup (vLLM's rule: preempted requests count separately)."""
-        if preempted:
-            self.preempted_requests += 1
-            self.preempted_queries += num_tokens
-            self.preempted_hits += num_hits
-        else:
-            self.requests += 1
-            self.queries += num_tokens
-            self.hits += num_hits
 
 
 class StatsSource(Protocol):

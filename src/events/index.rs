@@ -2,6 +2,10 @@
 //! so a snapshot is consistent with the sequence numbers already sent: a subscriber that
 //! applies every batch it receives, snapshot included, ends with the publisher's state.
 //!
+//! A snapshot starts with `AllBlocksCleared`, then re-announces every entry: applying it
+//! sets any subscriber (a set, or one counting blocks per hash) to the exact state, and
+//! applying it twice changes nothing.
+//!
 //! Entries are keyed by (external hash, group) and counted: vLLM may cache the same hash
 //! in two blocks (one `BlockStored` each) and drops it with one `BlockRemoved` per block.
 //!
@@ -135,13 +139,15 @@ impl CacheIndex {
         }
     }
 
-    /// Every cached entry as a one-block `BlockStored` event (repeated once per block that
-    /// holds it), parents before children, otherwise in first-stored order.
+    /// `AllBlocksCleared`, then every cached entry as a one-block `BlockStored` event
+    /// (repeated once per block that holds it), parents before children, otherwise in
+    /// first-stored order.
     pub fn snapshot(&self) -> Vec<KvCacheEvent> {
         let mut keys: Vec<(u64, u32)> = self.entries.keys().copied().collect();
         keys.sort_unstable_by_key(|k| self.entries[k].order);
         let mut done: FxHashSet<(u64, u32)> = FxHashSet::default();
-        let mut out = Vec::with_capacity(keys.len());
+        let mut out = Vec::with_capacity(keys.len() + 1);
+        out.push(KvCacheEvent::AllBlocksCleared);
         let mut chain = Vec::new();
         for key in keys {
             // Walk up to the first ancestor already emitted (or absent), then emit downwards.
@@ -247,13 +253,19 @@ mod tests {
         ];
         let idx = replayed(&events);
         let snap = idx.snapshot();
-        let rebuilt = replayed(&snap);
-        let mut want: Vec<_> = idx.entries.keys().copied().collect();
-        let mut got: Vec<_> = rebuilt.entries.keys().copied().collect();
+        assert_eq!(snap[0], KvCacheEvent::AllBlocksCleared);
+        // applied over any prior state, once or twice, the snapshot gives the same counts
+        let mut rebuilt = replayed(&events[..2]);
+        rebuilt.apply(&snap);
+        rebuilt.apply(&snap);
+        let counts =
+            |i: &CacheIndex| -> Vec<_> { i.entries.iter().map(|(k, e)| (*k, e.count)).collect() };
+        let mut want = counts(&idx);
+        let mut got = counts(&rebuilt);
         want.sort_unstable();
         got.sort_unstable();
         assert_eq!(got, want);
-        let order: Vec<u64> = snap
+        let order: Vec<u64> = snap[1..]
             .iter()
             .map(|e| match e {
                 KvCacheEvent::BlockStored(s) => s.block_hashes[0],
@@ -263,7 +275,7 @@ mod tests {
         // 3 was stored first but its parent 2 (and 2's parent 1) come before it;
         // hash 2 is held by two blocks, so it is announced twice.
         assert_eq!(order, vec![1, 2, 2, 3, 4]);
-        match &snap[4] {
+        match &snap[5] {
             KvCacheEvent::BlockStored(s) => {
                 assert_eq!(s.parent_block_hash, Some(3));
                 assert_eq!(s.token_ids, vec![6, 7]);
@@ -278,7 +290,7 @@ mod tests {
         // Two stored blocks over a three-block range: tokens 2..6 belong to them.
         let idx = replayed(&[stored(&[7, 8], Some(6), vec![0, 1, 2, 3, 4, 5], 0)]);
         let snap = idx.snapshot();
-        let tokens: Vec<Vec<u32>> = snap
+        let tokens: Vec<Vec<u32>> = snap[1..]
             .iter()
             .map(|e| match e {
                 KvCacheEvent::BlockStored(s) => s.token_ids.clone(),

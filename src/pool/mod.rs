@@ -16,6 +16,8 @@ pub mod events;
 pub mod free_queue;
 pub mod prefix_map;
 
+use rustc_hash::FxHashMap;
+
 use crate::error::{KvError, Result};
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 use events::{BlockRemoved, BlockStored, KvCacheEvent, StoredBlockSource, MEDIUM_GPU};
@@ -28,7 +30,9 @@ use prefix_map::PrefixMap;
 /// NOTE 1: `ref_cnt[b] == 0` iff block `b` is linked in the free queue, for every
 /// non-null block. The null block (id 0) is popped at construction, never linked, and
 /// its ref count stays 0.
-/// NOTE 2: `hash_of[b]` is `Some(key)` iff the prefix map holds `b` under `key`.
+/// NOTE 2: `hash_of[b]` is `Some(key)` iff the prefix map holds `b` under `key`; the
+/// map holds `b` under other keys only if they are listed in `secondary[b]` (0.33
+/// partial entries), and only while `hash_of[b]` is `Some`.
 /// NOTE 3: every public mutator validates its whole input before changing anything, so
 /// an error leaves the pool exactly as it was.
 #[derive(Debug, Clone)]
@@ -38,6 +42,12 @@ pub struct BlockPool {
     enable_events: bool,
     ref_cnt: Vec<u32>,
     hash_of: Vec<Option<HashKey>>,
+    /// Tokens the primary key of each cached block covers (vLLM's
+    /// `block_hash_num_tokens`; less than a block for a partial entry).
+    hash_tokens: Vec<u32>,
+    /// Extra keys of blocks cached under more than one key (vLLM's
+    /// `cached_block_hashes_by_block`): a partial entry added to an already cached block.
+    secondary: FxHashMap<BlockId, Vec<HashKey>>,
     queue: FreeQueue,
     map: PrefixMap,
     events: Vec<KvCacheEvent>,
@@ -73,6 +83,8 @@ impl BlockPool {
             enable_events: enable_kv_cache_events,
             ref_cnt: vec![0; num_blocks],
             hash_of: vec![None; num_blocks],
+            hash_tokens: vec![0; num_blocks],
+            secondary: FxHashMap::default(),
             queue,
             map: PrefixMap::default(),
             events: Vec::new(),
@@ -188,6 +200,15 @@ impl BlockPool {
         let Some(key) = self.hash_of[block as usize].take() else {
             return;
         };
+        self.remove_key(key, block);
+        if let Some(extra) = self.secondary.remove(&block) {
+            for key in extra {
+                self.remove_key(key, block);
+            }
+        }
+    }
+
+    fn remove_key(&mut self, key: HashKey, block: BlockId) {
         let removed = self.map.pop(&key, block);
         debug_assert!(removed);
         if self.enable_events {
@@ -324,7 +345,14 @@ impl BlockPool {
         let keep = |i: usize| mask.is_none_or(|m| m[i - num_cached]);
         for (i, &b) in blocks.iter().enumerate().take(num_full).skip(num_cached) {
             self.check_id(b)?;
-            if b != NULL_BLOCK_ID && keep(i) && self.hash_of[b as usize].is_some() {
+            // A block is cached once, except a partial entry (ending inside the block)
+            // promoted to a full one.
+            let tokens = self.hash_tokens[b as usize] as usize;
+            if b != NULL_BLOCK_ID
+                && keep(i)
+                && self.hash_of[b as usize].is_some()
+                && (tokens % block_size == 0 || tokens >= (i + 1) * block_size)
+            {
                 return Err(KvError::InvalidArgument(format!(
                     "block {b} is already cached; a block is cached once"
                 )));
@@ -340,7 +368,9 @@ impl BlockPool {
                 hash: hash_at(i),
                 group,
             };
+            self.evict_hash(b);
             self.hash_of[b as usize] = Some(key);
+            self.hash_tokens[b as usize] = ((i + 1) * block_size) as u32;
             self.map.insert(key, b);
             if self.enable_events {
                 stored.push(i);
@@ -363,6 +393,70 @@ impl BlockPool {
                 medium: MEDIUM_GPU,
                 lora_name: source.lora_name().map(str::to_owned),
                 extra_keys: (!extra_keys.is_empty()).then_some(extra_keys),
+                group_idx: group,
+                kv_cache_spec_kind: None,
+                kv_cache_spec_sliding_window: None,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Registers the prefix of `num_tokens` tokens (a multiple of `hash_block_size`
+    /// inside `block`) as a partial prefix-cache entry owned by `block`, as vLLM 0.33's
+    /// `cache_partial_block`: the key is the request's hash at that boundary. It becomes
+    /// the block's primary key if the block has none (a shorter primary is replaced), or
+    /// an extra key otherwise. With events on, a `BlockStored` of one hash-block is
+    /// recorded unless the entry already existed.
+    pub fn cache_partial_block(
+        &mut self,
+        request_hashes: &[BlockHash],
+        block: BlockId,
+        num_tokens: usize,
+        group: GroupId,
+        source: &dyn StoredBlockSource,
+    ) -> Result<()> {
+        self.check_id(block)?;
+        let h = self.hash_block_size;
+        let n = num_tokens / h;
+        if num_tokens % h != 0 || n == 0 || n > request_hashes.len() {
+            return Err(KvError::InvalidArgument(format!(
+                "partial entry of {num_tokens} tokens does not fit {} hashes of {h} tokens",
+                request_hashes.len()
+            )));
+        }
+        if block == NULL_BLOCK_ID {
+            return Ok(());
+        }
+        let key = HashKey {
+            hash: request_hashes[n - 1],
+            group,
+        };
+        let b = block as usize;
+        let already = self.hash_of[b] == Some(key) || self.map.contains(&key, block);
+        if !already {
+            if self.hash_of[b].is_some() && (self.hash_tokens[b] as usize) < num_tokens {
+                self.evict_hash(block);
+            }
+            if self.hash_of[b].is_none() {
+                self.hash_of[b] = Some(key);
+                self.hash_tokens[b] = num_tokens as u32;
+            } else {
+                self.secondary.entry(block).or_default().push(key);
+            }
+            self.map.insert(key, block);
+        }
+        if self.enable_events && !already {
+            let start = (n - 1) * h;
+            let tokens = source.token_ids();
+            self.events.push(KvCacheEvent::BlockStored(BlockStored {
+                block_hashes: vec![key.hash.external()],
+                parent_block_hash: (n > 1).then(|| request_hashes[n - 2].external()),
+                token_ids: tokens[start.min(tokens.len())..num_tokens.min(tokens.len())].to_vec(),
+                block_size: h as u32,
+                lora_id: source.lora_id(),
+                medium: MEDIUM_GPU,
+                lora_name: source.lora_name().map(str::to_owned),
+                extra_keys: Some(vec![source.event_extra_keys(start, num_tokens)]),
                 group_idx: group,
                 kv_cache_spec_kind: None,
                 kv_cache_spec_sliding_window: None,
@@ -401,6 +495,7 @@ impl BlockPool {
             return false;
         }
         self.map.clear();
+        self.secondary.clear();
         self.hash_of.iter_mut().for_each(|h| *h = None);
         if self.enable_events {
             self.events.push(KvCacheEvent::AllBlocksCleared);

@@ -1,17 +1,33 @@
 //! The prefix cache map: (block hash, group id) -> cached blocks, with vLLM's duplicate
 //! rule (no dedup; the earliest-inserted block still cached answers a lookup).
 
+use std::hash::{Hash, Hasher};
+
 use rustc_hash::FxHashMap;
 
 use crate::types::{BlockHash, BlockId, GroupId};
 
 /// vLLM's `BlockHashWithGroupId`: a block hash qualified by its KV cache group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HashKey {
     /// The block hash.
     pub hash: BlockHash,
     /// The KV cache group the block belongs to.
     pub group: GroupId,
+}
+
+impl Hash for HashKey {
+    /// Digests are uniformly distributed, so their first 8 bytes (and the group) are
+    /// enough to spread keys over buckets; equality still compares every byte. One
+    /// `write_u64` instead of hashing 40 bytes makes prefix lookups markedly cheaper.
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let bytes = self.hash.as_bytes();
+        let mut head = [0u8; 8];
+        let n = bytes.len().min(8);
+        head[..n].copy_from_slice(&bytes[..n]);
+        state.write_u64(u64::from_le_bytes(head) ^ (u64::from(self.group) << 56));
+    }
 }
 
 /// NOTE 1: almost every key maps to one block, stored inline; a second block under the

@@ -146,3 +146,42 @@ fn group_view_uses_last_hash_of_each_big_block() {
         .cache_full_blocks(&hs, &blocks, 0, 3, 32, 1, None, &NO_TOKENS)
         .is_err());
 }
+
+/// vLLM 0.33 partial entries (`cache_partial_block`): a hashed partial block is appended
+/// on free, promoted (old key removed) by `cache_full_blocks`, then kept as an extra key;
+/// eviction removes every key.
+#[test]
+fn partial_entries_promote_and_evict_all_keys() {
+    let mut p = BlockPool::new(6, true, 16, true).unwrap();
+    let hashes = [h(0), h(1), h(2), h(3)];
+    let b = p.get_new_blocks(2).unwrap();
+    // Block b[1] covers tokens 32..64; the prompt's last hash boundary is 48.
+    p.cache_partial_block(&hashes, b[1], 48, 0, &NO_TOKENS)
+        .unwrap();
+    assert_eq!(p.cached_block(&hashes[2], 0), Some(b[1]));
+    p.cache_partial_block(&hashes, b[1], 48, 0, &NO_TOKENS)
+        .unwrap();
+    assert_eq!(
+        p.take_events().len(),
+        1,
+        "an existing entry is not re-announced"
+    );
+    p.cache_full_blocks(&hashes, &b, 0, 2, 32, 0, None, &NO_TOKENS)
+        .unwrap();
+    let ev = p.take_events();
+    assert!(
+        matches!(&ev[0], KvCacheEvent::BlockRemoved(r) if r.block_hashes == [hashes[2].external()])
+    );
+    assert!(matches!(&ev[1], KvCacheEvent::BlockStored(s) if s.block_hashes.len() == 2));
+    assert_eq!(p.cached_block(&hashes[2], 0), None);
+    p.cache_partial_block(&hashes, b[1], 48, 0, &NO_TOKENS)
+        .unwrap();
+    assert_eq!(p.cached_block(&hashes[2], 0), Some(b[1]), "an extra key");
+    assert_eq!(p.block_hash(b[1]).unwrap().unwrap().hash, hashes[3]);
+    p.free_blocks(b.iter().rev().copied()).unwrap();
+    assert_eq!(&queue(&p)[3..], &[b[1], b[0]], "hashed blocks are appended");
+    p.take_events();
+    p.evict_blocks(&[b[1]]).unwrap();
+    assert_eq!(p.take_events().len(), 2, "primary and extra key removed");
+    assert_eq!(p.num_cached_keys(), 1);
+}

@@ -8,6 +8,7 @@ mod errors;
 mod events;
 mod hashing;
 mod ids;
+mod manager;
 mod pool;
 mod publish;
 mod request;
@@ -24,6 +25,7 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     publish::register(m)?;
     spec::register(m)?;
     config::register(m)?;
+    manager::register(m)?;
     request::register(m)?;
     Ok(())
 }

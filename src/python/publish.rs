@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PySet};
 
 use super::events::key_value_from_py;
+use super::manager::PyKVCacheManager;
 use super::pool::PyBlockPool;
 
 use crate::events::{encode_batch, EventBatch, EventSink, PayloadEncoder, WireFormat};
@@ -215,7 +216,9 @@ impl PyEventSink {
     /// oldest queued batch was dropped to make room. `ts` defaults to now.
     #[pyo3(signature = (source, ts=None))]
     fn publish_from(&self, source: &Bound<'_, PyAny>, ts: Option<f64>) -> PyResult<bool> {
-        let events = if let Ok(pool) = source.downcast::<PyBlockPool>() {
+        let events = if let Ok(mgr) = source.downcast::<PyKVCacheManager>() {
+            mgr.try_borrow_mut()?.take_core_events()
+        } else if let Ok(pool) = source.downcast::<PyBlockPool>() {
             pool.try_borrow_mut()?.take_core_events()
         } else {
             return Err(PyTypeError::new_err(format!(

@@ -1,0 +1,577 @@
+//! KV cache coordinators (section 5 of the semantics reference): one shared
+//! [`BlockPool`], one [`SingleTypeManager`] per group, and the cross-group rules: which
+//! coordinator runs (no prefix cache, unitary, hybrid), the hybrid fixed-point cache-hit
+//! search, and the group-ordered fan-out of every other operation.
+//!
+//! The coordinator keeps no request map: callers pass the request's per-group
+//! [`RequestBlocks`] (one per group, in group order).
+
+use crate::error::{KvError, Result};
+use crate::managers::{
+    cdiv, mamba, AttentionKind, HitQuery, ManagerParams, RequestBlocks, RequestView, Retention,
+    SingleTypeManager,
+};
+use crate::pool::BlockPool;
+use crate::types::{BlockHash, BlockId, GroupId};
+
+/// Which coordinator vLLM would pick (`get_kv_cache_coordinator`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoordinatorKind {
+    /// Prefix caching off (any number of groups).
+    NoPrefixCache,
+    /// One group.
+    Unitary,
+    /// Several groups.
+    Hybrid,
+}
+
+/// Groups with equal specs, looked up together (vLLM's `SpecGroup`).
+#[derive(Debug, Clone)]
+struct SpecGroup {
+    group_ids: Vec<GroupId>,
+    is_full: bool,
+    is_mamba: bool,
+    use_eagle: bool,
+}
+
+/// How a coordinator is built (besides the groups).
+#[derive(Debug, Clone, Copy)]
+pub struct CoordinatorOptions {
+    /// Pool size, null block included.
+    pub num_blocks: usize,
+    /// The model's context length.
+    pub max_model_len: usize,
+    /// Tokens scheduled but not yet settled (sizes the SWA / chunked admission caps).
+    pub max_in_flight_tokens: usize,
+    /// EAGLE / MTP speculative decoding.
+    pub use_eagle: bool,
+    /// Prefix caching.
+    pub enable_caching: bool,
+    /// Record KV cache events.
+    pub enable_kv_cache_events: bool,
+    /// Hit alignment of hybrid models (lcm of the group block sizes by default).
+    pub scheduler_block_size: usize,
+    /// Tokens per request hash.
+    pub hash_block_size: usize,
+    /// `prefix_cache_retention_interval` (`None` = dense).
+    pub retention_interval: Option<usize>,
+}
+
+/// vLLM 0.33's `KVCacheCoordinator` family.
+#[derive(Debug, Clone)]
+pub struct Coordinator {
+    kind: CoordinatorKind,
+    pool: BlockPool,
+    managers: Vec<SingleTypeManager>,
+    scheduler_block_size: usize,
+    hash_block_size: usize,
+    /// Whether any group drops the EAGLE block (vLLM's `drop_eagle_group_ids` non-empty).
+    any_drop_eagle: bool,
+    /// Per group: whether its hits drop the EAGLE block.
+    drop_eagle: Vec<bool>,
+    /// Hybrid only: spec groups, full attention first.
+    spec_groups: Vec<SpecGroup>,
+    retention: Retention,
+}
+
+impl Coordinator {
+    /// Builds the pool and the managers (in group order) and checks the block sizes as
+    /// vLLM does. Configurations vLLM 0.33 cannot run with prefix caching on (Mamba
+    /// without "align", cross-attention) are rejected here.
+    pub fn new(groups: Vec<ManagerParams>, opts: CoordinatorOptions) -> Result<Self> {
+        let sbs = opts.scheduler_block_size;
+        let hbs = opts.hash_block_size;
+        if sbs == 0 || hbs == 0 || sbs % hbs != 0 {
+            return Err(KvError::InvalidArgument(format!(
+                "scheduler_block_size {sbs} must be a positive multiple of hash_block_size {hbs}"
+            )));
+        }
+        if let Some(g) = groups
+            .iter()
+            .find(|g| g.block_size == 0 || sbs % g.block_size != 0)
+        {
+            return Err(KvError::InvalidArgument(format!(
+                "every group's block_size must divide scheduler_block_size {sbs}, got {}",
+                g.block_size
+            )));
+        }
+        let kind = if !opts.enable_caching {
+            CoordinatorKind::NoPrefixCache
+        } else if groups.len() == 1 {
+            CoordinatorKind::Unitary
+        } else {
+            CoordinatorKind::Hybrid
+        };
+        if kind == CoordinatorKind::Hybrid && groups.is_empty() {
+            return Err(KvError::InvalidSpec(
+                "prefix caching needs at least one KV cache group".into(),
+            ));
+        }
+        if opts.enable_caching {
+            for g in &groups {
+                match g.kind {
+                    AttentionKind::Mamba { align: true, .. }
+                        if g.block_size != hbs || opts.retention_interval.is_some() =>
+                    {
+                        return Err(mamba::unsupported(
+                            "\"align\" mode with a block size other than hash_block_size \
+                             (fine-grained hits) or with sparse retention",
+                        ));
+                    }
+                    AttentionKind::Mamba { align: true, .. } => {}
+                    AttentionKind::Mamba { .. } => {
+                        return Err(KvError::InvalidSpec(
+                            "Mamba prefix caching requires mamba_cache_mode='align'; \
+                             use enable_caching=False"
+                                .into(),
+                        ))
+                    }
+                    AttentionKind::CrossAttention => {
+                        return Err(KvError::InvalidSpec(
+                            "cross-attention groups have no prefix cache; \
+                             use enable_caching=False"
+                                .into(),
+                        ))
+                    }
+                    _ => {}
+                }
+                if g.block_size % hbs != 0 {
+                    return Err(KvError::InvalidArgument(format!(
+                        "block_size {} is not divisible by hash_block_size {hbs}",
+                        g.block_size
+                    )));
+                }
+            }
+            if kind == CoordinatorKind::Unitary && groups[0].block_size != hbs {
+                return Err(KvError::InvalidArgument(format!(
+                    "a single-group model needs hash_block_size == block_size ({} != {hbs})",
+                    groups[0].block_size
+                )));
+            }
+        }
+        let retention = validate_retention(opts.retention_interval, sbs, &groups)?;
+        let mut pool = BlockPool::new(
+            opts.num_blocks,
+            opts.enable_caching,
+            hbs,
+            opts.enable_kv_cache_events,
+        )?;
+        let mut eagle: Vec<bool> = groups.iter().map(|g| g.is_eagle_group).collect();
+        if opts.use_eagle && !eagle.iter().any(|&e| e) {
+            eagle.iter_mut().for_each(|e| *e = true);
+        }
+        let drop_eagle: Vec<bool> = eagle.iter().map(|&e| e && opts.use_eagle).collect();
+        let mut managers = Vec::with_capacity(groups.len());
+        for (i, params) in groups.into_iter().enumerate() {
+            managers.push(SingleTypeManager::new(
+                params,
+                i as GroupId,
+                opts.enable_caching,
+                sbs,
+                opts.max_in_flight_tokens,
+                opts.max_model_len,
+                &mut pool,
+            )?);
+        }
+        let mut me = Self {
+            kind,
+            pool,
+            managers,
+            scheduler_block_size: sbs,
+            hash_block_size: hbs,
+            any_drop_eagle: drop_eagle.iter().any(|&d| d),
+            drop_eagle,
+            spec_groups: Vec::new(),
+            retention,
+        };
+        match kind {
+            CoordinatorKind::Unitary => me.managers[0].use_eagle = me.drop_eagle[0],
+            CoordinatorKind::Hybrid => me.split_spec_groups(),
+            CoordinatorKind::NoPrefixCache => {}
+        }
+        Ok(me)
+    }
+
+    /// vLLM's `verify_and_split_kv_cache_groups`: equal specs share a lookup, full
+    /// attention first (stable), and the EAGLE bit of a spec group goes to its managers.
+    fn split_spec_groups(&mut self) {
+        let mut groups: Vec<(usize, SpecGroup)> = Vec::new();
+        for (i, m) in self.managers.iter().enumerate() {
+            let p = m.params();
+            let use_eagle = self.drop_eagle[i];
+            if let Some((_, g)) = groups.iter_mut().find(|(c, _)| *c == p.spec_class) {
+                g.group_ids.push(i as GroupId);
+                g.use_eagle |= use_eagle;
+            } else {
+                groups.push((
+                    p.spec_class,
+                    SpecGroup {
+                        group_ids: vec![i as GroupId],
+                        is_full: p.kind.is_full_attention(),
+                        is_mamba: matches!(p.kind, AttentionKind::Mamba { .. }),
+                        use_eagle,
+                    },
+                ));
+            }
+        }
+        let mut groups: Vec<SpecGroup> = groups.into_iter().map(|(_, g)| g).collect();
+        groups.sort_by_key(|g| !g.is_full);
+        for g in &groups {
+            if g.use_eagle {
+                for &gid in &g.group_ids {
+                    self.managers[gid as usize].use_eagle = true;
+                }
+            }
+        }
+        self.spec_groups = groups;
+    }
+
+    /// Which coordinator this is.
+    #[inline]
+    pub fn kind(&self) -> CoordinatorKind {
+        self.kind
+    }
+
+    /// The shared block pool.
+    #[inline]
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// The shared block pool, mutably (evictions, reset, events).
+    #[inline]
+    pub fn pool_mut(&mut self) -> &mut BlockPool {
+        &mut self.pool
+    }
+
+    /// The managers, in group order.
+    #[inline]
+    pub fn managers(&self) -> &[SingleTypeManager] {
+        &self.managers
+    }
+
+    /// The scheduler block size.
+    #[inline]
+    pub fn scheduler_block_size(&self) -> usize {
+        self.scheduler_block_size
+    }
+
+    /// The longest prefix hit of `hashes` no longer than `max_length` tokens: one block
+    /// list per group and the hit length. Reads only; no ref count changes.
+    pub fn find_longest_cache_hit(
+        &self,
+        hashes: &[BlockHash],
+        max_length: usize,
+    ) -> Result<(Vec<Vec<BlockId>>, usize)> {
+        let n = self.managers.len();
+        match self.kind {
+            CoordinatorKind::NoPrefixCache => Ok((vec![Vec::new(); n], 0)),
+            CoordinatorKind::Unitary => {
+                let m = &self.managers[0];
+                let query = HitQuery {
+                    hashes,
+                    hash_block_size: self.hash_block_size,
+                    max_length,
+                    groups: &[0],
+                    drop_eagle: self.drop_eagle[0],
+                    alignment: m.block_size(),
+                };
+                let mut out = vec![Vec::new()];
+                let hit = m.find_longest_cache_hit(&query, &self.pool, &mut out)?;
+                Ok((out, hit))
+            }
+            CoordinatorKind::Hybrid => self.find_hybrid(hashes, max_length),
+        }
+    }
+
+    /// The hybrid fixed point: every spec group either accepts the candidate length or
+    /// lowers it; repeat until nothing lowers it (one pass for full + one other).
+    fn find_hybrid(
+        &self,
+        hashes: &[BlockHash],
+        max_length: usize,
+    ) -> Result<(Vec<Vec<BlockId>>, usize)> {
+        let n = self.managers.len();
+        let mut blocks: Vec<Option<Vec<BlockId>>> = vec![None; n];
+        let mut lengths = vec![0usize; n];
+        let simple = self.spec_groups.len() == 2 && self.spec_groups[0].is_full;
+        let mut verified = vec![false; self.spec_groups.len()];
+        let mut hit_length = max_length;
+        loop {
+            let mut curr = hit_length;
+            for (idx, sg) in self.spec_groups.iter().enumerate() {
+                let first = sg.group_ids[0] as usize;
+                if sg.is_full && blocks[first].is_some() {
+                    curr = curr.min(lengths[first]);
+                    continue;
+                }
+                let m = &self.managers[first];
+                let drop = sg.use_eagle && !verified[idx];
+                let limit = if drop && !sg.is_mamba {
+                    (curr + m.block_size()).min(hashes.len() * self.hash_block_size)
+                } else {
+                    curr
+                };
+                let query = HitQuery {
+                    hashes,
+                    hash_block_size: self.hash_block_size,
+                    max_length: limit,
+                    groups: &sg.group_ids,
+                    drop_eagle: drop,
+                    alignment: self.scheduler_block_size,
+                };
+                let mut out = vec![Vec::new(); sg.group_ids.len()];
+                let found = m.find_longest_cache_hit(&query, &self.pool, &mut out)?;
+                if drop {
+                    verified[idx] = true;
+                } else if found < curr {
+                    verified.iter_mut().for_each(|v| *v = false);
+                }
+                curr = found;
+                for (&gid, list) in sg.group_ids.iter().zip(out) {
+                    blocks[gid as usize] = Some(list);
+                    lengths[gid as usize] = found;
+                }
+            }
+            if curr >= hit_length {
+                break;
+            }
+            hit_length = curr;
+            if simple {
+                break;
+            }
+        }
+        for sg in self.spec_groups.iter().filter(|g| g.is_full) {
+            for &gid in &sg.group_ids {
+                let keep = cdiv(hit_length, self.managers[gid as usize].block_size());
+                if let Some(list) = &mut blocks[gid as usize] {
+                    list.truncate(keep);
+                }
+            }
+        }
+        Ok((
+            blocks.into_iter().map(Option::unwrap_or_default).collect(),
+            hit_length,
+        ))
+    }
+
+    /// Blocks an allocation would take off the free queue, summed over groups (signed:
+    /// align-mode Mamba can count negatively). `hits` is `None` for no prefix hit (vLLM's
+    /// empty sentinel).
+    #[allow(clippy::too_many_arguments)]
+    pub fn get_num_blocks_to_allocate(
+        &self,
+        rbs: &[RequestBlocks],
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        hits: Option<&[Vec<BlockId>]>,
+        num_encoder_tokens: usize,
+        total_computed_tokens: usize,
+        apply_admission_cap: bool,
+    ) -> isize {
+        self.managers
+            .iter()
+            .zip(rbs)
+            .enumerate()
+            .map(|(i, (m, rb))| {
+                if matches!(m.params().kind, AttentionKind::CrossAttention) {
+                    m.get_num_blocks_to_allocate(
+                        rb,
+                        num_encoder_tokens,
+                        num_encoder_tokens,
+                        &[],
+                        0,
+                        apply_admission_cap,
+                        &self.pool,
+                    )
+                } else {
+                    let h = hits.map_or(&[][..], |h| &h[i][..]);
+                    m.get_num_blocks_to_allocate(
+                        rb,
+                        num_tokens,
+                        num_tokens_main_model,
+                        h,
+                        total_computed_tokens,
+                        apply_admission_cap,
+                        &self.pool,
+                    )
+                }
+            })
+            .sum()
+    }
+
+    /// Adds a new request's hits to its tables (all groups touch first), then allocates
+    /// blocks for external tokens. A no-op for a request some group already knows.
+    pub fn allocate_new_computed_blocks(
+        &mut self,
+        rbs: &mut [RequestBlocks],
+        hits: Option<&[Vec<BlockId>]>,
+        num_local_computed: usize,
+        num_external_computed: usize,
+    ) -> Result<()> {
+        if rbs.iter().any(|rb| rb.num_cached.is_some()) {
+            return Ok(());
+        }
+        for (i, (m, rb)) in self.managers.iter().zip(rbs.iter_mut()).enumerate() {
+            let h = hits.map_or(&[][..], |h| &h[i][..]);
+            m.add_local_computed_blocks(
+                rb,
+                h,
+                num_local_computed,
+                num_external_computed,
+                &mut self.pool,
+            )?;
+        }
+        if num_external_computed > 0 {
+            for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
+                m.allocate_external_computed_blocks(
+                    rb,
+                    num_local_computed,
+                    num_external_computed,
+                    &mut self.pool,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Extends every group's table to `num_tokens` slots (cross-attention:
+    /// `num_encoder_tokens`; align-mode Mamba: `num_tokens_main_model`), group by group.
+    pub fn allocate_new_blocks(
+        &mut self,
+        rbs: &mut [RequestBlocks],
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        num_encoder_tokens: usize,
+    ) -> Result<()> {
+        for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
+            let n = if matches!(m.params().kind, AttentionKind::CrossAttention) {
+                num_encoder_tokens
+            } else {
+                num_tokens
+            };
+            m.allocate_new_blocks(rb, n, num_tokens_main_model, &mut self.pool)?;
+        }
+        Ok(())
+    }
+
+    /// Tokens group `group` may cache out of `num_tokens` (hybrid: aligned down to the
+    /// scheduler block size; EAGLE groups one block further).
+    #[inline]
+    pub fn num_cacheable_tokens(&self, num_tokens: usize, group: usize) -> usize {
+        if self.kind != CoordinatorKind::Hybrid {
+            return num_tokens;
+        }
+        let aligned = num_tokens / self.scheduler_block_size * self.scheduler_block_size;
+        let m = &self.managers[group];
+        if m.use_eagle && aligned > 0 {
+            num_tokens.min(aligned + m.block_size())
+        } else {
+            aligned
+        }
+    }
+
+    /// Caches the request's newly full blocks in every caching group.
+    pub fn cache_blocks<R: RequestView>(
+        &mut self,
+        rbs: &mut [RequestBlocks],
+        request: &R,
+        num_tokens: usize,
+    ) -> Result<()> {
+        let mut boundaries = [0usize; 2];
+        let nb = self.replay_boundaries(request.num_prompt_tokens(), &mut boundaries);
+        for (i, rb) in rbs.iter_mut().enumerate() {
+            let n = self.num_cacheable_tokens(num_tokens, i);
+            let m = &mut self.managers[i];
+            if m.enable_caching() {
+                m.cache_blocks(
+                    rb,
+                    request,
+                    n,
+                    self.retention,
+                    &boundaries[..nb],
+                    &mut self.pool,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// vLLM's `replay_boundaries`: where a later request replaying this prompt can
+    /// resume. Writes them sorted into `out` and returns how many.
+    fn replay_boundaries(&self, num_prompt_tokens: usize, out: &mut [usize; 2]) -> usize {
+        if !self.any_drop_eagle {
+            out[0] = num_prompt_tokens.saturating_sub(1);
+            return 1;
+        }
+        let b = self.scheduler_block_size;
+        let resend = num_prompt_tokens.saturating_sub(1) / b * b;
+        let extension = num_prompt_tokens / b * b;
+        let (x, y) = (resend.saturating_sub(b), extension.saturating_sub(b));
+        out[0] = x.min(y);
+        out[1] = x.max(y);
+        if x == y {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// Per-step hook of every manager.
+    pub fn new_step_starts(&mut self) {
+        self.managers
+            .iter_mut()
+            .for_each(SingleTypeManager::new_step_starts);
+    }
+
+    /// Frees the request in every group (each table tail first), in group order.
+    pub fn free(&mut self, rbs: &mut [RequestBlocks]) -> Result<()> {
+        for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
+            m.free(rb, &mut self.pool)?;
+        }
+        Ok(())
+    }
+
+    /// Frees the blocks outside every group's attention window.
+    pub fn remove_skipped_blocks(
+        &mut self,
+        rbs: &mut [RequestBlocks],
+        num_computed_tokens: usize,
+    ) -> Result<()> {
+        for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
+            m.remove_skipped_blocks(rb, num_computed_tokens, &mut self.pool)?;
+        }
+        Ok(())
+    }
+}
+
+/// vLLM's `_validate_prefix_cache_retention_interval`.
+fn validate_retention(
+    interval: Option<usize>,
+    scheduler_block_size: usize,
+    groups: &[ManagerParams],
+) -> Result<Retention> {
+    let Some(n) = interval else {
+        return Ok(Retention::Dense);
+    };
+    let sparse = groups.iter().any(|g| {
+        matches!(
+            g.kind,
+            AttentionKind::SlidingWindow { .. } | AttentionKind::Mamba { .. }
+        )
+    });
+    if !sparse && n != 0 {
+        return Err(KvError::InvalidArgument(
+            "prefix_cache_retention_interval is set but this model has no sliding-window or \
+             Mamba KV cache group, so retention has no effect. Set it to 0"
+                .into(),
+        ));
+    }
+    if sparse && n % scheduler_block_size != 0 {
+        return Err(KvError::InvalidArgument(format!(
+            "prefix_cache_retention_interval ({n}) must be non-negative and a multiple of \
+             scheduler_block_size ({scheduler_block_size})"
+        )));
+    }
+    Ok(Retention::Interval(n))
+}

@@ -1,0 +1,631 @@
+//! The `KVCacheManager` facade (section 6 of the semantics reference): what a scheduler
+//! calls. It resolves a request id to a slot once per call and hands that request's
+//! per-group tables to the [`Coordinator`].
+//!
+//! ```
+//! use kvblocks::managers::{AttentionKind, ManagerParams, RequestView};
+//! use kvblocks::manager::{AllocateArgs, KvCacheManager, ManagerOptions};
+//! use kvblocks::pool::events::{EventExtraKeys, StoredBlockSource};
+//! use kvblocks::BlockHash;
+//!
+//! struct Req { tokens: Vec<u32>, computed: usize }
+//! impl StoredBlockSource for Req {
+//!     fn token_ids(&self) -> &[u32] { &self.tokens }
+//!     fn event_extra_keys(&self, _: usize, _: usize) -> EventExtraKeys { None }
+//! }
+//! impl RequestView for Req {
+//!     fn request_id(&self) -> &str { "r0" }
+//!     fn num_tokens(&self) -> usize { self.tokens.len() }
+//!     fn num_prompt_tokens(&self) -> usize { self.tokens.len() }
+//!     fn num_computed_tokens(&self) -> usize { self.computed }
+//!     fn block_hashes(&self) -> &[BlockHash] { &[] }
+//! }
+//!
+//! let groups = vec![ManagerParams::new(AttentionKind::FullAttention, 16, 0)];
+//! let mut mgr = KvCacheManager::new(groups, 11, None, ManagerOptions::new(1024, 16)).unwrap();
+//! let req = Req { tokens: vec![7; 55], computed: 0 };
+//! let new = mgr.allocate_slots(&req, &AllocateArgs::new(55)).unwrap().unwrap();
+//! assert_eq!(new, vec![vec![1, 2, 3, 4]]);
+//! ```
+
+use rustc_hash::FxHashMap;
+
+use crate::coordinator::{Coordinator, CoordinatorOptions};
+use crate::error::{KvError, Result};
+use crate::managers::{AttentionKind, ManagerParams, RequestBlocks, RequestView};
+use crate::pool::events::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
+use crate::pool::BlockPool;
+use crate::request::Request;
+use crate::types::{BlockHash, BlockId};
+
+/// Construction options (vLLM's `KVCacheManager.__init__` keywords).
+#[derive(Debug, Clone, Copy)]
+pub struct ManagerOptions {
+    /// The model's context length.
+    pub max_model_len: usize,
+    /// Tokens per request hash.
+    pub hash_block_size: usize,
+    /// Hit alignment; `None` = lcm of the group block sizes.
+    pub scheduler_block_size: Option<usize>,
+    /// Tokens in flight; `None` = `max_model_len`.
+    pub max_in_flight_tokens: Option<usize>,
+    /// Prefix caching.
+    pub enable_caching: bool,
+    /// EAGLE / MTP speculative decoding.
+    pub use_eagle: bool,
+    /// Keep `PrefixCacheStats`.
+    pub log_stats: bool,
+    /// Record KV cache events.
+    pub enable_kv_cache_events: bool,
+}
+
+impl ManagerOptions {
+    /// vLLM's defaults for the given context length and hash block size.
+    pub fn new(max_model_len: usize, hash_block_size: usize) -> Self {
+        Self {
+            max_model_len,
+            hash_block_size,
+            scheduler_block_size: None,
+            max_in_flight_tokens: None,
+            enable_caching: true,
+            use_eagle: false,
+            log_stats: false,
+            enable_kv_cache_events: false,
+        }
+    }
+}
+
+/// The arguments of `allocate_slots` beyond the request.
+#[derive(Debug, Clone, Copy)]
+pub struct AllocateArgs<'a> {
+    /// Tokens to compute this step (drafts included).
+    pub num_new_tokens: usize,
+    /// Tokens of this call's prefix-cache hit.
+    pub num_new_computed_tokens: usize,
+    /// The hit's blocks per group (`None`, or all groups empty: no hit).
+    pub new_computed_blocks: Option<&'a [Vec<BlockId>]>,
+    /// Speculative slots.
+    pub num_lookahead_tokens: usize,
+    /// Tokens a KV connector supplies.
+    pub num_external_computed_tokens: usize,
+    /// Skip caching (P/D loads cache later).
+    pub delay_cache_blocks: bool,
+    /// Encoder tokens (cross-attention groups).
+    pub num_encoder_tokens: usize,
+    /// Admit only if the whole sequence fits (SWA / chunked caps applied).
+    pub full_sequence_must_fit: bool,
+}
+
+impl AllocateArgs<'_> {
+    /// `num_new_tokens` with every other argument at vLLM's default.
+    pub fn new(num_new_tokens: usize) -> Self {
+        Self {
+            num_new_tokens,
+            num_new_computed_tokens: 0,
+            new_computed_blocks: None,
+            num_lookahead_tokens: 0,
+            num_external_computed_tokens: 0,
+            delay_cache_blocks: false,
+            num_encoder_tokens: 0,
+            full_sequence_must_fit: false,
+        }
+    }
+}
+
+/// vLLM 0.33's `PrefixCacheStats` (without the connector's `hits_by_source`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Whether `reset_prefix_cache` succeeded since the last snapshot.
+    pub reset: bool,
+    /// Requests recorded (not previously preempted).
+    pub requests: u64,
+    /// Tokens queried by those requests.
+    pub queries: u64,
+    /// Tokens hit by those requests.
+    pub hits: u64,
+    /// Previously preempted requests recorded.
+    pub preempted_requests: u64,
+    /// Tokens queried by preempted requests.
+    pub preempted_queries: u64,
+    /// Tokens hit by preempted requests.
+    pub preempted_hits: u64,
+}
+
+impl PrefixCacheStats {
+    /// Adds one request's lookup.
+    pub fn record(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
+        let (t, h) = (num_tokens as u64, num_hits as u64);
+        if preempted {
+            self.preempted_requests += 1;
+            self.preempted_queries += t;
+            self.preempted_hits += h;
+        } else {
+            self.requests += 1;
+            self.queries += t;
+            self.hits += h;
+        }
+    }
+}
+
+/// vLLM 0.33's `KVCacheManager`.
+#[derive(Debug, Clone)]
+pub struct KvCacheManager {
+    coord: Coordinator,
+    max_model_len: usize,
+    enable_caching: bool,
+    log_stats: bool,
+    stats: PrefixCacheStats,
+    num_groups: usize,
+    /// Request id -> slot; a slot's tables are `slots[slot * num_groups..][..num_groups]`.
+    requests: FxHashMap<String, usize>,
+    slots: Vec<RequestBlocks>,
+    free_slots: Vec<usize>,
+    /// Empty tables standing in for a request without a slot.
+    empty: Vec<RequestBlocks>,
+}
+
+/// Least common multiple.
+fn lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    a / gcd(a, b) * b
+}
+
+impl KvCacheManager {
+    /// Builds the manager for the given groups (in group order) and pool size.
+    /// `retention_interval` is `KVCacheConfig.prefix_cache_retention_interval`.
+    pub fn new(
+        groups: Vec<ManagerParams>,
+        num_blocks: usize,
+        retention_interval: Option<usize>,
+        opts: ManagerOptions,
+    ) -> Result<Self> {
+        if opts.max_model_len == 0 {
+            return Err(KvError::InvalidArgument(
+                "max_model_len must be positive".into(),
+            ));
+        }
+        if groups.iter().any(|g| g.block_size == 0) {
+            return Err(KvError::InvalidSpec("block_size must be positive".into()));
+        }
+        let scheduler_block_size = match opts.scheduler_block_size {
+            Some(s) => s,
+            None => groups
+                .iter()
+                .fold(None, |acc: Option<usize>, g| {
+                    Some(acc.map_or(g.block_size, |a| lcm(a, g.block_size)))
+                })
+                .unwrap_or(opts.hash_block_size),
+        };
+        let num_groups = groups.len();
+        let coord = Coordinator::new(
+            groups,
+            CoordinatorOptions {
+                num_blocks,
+                max_model_len: opts.max_model_len,
+                max_in_flight_tokens: opts.max_in_flight_tokens.unwrap_or(opts.max_model_len),
+                use_eagle: opts.use_eagle,
+                enable_caching: opts.enable_caching,
+                enable_kv_cache_events: opts.enable_kv_cache_events,
+                scheduler_block_size,
+                hash_block_size: opts.hash_block_size,
+                retention_interval,
+            },
+        )?;
+        Ok(Self {
+            coord,
+            max_model_len: opts.max_model_len,
+            enable_caching: opts.enable_caching,
+            log_stats: opts.log_stats,
+            stats: PrefixCacheStats::default(),
+            num_groups,
+            requests: FxHashMap::default(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            empty: vec![RequestBlocks::default(); num_groups],
+        })
+    }
+
+    /// Number of KV cache groups.
+    #[inline]
+    pub fn num_groups(&self) -> usize {
+        self.num_groups
+    }
+
+    /// The coordinator.
+    #[inline]
+    pub fn coordinator(&self) -> &Coordinator {
+        &self.coord
+    }
+
+    /// The shared block pool.
+    #[inline]
+    pub fn pool(&self) -> &BlockPool {
+        self.coord.pool()
+    }
+
+    /// `pool.get_usage()`.
+    pub fn usage(&self) -> f64 {
+        self.coord.pool().usage()
+    }
+
+    /// The tables of the request in `slot`.
+    #[inline]
+    fn tables(&self, slot: usize) -> &[RequestBlocks] {
+        &self.slots[slot * self.num_groups..(slot + 1) * self.num_groups]
+    }
+
+    /// The tables of the request in `slot`, or empty tables for a request without one.
+    #[inline]
+    fn tables_or_empty(&self, slot: Option<usize>) -> &[RequestBlocks] {
+        match slot {
+            Some(s) => self.tables(s),
+            None => &self.empty,
+        }
+    }
+
+    /// The slot of `request_id`, created (reusing a freed one) if absent.
+    fn slot_or_insert(&mut self, request_id: &str) -> usize {
+        if let Some(&s) = self.requests.get(request_id) {
+            return s;
+        }
+        let s = self.free_slots.pop().unwrap_or_else(|| {
+            let s = self.slots.len() / self.num_groups.max(1);
+            self.slots
+                .resize_with(self.slots.len() + self.num_groups, RequestBlocks::default);
+            s
+        });
+        self.requests.insert(request_id.to_owned(), s);
+        s
+    }
+
+    /// Whether a prefix-cache lookup runs for this request.
+    fn lookup_enabled<R: RequestView>(&self, request: &R) -> bool {
+        self.enable_caching && !request.skip_reading_prefix_cache()
+    }
+
+    /// The request's prefix-cache hit: one block list per group (hit blocks, nulls for
+    /// skipped positions) and the hit length in tokens, at most `num_tokens - 1`. No
+    /// ref count changes.
+    pub fn get_computed_blocks<R: RequestView>(
+        &self,
+        request: &R,
+    ) -> Result<(Vec<Vec<BlockId>>, usize)> {
+        if !self.lookup_enabled(request) {
+            return Ok((vec![Vec::new(); self.num_groups], 0));
+        }
+        let max = request.num_tokens().saturating_sub(1);
+        self.coord
+            .find_longest_cache_hit(request.block_hashes(), max)
+    }
+
+    /// Gives the request slots for `args.num_new_tokens` more tokens (and the lookahead),
+    /// adding its prefix hit first. Returns the newly allocated blocks per group, or
+    /// `None` when they do not fit (then only out-of-window blocks were freed). Bad
+    /// arguments are rejected before anything changes.
+    pub fn allocate_slots<R: RequestView>(
+        &mut self,
+        request: &R,
+        args: &AllocateArgs<'_>,
+    ) -> Result<Option<Vec<Vec<BlockId>>>> {
+        let slot = self.requests.get(request.request_id()).copied();
+        let local = request.num_computed_tokens() + args.num_new_computed_tokens;
+        let hits = self.validate_allocate(slot, local, args)?;
+        let g = self.num_groups;
+        let total = (local + args.num_external_computed_tokens).min(self.max_model_len);
+        if args.full_sequence_must_fit {
+            let full = request.num_tokens().min(self.max_model_len);
+            let need = self.coord.get_num_blocks_to_allocate(
+                self.tables_or_empty(slot),
+                full,
+                full,
+                hits,
+                args.num_encoder_tokens,
+                total,
+                true,
+            );
+            if need > self.coord.pool().num_free_blocks() as isize {
+                return Ok(None);
+            }
+        }
+        let main = total + args.num_new_tokens;
+        let need_slots = (main + args.num_lookahead_tokens).min(self.max_model_len);
+        if let Some(s) = slot {
+            let processed = total.saturating_sub(request.num_in_flight_tokens());
+            self.coord
+                .remove_skipped_blocks(&mut self.slots[s * g..(s + 1) * g], processed)?;
+        }
+        let need = self.coord.get_num_blocks_to_allocate(
+            self.tables_or_empty(slot),
+            need_slots,
+            main,
+            hits,
+            args.num_encoder_tokens,
+            local + args.num_external_computed_tokens,
+            false,
+        );
+        if need > self.coord.pool().num_free_blocks() as isize {
+            return Ok(None);
+        }
+        let s = match slot {
+            Some(s) => s,
+            None => self.slot_or_insert(request.request_id()),
+        };
+        let rbs = &mut self.slots[s * g..(s + 1) * g];
+        if hits.is_some() || args.num_external_computed_tokens > 0 {
+            self.coord.allocate_new_computed_blocks(
+                rbs,
+                hits,
+                local,
+                args.num_external_computed_tokens,
+            )?;
+        }
+        let mut starts = [0usize; 8];
+        let mut starts_vec = Vec::new();
+        let starts: &mut [usize] = if g <= 8 {
+            &mut starts[..g]
+        } else {
+            starts_vec.resize(g, 0);
+            &mut starts_vec
+        };
+        for (st, rb) in starts.iter_mut().zip(rbs.iter()) {
+            *st = rb.table.len();
+        }
+        self.coord
+            .allocate_new_blocks(rbs, need_slots, main, args.num_encoder_tokens)?;
+        let new_blocks = rbs
+            .iter()
+            .zip(starts.iter())
+            .map(|(rb, &st)| rb.table[st..].to_vec())
+            .collect();
+        if !args.delay_cache_blocks {
+            let n = (total + args.num_new_tokens).min(request.num_tokens());
+            self.coord.cache_blocks(rbs, request, n)?;
+        }
+        Ok(Some(new_blocks))
+    }
+
+    /// Checks `allocate_slots` arguments; returns the hit (None for no hit).
+    fn validate_allocate<'a>(
+        &self,
+        slot: Option<usize>,
+        local_tokens: usize,
+        args: &AllocateArgs<'a>,
+    ) -> Result<Option<&'a [Vec<BlockId>]>> {
+        if args.num_new_tokens == 0
+            && args.num_external_computed_tokens == 0
+            && args.num_new_computed_tokens == 0
+        {
+            return Err(KvError::InvalidArgument(
+                "num_new_tokens must be greater than 0 when there are no computed tokens to \
+                 adopt"
+                    .into(),
+            ));
+        }
+        let hits = match args.new_computed_blocks {
+            Some(h) if h.len() != self.num_groups => {
+                return Err(KvError::InvalidArgument(format!(
+                    "new_computed_blocks has {} groups, the manager has {}",
+                    h.len(),
+                    self.num_groups
+                )))
+            }
+            Some(h) if h.iter().any(|g| !g.is_empty()) => h,
+            _ => return self.check_adopt(slot, args, None),
+        };
+        if !self.enable_caching {
+            return Err(KvError::InvalidArgument(
+                "computed blocks must be empty when prefix caching is disabled".into(),
+            ));
+        }
+        let n = self.coord.pool().num_blocks();
+        if let Some(&b) = hits.iter().flatten().find(|&&b| b as usize >= n) {
+            return Err(KvError::BlockOutOfRange {
+                block_id: b.into(),
+                num_blocks: n,
+            });
+        }
+        for (m, h) in self.coord.managers().iter().zip(hits) {
+            if !h.is_empty() && local_tokens % m.block_size() != 0 {
+                return Err(KvError::Unsupported(
+                    "prefix hits ending inside a block (0.33 partial-hit copy-on-write)".into(),
+                ));
+            }
+            if matches!(m.params().kind, AttentionKind::CrossAttention) && !h.is_empty() {
+                return Err(KvError::InvalidArgument(
+                    "cross-attention groups have no prefix hits".into(),
+                ));
+            }
+        }
+        self.check_adopt(slot, args, Some(hits))
+    }
+
+    /// A hit or external tokens are adopted only by a request no group knows yet, whose
+    /// tables are empty.
+    fn check_adopt<'a>(
+        &self,
+        slot: Option<usize>,
+        args: &AllocateArgs<'_>,
+        hits: Option<&'a [Vec<BlockId>]>,
+    ) -> Result<Option<&'a [Vec<BlockId>]>> {
+        let Some(s) = slot else {
+            return Ok(hits);
+        };
+        let tables = self.tables(s);
+        let known = tables.iter().any(|rb| rb.num_cached.is_some());
+        if hits.is_some() && known {
+            return Err(KvError::InvalidArgument(
+                "a running request cannot take new prefix-cache hits".into(),
+            ));
+        }
+        let adopting = hits.is_some() || args.num_external_computed_tokens > 0;
+        if adopting && !known && tables.iter().any(|rb| !rb.table.is_empty()) {
+            return Err(KvError::InvalidArgument(
+                "computed blocks can only be added to a request without blocks".into(),
+            ));
+        }
+        Ok(hits)
+    }
+
+    /// Frees the request's blocks in every group (tail first). Unknown requests and
+    /// repeated frees are no-ops.
+    pub fn free(&mut self, request_id: &str) -> Result<()> {
+        let Some(s) = self.requests.remove(request_id) else {
+            return Ok(());
+        };
+        let g = self.num_groups;
+        let result = self.coord.free(&mut self.slots[s * g..(s + 1) * g]);
+        self.free_slots.push(s);
+        result
+    }
+
+    /// The request's block table per group (empty lists for an unknown request).
+    pub fn get_block_ids(&self, request_id: &str) -> Vec<Vec<BlockId>> {
+        match self.requests.get(request_id) {
+            Some(&s) => self.tables(s).iter().map(|rb| rb.table.clone()).collect(),
+            None => vec![Vec::new(); self.num_groups],
+        }
+    }
+
+    /// The request's table in `group`, borrowed (empty for an unknown request).
+    pub fn block_table(&self, request_id: &str, group: usize) -> &[BlockId] {
+        match self.requests.get(request_id) {
+            Some(&s) if group < self.num_groups => &self.tables(s)[group].table,
+            _ => &[],
+        }
+    }
+
+    /// Caches the request's full blocks up to `num_computed_tokens` (after a delayed
+    /// P/D load). A no-op with caching off.
+    pub fn cache_blocks<R: RequestView>(
+        &mut self,
+        request: &R,
+        num_computed_tokens: usize,
+    ) -> Result<()> {
+        if !self.enable_caching {
+            return Ok(());
+        }
+        let g = self.num_groups;
+        let s = self.slot_or_insert(request.request_id());
+        self.coord.cache_blocks(
+            &mut self.slots[s * g..(s + 1) * g],
+            request,
+            num_computed_tokens,
+        )
+    }
+
+    /// Per-step hook (align-mode Mamba defers hits on blocks cached during a step).
+    pub fn new_step_starts(&mut self) {
+        self.coord.new_step_starts();
+    }
+
+    /// Drops the cache entries of the given blocks (in the given order).
+    pub fn evict_blocks(&mut self, blocks: &[BlockId]) -> Result<()> {
+        self.coord.pool_mut().evict_blocks(blocks)
+    }
+
+    /// Clears the prefix cache if no request holds a block.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        let ok = self.coord.pool_mut().reset_prefix_cache();
+        if ok && self.log_stats {
+            self.stats.reset = true;
+        }
+        ok
+    }
+
+    /// vLLM 0.33: cascade attention is gone; zeros per group.
+    pub fn get_num_common_prefix_blocks(&self, _request_id: &str) -> Vec<usize> {
+        vec![0; self.num_groups]
+    }
+
+    /// The pool's events, each `BlockStored` annotated with its group's spec kind and
+    /// sliding window.
+    pub fn take_events(&mut self) -> Vec<KvCacheEvent> {
+        let mut events = self.coord.pool_mut().take_events();
+        for e in &mut events {
+            if let KvCacheEvent::BlockStored(s) = e {
+                if let Some(m) = self.coord.managers().get(s.group_idx as usize) {
+                    s.kv_cache_spec_kind = Some(m.params().spec_kind);
+                    s.kv_cache_spec_sliding_window = m.params().event_sliding_window;
+                }
+            }
+        }
+        events
+    }
+
+    /// Records a lookup in the prefix-cache stats (if `log_stats` and the request did
+    /// look the cache up).
+    pub fn record_prefix_cache_stats<R: RequestView>(&mut self, request: &R, num_hits: usize) {
+        if !self.log_stats || !self.lookup_enabled(request) {
+            return;
+        }
+        self.stats.record(
+            request.num_tokens(),
+            num_hits,
+            request.num_preemptions() > 0,
+        );
+    }
+
+    /// Returns the stats since the last call and starts new ones (`None` without
+    /// `log_stats`).
+    pub fn make_prefix_cache_stats(&mut self) -> Option<PrefixCacheStats> {
+        self.log_stats.then(|| std::mem::take(&mut self.stats))
+    }
+
+    /// Number of requests holding a slot.
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+}
+
+/// The events of a request's blocks: its tokens, untagged extra keys and LoRA.
+impl StoredBlockSource for Request {
+    fn token_ids(&self) -> &[u32] {
+        self.all_token_ids()
+    }
+    fn event_extra_keys(&self, start: usize, end: usize) -> EventExtraKeys {
+        Request::event_extra_keys(self, start, end)
+    }
+    fn lora_id(&self) -> Option<i64> {
+        self.lora().map(|l| i64::from(l.id))
+    }
+    fn lora_name(&self) -> Option<&str> {
+        self.lora().map(|l| l.name.as_str())
+    }
+}
+
+/// The manager's view of the crate's request type.
+impl RequestView for Request {
+    fn request_id(&self) -> &str {
+        Request::request_id(self)
+    }
+    fn num_tokens(&self) -> usize {
+        Request::num_tokens(self)
+    }
+    fn num_prompt_tokens(&self) -> usize {
+        Request::num_prompt_tokens(self)
+    }
+    fn num_computed_tokens(&self) -> usize {
+        self.num_computed_tokens
+    }
+    fn block_hashes(&self) -> &[BlockHash] {
+        Request::block_hashes(self)
+    }
+    fn skip_reading_prefix_cache(&self) -> bool {
+        self.skip_reading_prefix_cache
+    }
+    fn num_preemptions(&self) -> usize {
+        self.num_preemptions as usize
+    }
+    fn num_in_flight_tokens(&self) -> usize {
+        self.num_in_flight_tokens
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,561 @@
+//! The worked examples of sections 3.9, 4.8–4.12, 5.5, 5.6 and 6.3 (verified against
+//! vLLM 0.33.0), driven through the facade.
+
+use super::*;
+use crate::managers::{AttentionKind as K, ManagerParams, RequestView};
+use crate::pool::events::{EventExtraKeys, StoredBlockSource};
+use crate::types::{BlockHash, NULL_BLOCK_ID};
+
+/// A request with a toy hash chain (equal prefixes give equal hashes).
+pub(crate) struct TestReq {
+    id: String,
+    tokens: Vec<u32>,
+    prompt: usize,
+    pub(crate) computed: usize,
+    hash_bs: usize,
+    hashes: Vec<BlockHash>,
+    pub(crate) preemptions: usize,
+}
+
+impl TestReq {
+    pub(crate) fn new(id: &str, tokens: Vec<u32>, hash_bs: usize) -> Self {
+        let mut r = Self {
+            id: id.into(),
+            prompt: tokens.len(),
+            tokens,
+            computed: 0,
+            hash_bs,
+            hashes: Vec::new(),
+            preemptions: 0,
+        };
+        r.rehash();
+        r
+    }
+
+    fn rehash(&mut self) {
+        while (self.hashes.len() + 1) * self.hash_bs <= self.tokens.len() {
+            let i = self.hashes.len();
+            let mut x: u64 = self.hashes.last().map_or(0x9e37, |h| h.external());
+            for &t in &self.tokens[i * self.hash_bs..(i + 1) * self.hash_bs] {
+                x = (x ^ u64::from(t))
+                    .wrapping_mul(0x100_0000_01b3)
+                    .rotate_left(17);
+            }
+            let mut b = [0u8; 32];
+            b[24..].copy_from_slice(&x.to_be_bytes());
+            self.hashes.push(BlockHash::from_slice(&b).unwrap());
+        }
+    }
+
+    pub(crate) fn append(&mut self, t: u32) {
+        self.tokens.push(t);
+        self.rehash();
+    }
+}
+
+impl StoredBlockSource for TestReq {
+    fn token_ids(&self) -> &[u32] {
+        &self.tokens
+    }
+    fn event_extra_keys(&self, _start: usize, _end: usize) -> EventExtraKeys {
+        None
+    }
+}
+
+impl RequestView for TestReq {
+    fn request_id(&self) -> &str {
+        &self.id
+    }
+    fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+    fn num_prompt_tokens(&self) -> usize {
+        self.prompt
+    }
+    fn num_computed_tokens(&self) -> usize {
+        self.computed
+    }
+    fn block_hashes(&self) -> &[BlockHash] {
+        &self.hashes
+    }
+    fn num_preemptions(&self) -> usize {
+        self.preemptions
+    }
+}
+
+fn toks(start: u32, n: usize) -> Vec<u32> {
+    (start..start + n as u32).collect()
+}
+
+fn full(bs: usize) -> ManagerParams {
+    ManagerParams::new(K::FullAttention, bs, 0)
+}
+
+fn swa(bs: usize, window: usize, class: usize) -> ManagerParams {
+    ManagerParams::new(
+        K::SlidingWindow {
+            sliding_window: window,
+            extra_retained_tokens: 0,
+        },
+        bs,
+        class,
+    )
+}
+
+fn mgr(groups: Vec<ManagerParams>, n: usize, hash_bs: usize) -> KvCacheManager {
+    KvCacheManager::new(groups, n, None, ManagerOptions::new(8192, hash_bs)).unwrap()
+}
+
+fn queue(m: &KvCacheManager) -> Vec<BlockId> {
+    m.pool().free_block_ids().collect()
+}
+
+type Tables = Vec<Vec<BlockId>>;
+
+/// `get_computed_blocks` then `allocate_slots` for the rest of the prompt, as the
+/// scheduler admits a waiting request; returns (hit blocks, hit, new blocks).
+fn admit(m: &mut KvCacheManager, r: &mut TestReq) -> (Tables, usize, Option<Tables>) {
+    let (hits, n) = m.get_computed_blocks(r).unwrap();
+    let mut args = AllocateArgs::new(r.num_tokens() - n);
+    args.num_new_computed_tokens = n;
+    args.new_computed_blocks = Some(&hits);
+    let new = m.allocate_slots(r, &args).unwrap();
+    if new.is_some() {
+        r.computed = r.num_tokens();
+    }
+    (hits.clone(), n, new)
+}
+
+fn step(m: &mut KvCacheManager, r: &mut TestReq, n: usize) -> Option<Vec<Vec<BlockId>>> {
+    let new = m.allocate_slots(r, &AllocateArgs::new(n)).unwrap();
+    if new.is_some() {
+        r.computed += n;
+    }
+    new
+}
+
+/// Section 3.9 trace A (`test_prefill`): ids, shared hits, the 0.33 free order, reuse.
+#[test]
+fn trace_a_prefill_hits_and_free_order() {
+    let mut m = mgr(vec![full(16)], 11, 16);
+    let common = toks(0, 48);
+    let mut r0 = TestReq::new("0", [common.clone(), toks(100, 7)].concat(), 16);
+    let (_, hit, new) = admit(&mut m, &mut r0);
+    assert_eq!((hit, new), (0, Some(vec![vec![1, 2, 3, 4]])));
+    let mut r1 = TestReq::new("1", [common.clone(), toks(200, 5)].concat(), 16);
+    let (hits, hit, new) = admit(&mut m, &mut r1);
+    assert_eq!(
+        (hits, hit, new),
+        (vec![vec![1, 2, 3]], 48, Some(vec![vec![5]]))
+    );
+    assert_eq!(m.pool().ref_cnt(1).unwrap(), 2);
+    m.free("0").unwrap();
+    m.free("1").unwrap();
+    assert_eq!(queue(&m), vec![5, 4, 6, 7, 8, 9, 10, 3, 2, 1]);
+    let mut r2 = TestReq::new("2", [common, toks(300, 6)].concat(), 16);
+    let (hits, _, new) = admit(&mut m, &mut r2);
+    assert_eq!((hits, new), (vec![vec![1, 2, 3]], Some(vec![vec![5]])));
+    m.free("2").unwrap();
+    let mut r3 = TestReq::new("3", toks(1000, 160), 16);
+    let (_, _, new) = admit(&mut m, &mut r3);
+    assert_eq!(new, Some(vec![vec![5, 4, 6, 7, 8, 9, 10, 3, 2, 1]]));
+    // A second free and a free of an unknown request are no-ops.
+    m.free("3").unwrap();
+    m.free("3").unwrap();
+    m.free("nope").unwrap();
+    assert_eq!(m.pool().num_free_blocks(), 10);
+}
+
+/// Section 3.9 trace B (`test_computed_blocks_not_evicted`).
+#[test]
+fn trace_b_hits_are_not_evicted() {
+    let mut m = mgr(vec![full(16)], 3, 16);
+    let mut r0 = TestReq::new("0", toks(0, 16), 16);
+    assert_eq!(admit(&mut m, &mut r0).2, Some(vec![vec![1]]));
+    let mut r1 = TestReq::new("1", toks(100, 16), 16);
+    assert_eq!(admit(&mut m, &mut r1).2, Some(vec![vec![2]]));
+    m.free("0").unwrap();
+    m.free("1").unwrap();
+    let mut r2 = TestReq::new("2", toks(0, 17), 16);
+    let (hits, hit, new) = admit(&mut m, &mut r2);
+    assert_eq!((hits, hit, new), (vec![vec![1]], 16, Some(vec![vec![2]])));
+}
+
+/// Section 4.8 (bs 4): a 17-token prompt hits 4 blocks, 3 with EAGLE; a 12-token prompt
+/// hits only 2 (the last token is always recomputed).
+#[test]
+fn full_attention_hits_and_eagle_drop() {
+    for (eagle, len, want) in [(false, 17, 16), (true, 17, 12), (false, 12, 8)] {
+        let mut opts = ManagerOptions::new(1024, 4);
+        opts.use_eagle = eagle;
+        let mut m = KvCacheManager::new(vec![full(4)], 20, None, opts).unwrap();
+        let mut r0 = TestReq::new("0", toks(0, 16), 4);
+        admit(&mut m, &mut r0);
+        let r1 = TestReq::new("1", toks(0, len), 4);
+        let (hits, hit) = m.get_computed_blocks(&r1).unwrap();
+        assert_eq!(hit, want, "eagle={eagle} len={len}");
+        assert_eq!(hits[0], (1..=(want / 4) as u32).collect::<Vec<_>>());
+    }
+}
+
+/// Section 4.9 end-to-end (bs 4, sw 8): chunked prefill frees out-of-window blocks
+/// before allocating; the free order and the following hit.
+#[test]
+fn sliding_window_end_to_end() {
+    let mut m = mgr(vec![swa(4, 8, 0)], 20, 4);
+    let mut r = TestReq::new("a", toks(0, 20), 4);
+    assert_eq!(step(&mut m, &mut r, 8), Some(vec![vec![1, 2]]));
+    assert_eq!(step(&mut m, &mut r, 8), Some(vec![vec![3, 4]]));
+    assert_eq!(step(&mut m, &mut r, 4), Some(vec![vec![5]]));
+    assert_eq!(m.get_block_ids("a"), vec![vec![0, 0, 3, 4, 5]]);
+    let q = queue(&m);
+    assert_eq!(
+        &q[q.len() - 2..],
+        &[2, 1],
+        "hashed 2 then 1 appended, descending"
+    );
+    r.append(99);
+    assert_eq!(step(&mut m, &mut r, 1), Some(vec![vec![6]]));
+    assert_eq!(m.get_block_ids("a"), vec![vec![0, 0, 0, 4, 5, 6]]);
+    m.free("a").unwrap();
+    let q = queue(&m);
+    assert_eq!(q[0], 6);
+    assert_eq!(&q[q.len() - 2..], &[5, 4]);
+    let mut b = TestReq::new("b", [toks(0, 20), toks(500, 3)].concat(), 4);
+    let (hits, hit) = m.get_computed_blocks(&b).unwrap();
+    assert_eq!((hits[0].clone(), hit), (vec![0, 0, 0, 4, 5], 20));
+    let rbs = m.tables_or_empty(None);
+    let need = m
+        .coordinator()
+        .get_num_blocks_to_allocate(rbs, 23, 23, Some(&hits), 0, 20, false);
+    assert_eq!(need, 3, "1 new + 2 evictable hits");
+    admit(&mut m, &mut b);
+    assert_eq!(m.get_block_ids("b"), vec![vec![0, 0, 0, 4, 5, 6]]);
+}
+
+/// Section 4.10 end-to-end (bs 4, chunk 8): a decode at n = 20 frees 4, 3, 2, 1.
+#[test]
+fn chunked_local_end_to_end() {
+    let g = ManagerParams::new(
+        K::ChunkedLocal {
+            attention_chunk_size: 8,
+        },
+        4,
+        0,
+    );
+    let mut m = mgr(vec![g], 20, 4);
+    let mut r = TestReq::new("a", toks(0, 20), 4);
+    assert_eq!(step(&mut m, &mut r, 20), Some(vec![vec![1, 2, 3, 4, 5]]));
+    r.append(7);
+    assert_eq!(step(&mut m, &mut r, 1), Some(vec![vec![6]]));
+    assert_eq!(m.get_block_ids("a"), vec![vec![0, 0, 0, 0, 5, 6]]);
+    // 4, 3, 2, 1 were hashed: appended in that (descending) order.
+    assert_eq!(&queue(&m)[queue(&m).len() - 4..], &[4, 3, 2, 1]);
+}
+
+/// Section 4.12: cross-attention allocates once for the encoder tokens; with caching
+/// off, everything is prepended on free.
+#[test]
+fn cross_attention_encoder_blocks() {
+    let groups = vec![full(4), ManagerParams::new(K::CrossAttention, 4, 1)];
+    let mut opts = ManagerOptions::new(1024, 4);
+    opts.enable_caching = false;
+    let mut m = KvCacheManager::new(groups, 12, None, opts).unwrap();
+    let mut r = TestReq::new("a", toks(0, 5), 4);
+    let mut args = AllocateArgs::new(5);
+    args.num_encoder_tokens = 10;
+    assert_eq!(
+        m.allocate_slots(&r, &args).unwrap(),
+        Some(vec![vec![1, 2], vec![3, 4, 5]])
+    );
+    r.computed = 5;
+    for t in 0..4 {
+        r.append(t);
+    }
+    let mut args = AllocateArgs::new(4);
+    args.num_encoder_tokens = 10;
+    assert_eq!(
+        m.allocate_slots(&r, &args).unwrap(),
+        Some(vec![vec![6], vec![]])
+    );
+    assert_eq!(m.get_block_ids("a"), vec![vec![1, 2, 6], vec![3, 4, 5]]);
+    m.free("a").unwrap();
+    assert_eq!(&queue(&m)[..7], &[5, 4, 3, 6, 2, 1, 7]);
+}
+
+/// Section 4.11 (mode "none"): one state block per request plus speculative blocks;
+/// nothing is freed while the block covers the context.
+#[test]
+fn mamba_none_mode_blocks() {
+    let mamba = ManagerParams::new(
+        K::Mamba {
+            num_speculative_blocks: 1,
+            align: false,
+        },
+        64,
+        1,
+    );
+    let mut opts = ManagerOptions::new(64, 16);
+    opts.enable_caching = false;
+    let mut m = KvCacheManager::new(vec![full(16), mamba], 20, None, opts).unwrap();
+    let mut r = TestReq::new("a", toks(0, 40), 16);
+    assert_eq!(
+        step(&mut m, &mut r, 40),
+        Some(vec![vec![1, 2, 3], vec![4, 5]])
+    );
+    r.append(1);
+    assert_eq!(step(&mut m, &mut r, 1), Some(vec![vec![], vec![]]));
+    let mut opts = ManagerOptions::new(64, 16);
+    opts.enable_caching = true;
+    let mamba = ManagerParams::new(
+        K::Mamba {
+            num_speculative_blocks: 0,
+            align: false,
+        },
+        64,
+        1,
+    );
+    assert!(KvCacheManager::new(vec![full(16), mamba], 20, None, opts).is_err());
+}
+
+/// Section 5.5 (`test_prefill_hybrid_model`): FA + 2 SWA groups sharing one spec.
+#[test]
+fn hybrid_full_plus_two_swa() {
+    let build = || {
+        let mut m = mgr(vec![full(16), swa(16, 32, 1), swa(16, 32, 1)], 40, 16);
+        let mut r0 = TestReq::new("0", [toks(0, 48), toks(900, 7)].concat(), 16);
+        let (_, _, new) = admit(&mut m, &mut r0);
+        assert_eq!(
+            new,
+            Some(vec![
+                vec![1, 2, 3, 4],
+                vec![5, 6, 7, 8],
+                vec![9, 10, 11, 12]
+            ])
+        );
+        m
+    };
+    let r1 = TestReq::new("1", [toks(0, 48), toks(700, 7)].concat(), 16);
+    let m = build();
+    let (hits, hit) = m.get_computed_blocks(&r1).unwrap();
+    assert_eq!(
+        (hits, hit),
+        (vec![vec![1, 2, 3], vec![0, 6, 7], vec![0, 10, 11]], 48)
+    );
+    let mut m = build();
+    m.evict_blocks(&[7, 11]).unwrap();
+    let (hits, hit) = m.get_computed_blocks(&r1).unwrap();
+    assert_eq!((hits, hit), (vec![vec![1, 2], vec![5, 6], vec![9, 10]], 32));
+    let mut m = build();
+    m.evict_blocks(&[3, 5, 9]).unwrap();
+    assert_eq!(m.get_computed_blocks(&r1).unwrap().1, 0);
+}
+
+/// Section 5.5: FA + SW64 + SW32 needs a second pass of the fixed point.
+#[test]
+fn hybrid_multiple_windows_fixed_point() {
+    let mut m = mgr(vec![full(16), swa(16, 64, 1), swa(16, 32, 2)], 40, 16);
+    let mut r0 = TestReq::new("0", toks(0, 80), 16);
+    let (_, _, new) = admit(&mut m, &mut r0);
+    let new = new.unwrap();
+    let r1 = TestReq::new("1", toks(0, 80), 16);
+    assert_eq!(m.get_computed_blocks(&r1).unwrap().1, 64);
+    m.evict_blocks(&[new[2][2]]).unwrap();
+    let (hits, hit) = m.get_computed_blocks(&r1).unwrap();
+    assert_eq!(hit, 32);
+    assert_eq!(hits[0], new[0][..2].to_vec());
+}
+
+/// Section 5.6 (`test_different_block_size`): FA bs 32 + SWA bs 16 over H = 16.
+#[test]
+fn hybrid_different_block_sizes() {
+    let mut m = mgr(vec![full(32), swa(16, 32, 1)], 20, 16);
+    assert_eq!(m.coordinator().scheduler_block_size(), 32);
+    let mut r0 = TestReq::new("0", toks(0, 112), 16);
+    let (_, _, new) = admit(&mut m, &mut r0);
+    assert_eq!(new, Some(vec![vec![1, 2, 3, 4], (5..=11).collect()]));
+    assert_eq!(
+        m.pool().num_cached_keys(),
+        3 + 6,
+        "FA 3 blocks, SWA hashes 0..=5"
+    );
+    let r1 = TestReq::new("1", toks(0, 113), 16);
+    let (hits, hit) = m.get_computed_blocks(&r1).unwrap();
+    assert_eq!(
+        (hits, hit),
+        (vec![vec![1, 2, 3], vec![0, 0, 0, 0, 9, 10]], 96)
+    );
+    m.evict_blocks(&[10]).unwrap();
+    let (hits, hit) = m.get_computed_blocks(&r1).unwrap();
+    assert_eq!((hits, hit), (vec![vec![1, 2], vec![0, 0, 7, 8]], 64));
+}
+
+/// Section 6.3: lookahead slots enlarge the allocation, capped by max_model_len.
+#[test]
+fn lookahead_slots() {
+    for (new, la, max_len, want) in [(3, 2, 1024, 2), (3, 4, 1024, 2), (17, 8, 20, 5)] {
+        let mut m =
+            KvCacheManager::new(vec![full(4)], 20, None, ManagerOptions::new(max_len, 4)).unwrap();
+        let r = TestReq::new("a", toks(0, new), 4);
+        let mut args = AllocateArgs::new(new);
+        args.num_lookahead_tokens = la;
+        let got = m.allocate_slots(&r, &args).unwrap().unwrap();
+        assert_eq!(got[0].len(), want, "{new} + {la} lookahead, max {max_len}");
+    }
+}
+
+/// Section 6.3: `None` when the blocks do not fit, and the hits are left untouched.
+#[test]
+fn does_not_fit_leaves_hits_untouched() {
+    let mut m = mgr(vec![full(16)], 5, 16);
+    let mut r0 = TestReq::new("0", toks(0, 48), 16);
+    admit(&mut m, &mut r0);
+    m.free("0").unwrap();
+    let mut r1 = TestReq::new("1", toks(0, 100), 16);
+    let (hits, hit, new) = admit(&mut m, &mut r1);
+    assert_eq!((hits, hit, new), (vec![vec![1, 2, 3]], 48, None));
+    assert_eq!(m.pool().ref_cnt(1).unwrap(), 0);
+    assert_eq!(m.pool().num_free_blocks(), 4);
+    assert_eq!(m.get_block_ids("1"), vec![Vec::<BlockId>::new()]);
+    assert_eq!(m.num_requests(), 0);
+}
+
+/// Bad arguments raise and change nothing.
+#[test]
+fn bad_arguments_leave_state_unchanged() {
+    let mut m = mgr(vec![full(16)], 11, 16);
+    let mut r0 = TestReq::new("0", toks(0, 40), 16);
+    admit(&mut m, &mut r0);
+    let before = (queue(&m), m.get_block_ids("0"));
+    assert!(m.allocate_slots(&r0, &AllocateArgs::new(0)).is_err());
+    let hits = vec![vec![1]];
+    let mut args = AllocateArgs::new(4);
+    args.num_new_computed_tokens = 16;
+    args.new_computed_blocks = Some(&hits);
+    assert!(
+        m.allocate_slots(&r0, &args).is_err(),
+        "running request with hits"
+    );
+    let bad = vec![vec![99]];
+    let r1 = TestReq::new("1", toks(0, 40), 16);
+    args.new_computed_blocks = Some(&bad);
+    assert!(m.allocate_slots(&r1, &args).is_err(), "out-of-range hit");
+    let two = vec![vec![], vec![]];
+    args.new_computed_blocks = Some(&two);
+    assert!(m.allocate_slots(&r1, &args).is_err(), "wrong group count");
+    assert_eq!(before, (queue(&m), m.get_block_ids("0")));
+    assert_eq!(m.num_requests(), 1);
+}
+
+/// Section 1.4 admission caps and `full_sequence_must_fit`.
+#[test]
+fn admission_caps() {
+    use crate::managers::{chunked_local, sliding_window};
+    assert_eq!(
+        sliding_window::max_admission_blocks(4096, 16, 8192, 32768),
+        769
+    );
+    assert_eq!(
+        chunked_local::max_admission_blocks(8192, 16, 8192, 32768),
+        1024
+    );
+    let mut opts = ManagerOptions::new(8192, 4);
+    opts.max_in_flight_tokens = Some(8);
+    let mut m = KvCacheManager::new(vec![swa(4, 8, 0)], 10, None, opts).unwrap();
+    let r = TestReq::new("a", toks(0, 400), 4);
+    let mut args = AllocateArgs::new(8);
+    args.full_sequence_must_fit = true;
+    // cap = cdiv(7 + 8, 4) + 1 = 5 blocks <= 9 free, although the prompt needs 100.
+    assert_eq!(m.allocate_slots(&r, &args).unwrap(), Some(vec![vec![1, 2]]));
+    let mut m = mgr(vec![full(4)], 10, 4);
+    assert_eq!(m.allocate_slots(&r, &args).unwrap(), None);
+}
+
+/// Stats as vLLM 0.33: recorded only with log_stats, preempted requests apart.
+#[test]
+fn prefix_cache_stats() {
+    let mut opts = ManagerOptions::new(1024, 16);
+    opts.log_stats = true;
+    let mut m = KvCacheManager::new(vec![full(16)], 11, None, opts).unwrap();
+    let mut r = TestReq::new("a", toks(0, 40), 16);
+    m.record_prefix_cache_stats(&r, 16);
+    r.preemptions = 1;
+    m.record_prefix_cache_stats(&r, 32);
+    let s = m.make_prefix_cache_stats().unwrap();
+    assert_eq!(
+        (
+            s.requests,
+            s.queries,
+            s.hits,
+            s.preempted_requests,
+            s.preempted_hits
+        ),
+        (1, 40, 16, 1, 32)
+    );
+    assert!(m.reset_prefix_cache());
+    assert!(m.make_prefix_cache_stats().unwrap().reset);
+    assert!(mgr(vec![full(16)], 11, 16)
+        .make_prefix_cache_stats()
+        .is_none());
+}
+
+/// Sink groups pre-allocate their sink blocks (seed behaviour).
+#[test]
+fn sink_blocks_are_preallocated() {
+    let sink = ManagerParams::new(K::SinkFullAttention { sink_len: 32 }, 16, 0);
+    let mut m = mgr(vec![sink], 11, 16);
+    assert_eq!(m.coordinator().managers()[0].sink_blocks(), &[1, 2]);
+    let r = TestReq::new("a", toks(0, 20), 16);
+    assert_eq!(
+        m.allocate_slots(&r, &AllocateArgs::new(20)).unwrap(),
+        Some(vec![vec![3, 4]])
+    );
+    assert_eq!(NULL_BLOCK_ID, 0);
+}
+
+/// Section 4.11 align-mode trace (bs 8, a 30-token prompt in chunks 16/8/6, decodes),
+/// the later hit, and the same-step deferral of hits on freshly cached states.
+#[test]
+fn mamba_align_trace() {
+    let g = ManagerParams::new(
+        K::Mamba {
+            num_speculative_blocks: 0,
+            align: true,
+        },
+        8,
+        0,
+    );
+    let mut m = mgr(vec![g], 10, 8);
+    let mut r = TestReq::new("a", toks(0, 30), 8);
+    let mut tables = Vec::new();
+    for n in [16, 8, 6] {
+        step(&mut m, &mut r, n).unwrap();
+        tables.push(m.get_block_ids("a")[0].clone());
+    }
+    for _ in 0..4 {
+        r.append(5);
+        step(&mut m, &mut r, 1).unwrap();
+        tables.push(m.get_block_ids("a")[0].clone());
+    }
+    let want: [&[BlockId]; 7] = [
+        &[0, 1],
+        &[0, 1, 2],
+        &[0, 0, 2, 3],
+        &[0, 0, 0, 3],
+        &[0, 0, 0, 3],
+        &[0, 0, 0, 3, 4],
+        &[0, 0, 0, 0, 4],
+    ];
+    assert_eq!(tables, want);
+    let b = TestReq::new("b", [toks(0, 30), toks(100, 5)].concat(), 8);
+    let (hits, hit) = m.get_computed_blocks(&b).unwrap();
+    assert_eq!((hits, hit), (vec![vec![0, 0, 2]], 24));
+    // A hit on a state cached during this step waits for the next step.
+    let mut c = TestReq::new("c", toks(500, 20), 8);
+    step(&mut m, &mut c, 16).unwrap();
+    let mut d = TestReq::new("d", toks(500, 20), 8);
+    let (hits, hit, new) = admit(&mut m, &mut d);
+    assert_eq!((hits[0].len(), hit, new), (2, 16, None));
+    m.new_step_starts();
+    assert!(admit(&mut m, &mut d).2.is_some());
+}

@@ -1,0 +1,143 @@
+//! Mamba state (section 4.11). Mode `"none"` (prefix caching off): one live state block
+//! per request plus the speculative blocks, through the common code. Mode `"align"`
+//! (prefix caching on), for the subset kvblocks supports: the Mamba block size equals
+//! the hash block size (no fine-grained partial hits, no copy-on-write), no speculative
+//! or prefill-checkpoint blocks, dense retention. The table is position-indexed: entry `i`
+//! is the state after token `(i + 1) * bs`; only the live state (and the previous step's,
+//! which the kernel copies from) is real, the rest are nulls.
+
+use super::{cdiv, HitQuery, RequestBlocks, SingleTypeManager};
+use crate::error::{KvError, Result};
+use crate::pool::BlockPool;
+use crate::types::{BlockId, NULL_BLOCK_ID};
+
+/// Per-request state of an align-mode Mamba group.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MambaState {
+    /// Whether blocks were allocated for the request (vLLM's `_allocated_block_reqs`).
+    allocated: bool,
+    /// The state block of the previous step, freed once the next state is computed.
+    last_state_idx: Option<usize>,
+    /// Leading table entries already retired (`_num_retired_blocks`).
+    retired: usize,
+}
+
+/// `n - 1`: only the last token's state is needed.
+#[inline]
+pub(crate) fn num_skipped_tokens(n: usize) -> usize {
+    n.saturating_sub(1)
+}
+
+/// Mamba features of vLLM 0.33 that kvblocks does not implement.
+#[cold]
+pub(crate) fn unsupported(what: &str) -> KvError {
+    KvError::Unsupported(format!("Mamba {what}"))
+}
+
+/// Align mode: the rightmost cached state at or below `max_length` (on an aligned
+/// boundary) is the hit; positions before it are nulls.
+pub(crate) fn find_longest_cache_hit(
+    q: &HitQuery<'_>,
+    bs: usize,
+    pool: &BlockPool,
+    out: &mut [Vec<BlockId>],
+) -> usize {
+    let max_blocks = (q.max_length / bs).min(q.num_hashed_blocks(bs));
+    for i in (0..max_blocks).rev() {
+        let h = q.hash(bs, i);
+        if q.groups.iter().any(|&g| pool.cached_block(h, g).is_none()) {
+            continue;
+        }
+        if bs != q.alignment && ((i + 1) * bs) % q.alignment != 0 {
+            continue;
+        }
+        for (o, &g) in out.iter_mut().zip(q.groups) {
+            o.resize(i, NULL_BLOCK_ID);
+            o.extend(pool.cached_block(h, g));
+        }
+        return (i + 1) * bs;
+    }
+    0
+}
+
+/// Align mode `get_num_blocks_to_allocate`: at most one new state block per step, plus
+/// the hits still in the free queue. May be negative (over-allocated drafts), as vLLM.
+pub(crate) fn num_blocks_to_allocate(
+    mgr: &SingleTypeManager,
+    rb: &RequestBlocks,
+    num_tokens_main_model: usize,
+    hits: &[BlockId],
+    pool: &BlockPool,
+) -> isize {
+    let required = cdiv(num_tokens_main_model, mgr.block_size()) as isize;
+    let mut new = required - hits.len() as isize - rb.table.len() as isize;
+    if new > 0 {
+        new = new.min(1);
+    }
+    let evictable = hits
+        .iter()
+        .filter(|&&b| b != NULL_BLOCK_ID && pool.ref_cnt(b).unwrap_or(1) == 0)
+        .count();
+    new + evictable as isize
+}
+
+/// Align mode `allocate_new_blocks`: pads with nulls up to the state position of the
+/// last token, then takes at most one new block; records the previous state block.
+pub(crate) fn allocate_new_blocks(
+    mgr: &SingleTypeManager,
+    rb: &mut RequestBlocks,
+    num_tokens_main_model: usize,
+    pool: &mut BlockPool,
+) -> Result<()> {
+    let required = cdiv(num_tokens_main_model, mgr.block_size());
+    let prev = rb.table.len();
+    if required <= prev {
+        rb.mamba.allocated = true;
+        return Ok(());
+    }
+    if rb.mamba.allocated || prev > 0 {
+        rb.mamba.last_state_idx = prev.checked_sub(1);
+    }
+    let skipped = required - 1;
+    if prev < skipped {
+        rb.table.resize(skipped, NULL_BLOCK_ID);
+    }
+    let new = required - rb.table.len();
+    pool.get_new_blocks_into(new, &mut rb.table)?;
+    rb.mamba.allocated = true;
+    Ok(())
+}
+
+/// Align mode `remove_skipped_blocks`: retires every state before the last token's
+/// (skipping nulls, highest first), then frees the previous step's state block once the
+/// state after it exists.
+pub(crate) fn remove_skipped_blocks(
+    mgr: &SingleTypeManager,
+    rb: &mut RequestBlocks,
+    num_computed_tokens: usize,
+    pool: &mut BlockPool,
+) -> Result<()> {
+    let bs = mgr.block_size();
+    let skipped = num_skipped_tokens(num_computed_tokens);
+    if skipped > 0 {
+        let first = rb.mamba.retired;
+        let last = (skipped / bs).min(rb.table.len());
+        if first < last {
+            let freed = rb.table[first..last]
+                .iter()
+                .rev()
+                .copied()
+                .filter(|&b| b != NULL_BLOCK_ID);
+            pool.free_blocks(freed)?;
+            rb.table[first..last].fill(NULL_BLOCK_ID);
+            rb.mamba.retired = last;
+        }
+    }
+    if let Some(idx) = rb.mamba.last_state_idx {
+        if idx + 1 < cdiv(num_computed_tokens, bs) && rb.table[idx] != NULL_BLOCK_ID {
+            pool.free_blocks([rb.table[idx]])?;
+            rb.table[idx] = NULL_BLOCK_ID;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! Per-type lookups and window bookkeeping (sections 4.2, 4.9, 4.10), driven directly.
+
+use super::*;
+use crate::pool::events::TokensOnly;
+
+const NO_TOKENS: TokensOnly<'static> = TokensOnly(&[]);
+
+fn hashes(n: usize) -> Vec<BlockHash> {
+    (0..n)
+        .map(|i| BlockHash::from_slice(&[i as u8 + 1; 32]).unwrap())
+        .collect()
+}
+
+/// A pool where hash `i` is cached (group 0) iff `pattern[i]`.
+fn pool_with(pattern: &[bool], bs: usize) -> (BlockPool, Vec<BlockHash>) {
+    let mut pool = BlockPool::new(100, true, bs, false).unwrap();
+    let hs = hashes(pattern.len());
+    let table: Vec<BlockId> = pattern
+        .iter()
+        .map(|&t| {
+            if t {
+                pool.get_new_blocks(1).unwrap()[0]
+            } else {
+                0
+            }
+        })
+        .collect();
+    pool.cache_full_blocks(&hs, &table, 0, table.len(), bs, 0, None, &NO_TOKENS)
+        .unwrap();
+    (pool, hs)
+}
+
+fn manager(kind: AttentionKind, bs: usize, pool: &mut BlockPool) -> SingleTypeManager {
+    SingleTypeManager::new(
+        ManagerParams::new(kind, bs, 0),
+        0,
+        true,
+        bs,
+        8192,
+        8192,
+        pool,
+    )
+    .unwrap()
+}
+
+const SW4: AttentionKind = AttentionKind::SlidingWindow {
+    sliding_window: 4,
+    extra_retained_tokens: 0,
+};
+
+/// Section 4.9 table (`test_sliding_window_possible_cached_prefix`, bs 2, sw 4).
+#[test]
+fn sliding_window_hit_patterns() {
+    let (t, f) = (true, false);
+    let cases: [(&[bool], usize, &[usize]); 5] = [
+        (&[t], 1, &[0]),
+        (&[t, f], 1, &[0]),
+        (&[t, t, f], 2, &[0, 1]),
+        (&[t, t, f, t, f, f, t, t, f, t, t, t], 12, &[10, 11]),
+        (&[t, t, f, t, f, f, t, t, f, f, f], 8, &[6, 7]),
+    ];
+    for (pattern, want, real) in cases {
+        let (mut pool, hs) = pool_with(pattern, 2);
+        let m = manager(SW4, 2, &mut pool);
+        let q = HitQuery {
+            hashes: &hs,
+            hash_block_size: 2,
+            max_length: hs.len() * 2,
+            groups: &[0],
+            drop_eagle: false,
+            alignment: 2,
+        };
+        let mut out = vec![Vec::new()];
+        let hit = m.find_longest_cache_hit(&q, &pool, &mut out).unwrap();
+        assert_eq!(hit, want * 2, "{pattern:?}");
+        assert_eq!(out[0].len(), want);
+        for (i, &b) in out[0].iter().enumerate() {
+            assert_eq!(b != NULL_BLOCK_ID, real.contains(&i), "{pattern:?} at {i}");
+        }
+    }
+}
+
+/// Section 4.10 docstring (chunk 8, bs 4): out-of-chunk blocks are nulls without lookup.
+#[test]
+fn chunked_local_hit_patterns() {
+    let kind = AttentionKind::ChunkedLocal {
+        attention_chunk_size: 8,
+    };
+    for (cached2, max_length, want) in [(true, 15, 3), (false, 15, 2), (false, 16, 4)] {
+        let (mut pool, hs) = pool_with(&[false, false, cached2, false], 4);
+        let m = manager(kind.clone(), 4, &mut pool);
+        let q = HitQuery {
+            hashes: &hs,
+            hash_block_size: 4,
+            max_length,
+            groups: &[0],
+            drop_eagle: false,
+            alignment: 4,
+        };
+        let mut out = vec![Vec::new()];
+        let hit = m.find_longest_cache_hit(&q, &pool, &mut out).unwrap();
+        assert_eq!(hit, want * 4);
+        assert_eq!(out[0][..2], [0, 0]);
+    }
+}
+
+/// Section 4.9: the nulling schedule (bs 2, sw 4); 3 is freed before 2.
+#[test]
+fn sliding_window_remove_skipped_blocks() {
+    let mut pool = BlockPool::new(20, true, 2, false).unwrap();
+    let m = manager(SW4, 2, &mut pool);
+    let mut rb = RequestBlocks::default();
+    pool.get_new_blocks_into(11, &mut rb.table).unwrap();
+    let ids = rb.table.clone();
+    let nulls = |rb: &RequestBlocks| rb.table.iter().filter(|&&b| b == 0).count();
+    for (n, want_nulls) in [(4, 0), (5, 1), (6, 1), (7, 2)] {
+        m.remove_skipped_blocks(&mut rb, n, &mut pool).unwrap();
+        assert_eq!(nulls(&rb), want_nulls, "n = {n}");
+    }
+    m.remove_skipped_blocks(&mut rb, 11, &mut pool).unwrap();
+    assert_eq!(nulls(&rb), 4);
+    let head: Vec<_> = pool.free_block_ids().take(4).collect();
+    assert_eq!(head, vec![ids[3], ids[2], ids[1], ids[0]]);
+}
+
+/// Section 4.10: chunked local keeps only the current chunk (bs 2, chunk 4).
+#[test]
+fn chunked_local_remove_skipped_blocks() {
+    let mut pool = BlockPool::new(20, true, 2, false).unwrap();
+    let kind = AttentionKind::ChunkedLocal {
+        attention_chunk_size: 4,
+    };
+    let m = manager(kind, 2, &mut pool);
+    let mut rb = RequestBlocks::default();
+    pool.get_new_blocks_into(8, &mut rb.table).unwrap();
+    let nulls = |rb: &RequestBlocks| rb.table.iter().take_while(|&&b| b == 0).count();
+    for (n, want) in [(4, 2), (6, 2), (12, 6)] {
+        m.remove_skipped_blocks(&mut rb, n, &mut pool).unwrap();
+        assert_eq!(nulls(&rb), want, "n = {n}");
+    }
+}
+
+/// Section 4.2 (`test_get_num_blocks_to_allocate`): evictable hits count.
+#[test]
+fn blocks_to_allocate_counts_evictable_hits() {
+    let mut pool = BlockPool::new(100, true, 2, false).unwrap();
+    let m = manager(SW4, 2, &mut pool);
+    let real = pool.get_new_blocks(10).unwrap();
+    pool.free_blocks(real.iter().copied()).unwrap();
+    let mut hits = vec![NULL_BLOCK_ID; 5];
+    hits.extend_from_slice(&real[..5]);
+    let rb = RequestBlocks::default();
+    assert_eq!(
+        m.get_num_blocks_to_allocate(&rb, 40, 40, &hits, 0, false, &pool),
+        15
+    );
+    assert_eq!(
+        m.get_num_blocks_to_allocate(&rb, 40, 40, &real, 0, false, &pool),
+        20
+    );
+}
+
+/// Specs map to managers; equal specs share a lookup class; events get the spec kind.
+#[test]
+fn params_from_config() {
+    use crate::config::{KvCacheConfig, KvCacheGroupSpec};
+    use crate::spec::{AttentionParams, Dtype, FullAttentionSpec, SlidingWindowSpec};
+    let attn = |heads| AttentionParams::new(16, heads, 64, Dtype::Float16);
+    let full = KvCacheSpec::from(FullAttentionSpec::new(attn(2)))
+        .build()
+        .unwrap();
+    let swa = |heads| {
+        KvCacheSpec::from(SlidingWindowSpec {
+            attn: attn(heads),
+            sliding_window: 32,
+            extra_retained_tokens: 0,
+        })
+        .build()
+        .unwrap()
+    };
+    let group = |name: &str, spec: KvCacheSpec| KvCacheGroupSpec {
+        layer_names: vec![name.into()],
+        kv_cache_spec: spec,
+        is_eagle_group: false,
+    };
+    let cfg = KvCacheConfig::new(
+        10,
+        vec![],
+        vec![
+            group("a", full),
+            group("b", swa(2)),
+            group("c", swa(2)),
+            group("d", swa(4)),
+        ],
+        None,
+    )
+    .unwrap();
+    let params = ManagerParams::from_config(&cfg).unwrap();
+    let classes: Vec<_> = params.iter().map(|p| p.spec_class).collect();
+    assert_eq!(classes, vec![0, 1, 1, 3]);
+    assert_eq!(params[0].kind, AttentionKind::FullAttention);
+    assert_eq!(params[1].spec_kind, "sliding_window");
+    assert_eq!(params[1].event_sliding_window, Some(32));
+    assert_eq!(
+        params[3].kind,
+        AttentionKind::SlidingWindow {
+            sliding_window: 32,
+            extra_retained_tokens: 0
+        }
+    );
+}

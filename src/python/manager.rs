@@ -1,0 +1,444 @@
+//! Python bindings for `manager`: `KVCacheManager`, `KVCacheBlocks`, `PrefixCacheStats`
+//! and the read-only `block_pool` view. Conversion only.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+use crate::manager::{AllocateArgs, KvCacheManager, ManagerOptions, PrefixCacheStats};
+use crate::managers::ManagerParams;
+use crate::python::config::PyKVCacheConfig;
+use crate::python::events::events_to_py;
+use crate::python::ids::IdObjects;
+use crate::python::request::PyRequest;
+use crate::types::BlockId;
+
+/// Prompts at least this long are looked up with the GIL released.
+const RELEASE_GIL_HASHES: usize = 1024;
+
+fn ids_tuple<'py, I, S>(py: Python<'py>, groups: I) -> PyResult<Bound<'py, PyTuple>>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<[BlockId]>,
+{
+    let lists = groups
+        .into_iter()
+        .map(|g| PyList::new(py, g.as_ref()))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyTuple::new(py, lists)
+}
+
+/// vLLM's `KVCacheBlocks`, holding block ids per group.
+#[pyclass(name = "KVCacheBlocks", module = "kvblocks._core", frozen, eq)]
+#[derive(PartialEq)]
+pub(crate) struct PyKVCacheBlocks {
+    blocks: Vec<Vec<BlockId>>,
+}
+
+#[pymethods]
+impl PyKVCacheBlocks {
+    #[new]
+    fn new(blocks: Vec<Vec<BlockId>>) -> Self {
+        Self { blocks }
+    }
+
+    /// Block ids per group; with `allow_none`, `None` when every group is empty.
+    #[pyo3(signature = (allow_none=false))]
+    fn get_block_ids<'py>(
+        &self,
+        py: Python<'py>,
+        allow_none: bool,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        if allow_none && self.blocks.iter().all(Vec::is_empty) {
+            return Ok(None);
+        }
+        ids_tuple(py, &self.blocks).map(Some)
+    }
+
+    fn __add__(&self, other: &Self) -> PyResult<Self> {
+        if self.blocks.len() != other.blocks.len() {
+            return Err(PyValueError::new_err(
+                "cannot add KVCacheBlocks with different numbers of groups",
+            ));
+        }
+        Ok(Self {
+            blocks: self
+                .blocks
+                .iter()
+                .zip(&other.blocks)
+                .map(|(a, b)| [a.as_slice(), b.as_slice()].concat())
+                .collect(),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("KVCacheBlocks({:?})", self.blocks)
+    }
+}
+
+/// vLLM 0.33's `PrefixCacheStats`.
+#[pyclass(name = "PrefixCacheStats", module = "kvblocks._core", get_all, set_all)]
+#[derive(Clone)]
+pub(crate) struct PyPrefixCacheStats {
+    reset: bool,
+    requests: u64,
+    queries: u64,
+    hits: u64,
+    preempted_requests: u64,
+    preempted_queries: u64,
+    preempted_hits: u64,
+}
+
+impl From<PrefixCacheStats> for PyPrefixCacheStats {
+    fn from(s: PrefixCacheStats) -> Self {
+        Self {
+            reset: s.reset,
+            requests: s.requests,
+            queries: s.queries,
+            hits: s.hits,
+            preempted_requests: s.preempted_requests,
+            preempted_queries: s.preempted_queries,
+            preempted_hits: s.preempted_hits,
+        }
+    }
+}
+
+impl From<&PyPrefixCacheStats> for PrefixCacheStats {
+    fn from(s: &PyPrefixCacheStats) -> Self {
+        Self {
+            reset: s.reset,
+            requests: s.requests,
+            queries: s.queries,
+            hits: s.hits,
+            preempted_requests: s.preempted_requests,
+            preempted_queries: s.preempted_queries,
+            preempted_hits: s.preempted_hits,
+        }
+    }
+}
+
+#[pymethods]
+impl PyPrefixCacheStats {
+    #[new]
+    fn new() -> Self {
+        PrefixCacheStats::default().into()
+    }
+
+    /// Adds one request's lookup (preempted requests count apart).
+    fn record(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
+        let mut s = PrefixCacheStats::from(&*self);
+        s.record(num_tokens, num_hits, preempted);
+        *self = s.into();
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "PrefixCacheStats(reset={}, requests={}, queries={}, hits={}, preempted_requests={}, \
+             preempted_queries={}, preempted_hits={})",
+            if self.reset { "True" } else { "False" },
+            self.requests,
+            self.queries,
+            self.hits,
+            self.preempted_requests,
+            self.preempted_queries,
+            self.preempted_hits
+        )
+    }
+}
+
+/// vLLM 0.33's `KVCacheManager`.
+#[pyclass(name = "KVCacheManager", module = "kvblocks._core")]
+pub(crate) struct PyKVCacheManager {
+    inner: KvCacheManager,
+    id_objects: IdObjects,
+}
+
+fn hits_of(blocks: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<BlockId>>>> {
+    let Some(b) = blocks else { return Ok(None) };
+    if b.is_none() {
+        return Ok(None);
+    }
+    let b = b
+        .downcast::<PyKVCacheBlocks>()
+        .map_err(|_| PyTypeError::new_err("new_computed_blocks must be a KVCacheBlocks or None"))?;
+    Ok(Some(b.get().blocks.clone()))
+}
+
+#[pymethods]
+impl PyKVCacheManager {
+    #[new]
+    #[pyo3(signature = (kv_cache_config, max_model_len, hash_block_size, *,
+                        scheduler_block_size=None, max_in_flight_tokens=None,
+                        enable_caching=true, use_eagle=false, log_stats=false,
+                        enable_kv_cache_events=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        kv_cache_config: PyRef<'_, PyKVCacheConfig>,
+        max_model_len: usize,
+        hash_block_size: usize,
+        scheduler_block_size: Option<usize>,
+        max_in_flight_tokens: Option<usize>,
+        enable_caching: bool,
+        use_eagle: bool,
+        log_stats: bool,
+        enable_kv_cache_events: bool,
+    ) -> PyResult<Self> {
+        let cfg = &kv_cache_config.inner;
+        let groups = ManagerParams::from_config(cfg)?;
+        let opts = ManagerOptions {
+            max_model_len,
+            hash_block_size,
+            scheduler_block_size,
+            max_in_flight_tokens,
+            enable_caching,
+            use_eagle,
+            log_stats,
+            enable_kv_cache_events,
+        };
+        let retention = cfg.prefix_cache_retention_interval.map(|n| n as usize);
+        Ok(Self {
+            inner: KvCacheManager::new(groups, cfg.num_blocks, retention, opts)?,
+            id_objects: IdObjects::default(),
+        })
+    }
+
+    /// `(KVCacheBlocks, num_hit_tokens)`: the request's prefix-cache hit.
+    fn get_computed_blocks(
+        &self,
+        py: Python<'_>,
+        request: PyRef<'_, PyRequest>,
+    ) -> PyResult<(PyKVCacheBlocks, usize)> {
+        let req = &request.inner;
+        let (blocks, hit) = if req.block_hashes().len() >= RELEASE_GIL_HASHES {
+            py.allow_threads(|| self.inner.get_computed_blocks(req))?
+        } else {
+            self.inner.get_computed_blocks(req)?
+        };
+        Ok((PyKVCacheBlocks { blocks }, hit))
+    }
+
+    /// Slots for new tokens; `None` when they do not fit.
+    #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens=0,
+                        new_computed_blocks=None, num_lookahead_tokens=0,
+                        num_external_computed_tokens=0, delay_cache_blocks=false,
+                        num_encoder_tokens=0, full_sequence_must_fit=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn allocate_slots(
+        &mut self,
+        request: PyRef<'_, PyRequest>,
+        num_new_tokens: usize,
+        num_new_computed_tokens: usize,
+        new_computed_blocks: Option<&Bound<'_, PyAny>>,
+        num_lookahead_tokens: usize,
+        num_external_computed_tokens: usize,
+        delay_cache_blocks: bool,
+        num_encoder_tokens: usize,
+        full_sequence_must_fit: bool,
+    ) -> PyResult<Option<PyKVCacheBlocks>> {
+        let hits = hits_of(new_computed_blocks)?;
+        let args = AllocateArgs {
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks: hits.as_deref(),
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            num_encoder_tokens,
+            full_sequence_must_fit,
+        };
+        let new = self.inner.allocate_slots(&request.inner, &args)?;
+        Ok(new.map(|blocks| PyKVCacheBlocks { blocks }))
+    }
+
+    /// `allocate_slots(req, n).get_block_ids()` for each pair in order, stopping after
+    /// the first that does not fit (its entry is `None`).
+    fn allocate_slots_batch<'py>(
+        &mut self,
+        py: Python<'py>,
+        requests: Vec<PyRef<'py, PyRequest>>,
+        num_new_tokens: Vec<usize>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        if requests.len() != num_new_tokens.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} requests but {} token counts",
+                requests.len(),
+                num_new_tokens.len()
+            )));
+        }
+        if num_new_tokens.contains(&0) {
+            return Err(PyValueError::new_err(
+                "num_new_tokens must be greater than 0 for every request",
+            ));
+        }
+        let out = PyList::empty(py);
+        for (req, &n) in requests.iter().zip(&num_new_tokens) {
+            match self
+                .inner
+                .allocate_slots(&req.inner, &AllocateArgs::new(n))?
+            {
+                Some(blocks) => {
+                    let lists = blocks
+                        .iter()
+                        .map(|g| self.id_objects.list(py, g))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    out.append(PyTuple::new(py, lists)?)?;
+                }
+                None => {
+                    out.append(py.None())?;
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Frees the request's blocks (no-op for unknown or already freed requests).
+    fn free(&mut self, request: PyRef<'_, PyRequest>) -> PyResult<()> {
+        Ok(self.inner.free(request.inner.request_id())?)
+    }
+
+    /// The request's block ids per group (empty lists for an unknown request).
+    fn get_block_ids<'py>(
+        &mut self,
+        py: Python<'py>,
+        request_id: &str,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let lists = (0..self.inner.num_groups())
+            .map(|g| {
+                self.id_objects
+                    .list(py, self.inner.block_table(request_id, g))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(py, lists)
+    }
+
+    /// Caches the request's full blocks up to `num_computed_tokens`.
+    fn cache_blocks(
+        &mut self,
+        request: PyRef<'_, PyRequest>,
+        num_computed_tokens: usize,
+    ) -> PyResult<()> {
+        Ok(self
+            .inner
+            .cache_blocks(&request.inner, num_computed_tokens)?)
+    }
+
+    /// Per-step hook.
+    fn new_step_starts(&mut self) {
+        self.inner.new_step_starts();
+    }
+
+    /// Drops the cache entries of the given block ids (any iterable, e.g. a set; its
+    /// iteration order is the event order, as vLLM).
+    fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = block_ids
+            .try_iter()?
+            .map(|b| b?.extract::<BlockId>())
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(self.inner.evict_blocks(&ids)?)
+    }
+
+    /// Clears the prefix cache if no request holds a block.
+    fn reset_prefix_cache(&mut self) -> bool {
+        self.inner.reset_prefix_cache()
+    }
+
+    /// Zeros per group (vLLM 0.33).
+    fn get_num_common_prefix_blocks(&self, request_id: &str) -> Vec<usize> {
+        self.inner.get_num_common_prefix_blocks(request_id)
+    }
+
+    /// The recorded KV cache events, annotated per group.
+    fn take_events(&mut self, py: Python<'_>) -> PyResult<Vec<PyObject>> {
+        events_to_py(py, &self.inner.take_events())
+    }
+
+    /// Records a prefix-cache lookup in the stats.
+    fn record_prefix_cache_stats(&mut self, request: PyRef<'_, PyRequest>, num_hits: usize) {
+        self.inner
+            .record_prefix_cache_stats(&request.inner, num_hits);
+    }
+
+    /// The stats since the last call (`None` without `log_stats`).
+    fn make_prefix_cache_stats(&mut self) -> Option<PyPrefixCacheStats> {
+        self.inner.make_prefix_cache_stats().map(Into::into)
+    }
+
+    /// KV cache usage in [0, 1].
+    #[getter]
+    fn usage(&self) -> f64 {
+        self.inner.usage()
+    }
+
+    /// Number of KV cache groups.
+    #[getter]
+    fn num_kv_cache_groups(&self) -> usize {
+        self.inner.num_groups()
+    }
+
+    /// A read-only view of the shared block pool.
+    #[getter]
+    fn block_pool(slf: Py<Self>) -> PyBlockPoolView {
+        PyBlockPoolView { mgr: slf }
+    }
+}
+
+/// A read-only view of a `KVCacheManager`'s block pool.
+#[pyclass(name = "BlockPoolView", module = "kvblocks._core", frozen)]
+pub(crate) struct PyBlockPoolView {
+    mgr: Py<PyKVCacheManager>,
+}
+
+#[pymethods]
+impl PyBlockPoolView {
+    /// Free blocks.
+    fn get_num_free_blocks(&self, py: Python<'_>) -> usize {
+        self.mgr.borrow(py).inner.pool().num_free_blocks()
+    }
+
+    /// `1 - free / (N - 1)`.
+    fn get_usage(&self, py: Python<'_>) -> f64 {
+        self.mgr.borrow(py).inner.pool().usage()
+    }
+
+    /// The free queue from head (next allocated) to tail.
+    fn get_free_block_ids(&self, py: Python<'_>) -> Vec<BlockId> {
+        self.mgr.borrow(py).inner.pool().free_block_ids().collect()
+    }
+
+    /// The ref count of a block.
+    fn get_ref_cnt(&self, py: Python<'_>, block_id: BlockId) -> PyResult<u32> {
+        Ok(self.mgr.borrow(py).inner.pool().ref_cnt(block_id)?)
+    }
+
+    /// The raw hash bytes of a cached block, or `None`.
+    fn get_block_hash<'py>(
+        &self,
+        py: Python<'py>,
+        block_id: BlockId,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let key = self.mgr.borrow(py).inner.pool().block_hash(block_id)?;
+        Ok(key.map(|k| PyBytes::new(py, k.hash.as_bytes())))
+    }
+
+    /// Pool size, null block included.
+    #[getter]
+    fn num_gpu_blocks(&self, py: Python<'_>) -> usize {
+        self.mgr.borrow(py).inner.pool().num_blocks()
+    }
+}
+
+impl PyKVCacheManager {
+    /// The pending (annotated) events as core values, for the event publisher.
+    pub(crate) fn take_core_events(&mut self) -> Vec<crate::pool::events::KvCacheEvent> {
+        self.inner.take_events()
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyKVCacheManager>()?;
+    m.add_class::<PyKVCacheBlocks>()?;
+    m.add_class::<PyPrefixCacheStats>()?;
+    m.add_class::<PyBlockPoolView>()?;
+    Ok(())
+}
