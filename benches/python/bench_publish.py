@@ -2,13 +2,14 @@
 
     python benches/python/bench_publish.py [--steps 200]
 
-Each step takes 999 blocks from a kvblocks BlockPool (events on) whose free blocks are all
-cached, so it evicts 999 cached blocks (one BlockRemoved each), caches them under new
-hashes (one BlockStored, 16 tokens a block) and frees them: 1,000 events per step, as a
-scheduler step of heavy cache churn. Reported, per step (median and p99):
+Each step admits a new 999-block request (16 tokens a block) into a kvblocks
+KVCacheManager (events on) whose free blocks are all cached, so it evicts 999 cached
+blocks (one BlockRemoved each) and caches its own (one BlockStored); then it finishes:
+1,000 events per step, a scheduler step of heavy cache churn. Reported, per step (median
+and p99):
 
-- publish_from: the scheduler thread moves the pool's pending events into the publisher
-  queue (no Python object per event; a KVCacheManager goes through the same path);
+- publish_from: the scheduler thread moves the manager's pending events into the
+  publisher queue (no Python object per event);
 - baseline, same events: take_events() (Python event objects) + publish(list), the path a
   Python scheduler would take without publish_from.
 
@@ -32,20 +33,25 @@ BLOCKS_PER_STEP = 999
 
 
 class Traffic:
-    """A pool whose free blocks are all cached; each step evicts and re-caches 999."""
+    """A manager whose free blocks are all cached; each step evicts and re-caches 999."""
 
     def __init__(self) -> None:
-        self.pool = kb.BlockPool(BLOCKS_PER_STEP + 1, True, BS, True)
+        spec = kb.FullAttentionSpec(block_size=BS, num_kv_heads=8, head_size=128, dtype="bfloat16")
+        config = kb.KVCacheConfig(BLOCKS_PER_STEP + 2, [], [kb.KVCacheGroupSpec(["l0"], spec)])
+        self.mgr = kb.KVCacheManager(config, 1 << 20, BS, enable_kv_cache_events=True)
+        self.hasher = kb.BlockHasher(BS, "sha256")
         self.n = 0
 
     def step(self) -> None:
-        base = self.n * BLOCKS_PER_STEP
+        base = self.n * BLOCKS_PER_STEP * BS
         self.n += 1
-        hashes = [(base + i).to_bytes(32, "big") for i in range(BLOCKS_PER_STEP)]
-        tokens = [(base + t) % 100_000 for t in range(BLOCKS_PER_STEP * BS)]
-        ids = self.pool.get_new_blocks(BLOCKS_PER_STEP)
-        self.pool.cache_full_blocks(hashes, ids, 0, BLOCKS_PER_STEP, BS, 0, tokens)
-        self.pool.free_blocks(ids[::-1])
+        # one trailing token so all 999 blocks are full and computed
+        tokens = [(base + t) % 100_000 for t in range(BLOCKS_PER_STEP * BS + 1)]
+        req = kb.Request(f"r{self.n}", tokens, self.hasher)
+        blocks, hit = self.mgr.get_computed_blocks(req)
+        if self.mgr.allocate_slots(req, req.num_tokens - hit, hit, blocks) is None:
+            raise RuntimeError("allocation failed")
+        self.mgr.free(req)
 
 
 def _time_steps(steps: int, traffic: Traffic, publish: Callable[[], Any]) -> list[float]:
@@ -75,16 +81,16 @@ def main() -> None:
     traffic = Traffic()
     traffic.step()
     traffic.step()
-    traffic.pool.take_events()
+    traffic.mgr.take_events()
 
     sink = kb.EventSink(max_queue_size=args.steps * 2 + 8)
-    fast = _time_steps(args.steps, traffic, lambda: sink.publish_from(traffic.pool))
+    fast = _time_steps(args.steps, traffic, lambda: sink.publish_from(traffic.mgr))
     per_step = sink.stats()["pushed_events"] // args.steps
-    _summary("publish_from(pool)", fast, per_step)
+    _summary("publish_from(manager)", fast, per_step)
 
     base_sink = kb.EventSink(max_queue_size=args.steps * 2 + 8)
-    slow = _time_steps(args.steps, traffic, lambda: base_sink.publish(traffic.pool.take_events()))
-    _summary("baseline: publish(pool.take_events())", slow, per_step)
+    slow = _time_steps(args.steps, traffic, lambda: base_sink.publish(traffic.mgr.take_events()))
+    _summary("baseline: publish(manager.take_events())", slow, per_step)
     print(
         f"publish_from is {statistics.median(slow) / statistics.median(fast):.0f}x cheaper "
         "than the baseline (medians)"
@@ -94,7 +100,7 @@ def main() -> None:
         enc = kb.EventSink(max_queue_size=args.steps + 8, format=fmt)
         for _ in range(args.steps):
             traffic.step()
-            enc.publish_from(traffic.pool)
+            enc.publish_from(traffic.mgr)
         t0 = time.perf_counter()
         n_bytes = 0
         while (item := enc.next_payload(0.0)) is not None:
@@ -107,7 +113,7 @@ def main() -> None:
         )
 
     traffic.step()
-    events = traffic.pool.take_events()
+    events = traffic.mgr.take_events()
     reps = 20
     t0 = time.perf_counter()
     for _ in range(reps):
