@@ -105,3 +105,44 @@ def test_bad_arguments_raise() -> None:
         kvblocks.EventSink(max_queue_size=0)
     with pytest.raises(ValueError):
         kvblocks.EventSink().next_payload(-1.0)
+
+
+def _subscriber_decoder(array_like: bool) -> Any:
+    """A decoder with the struct declarations of vLLM's example subscriber (only the first
+    six BlockStored fields), for tagged arrays (before June 2026) or tagged maps (after)."""
+    msgspec = pytest.importorskip("msgspec")
+    opts = {"array_like": array_like, "omit_defaults": True, "tag": True}
+    stored = msgspec.defstruct(
+        "BlockStored",
+        [
+            ("block_hashes", list[int]),
+            ("parent_block_hash", int | None),
+            ("token_ids", list[int]),
+            ("block_size", int),
+            ("lora_id", int | None),
+            ("medium", str | None),
+        ],
+        **opts,
+    )
+    removed = msgspec.defstruct(
+        "BlockRemoved", [("block_hashes", list[int]), ("medium", str | None)], **opts
+    )
+    cleared = msgspec.defstruct("AllBlocksCleared", [], **opts)
+    batch = msgspec.defstruct(
+        "KVEventBatch",
+        [("ts", float), ("events", list[stored | removed | cleared])],  # type: ignore[valid-type]
+        array_like=True,
+    )
+    return msgspec.msgpack.Decoder(type=batch)
+
+
+@pytest.mark.parametrize("fmt", ["map", "array"])
+def test_example_subscriber_decodes(fmt: str) -> None:
+    decoder = _subscriber_decoder(array_like=fmt == "array")
+    for step in steps():
+        events = [event(e) for e in step["events"]]
+        batch = decoder.decode(kvblocks.encode_event_batch(step["ts"], events, format=fmt))
+        assert batch.ts == step["ts"]
+        assert [type(e).__name__ for e in batch.events] == [e["type"] for e in step["events"]]
+        for got, want in zip(batch.events, step["events"], strict=True):
+            assert getattr(got, "block_hashes", None) == want.get("block_hashes")
