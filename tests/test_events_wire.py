@@ -146,3 +146,119 @@ def test_example_subscriber_decodes(fmt: str) -> None:
         assert [type(e).__name__ for e in batch.events] == [e["type"] for e in step["events"]]
         for got, want in zip(batch.events, step["events"], strict=True):
             assert getattr(got, "block_hashes", None) == want.get("block_hashes")
+
+
+def test_live_trace_bytes_equal_vllm() -> None:
+    """The fixture trace, replayed on vLLM's KVCacheManager and on kvblocks': every step's
+    events encode to the same bytes as vLLM's encoder gives for its own events."""
+    pytest.importorskip("vllm")
+    torch = pytest.importorskip("torch")
+    import msgspec
+    from vllm.distributed import kv_events as ke
+    from vllm.lora.request import LoRARequest
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1 import kv_cache_interface as vi
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    bs, sw = 4, 8
+    init_none_hash(get_hash_fn_by_name("sha256"))
+    vhasher = get_request_block_hasher(bs, get_hash_fn_by_name("sha256"))
+    common = {"block_size": bs, "num_kv_heads": 1, "head_size": 8, "dtype": torch.float16}
+    vm = KVCacheManager(
+        kv_cache_config=vi.KVCacheConfig(
+            num_blocks=24,
+            kv_cache_tensors=[],
+            kv_cache_groups=[
+                vi.KVCacheGroupSpec(["l0"], vi.FullAttentionSpec(**common)),
+                vi.KVCacheGroupSpec(["l1"], vi.SlidingWindowSpec(sliding_window=sw, **common)),
+            ],
+        ),
+        max_model_len=256,
+        scheduler_block_size=bs,
+        hash_block_size=bs,
+        enable_kv_cache_events=True,
+    )
+    kcommon: dict[str, Any] = {
+        "block_size": bs,
+        "num_kv_heads": 1,
+        "head_size": 8,
+        "dtype": "float16",
+    }
+    kconfig = kvblocks.KVCacheConfig(
+        24,
+        [],
+        [
+            kvblocks.KVCacheGroupSpec(["l0"], kvblocks.FullAttentionSpec(**kcommon)),
+            kvblocks.KVCacheGroupSpec(
+                ["l1"], kvblocks.SlidingWindowSpec(sliding_window=sw, **kcommon)
+            ),
+        ],
+    )
+    km = kvblocks.KVCacheManager(kconfig, 256, bs, enable_kv_cache_events=True)
+    khasher = kvblocks.BlockHasher(bs, "sha256")
+    mm = MultiModalFeatureSpec(
+        data=None, modality="image", identifier="img-abc", mm_position=PlaceholderRange(2, 6)
+    )
+    big = 70000
+    specs: list[tuple[str, list[int], dict[str, Any], dict[str, Any]]] = [
+        ("plain", list(range(1, 14)), {}, {}),
+        ("shared", [*range(1, 9), big, 300, 301, 302], {}, {}),
+        (
+            "lora",
+            list(range(1, 11)),
+            {"lora_request": LoRARequest("adapter-x", 7, "/p")},
+            {"lora_name": "adapter-x", "lora_path": "/p", "lora_id": 7},
+        ),
+        ("salt", list(range(1, 10)), {"cache_salt": "s" * 40}, {"cache_salt": "s" * 40}),
+        ("mm", [5] * 12, {"mm_features": [mm]}, {"mm_features": [("img-abc", 2, 6)]}),
+        ("long", list(range(500, 540)), {}, {}),
+        ("again", [*range(1, 14), 9, 9, 9], {}, {}),
+    ]
+    encoder = msgspec.msgpack.Encoder()
+    twins = {
+        c.__name__: msgspec.defstruct(
+            c.__name__,
+            [
+                (f.name, f.type) if f.default is msgspec.NODEFAULT else (f.name, f.type, f.default)
+                for f in msgspec.structs.fields(c)
+            ],
+            array_like=True,
+            omit_defaults=True,
+            tag=True,
+        )
+        for c in (ke.BlockStored, ke.BlockRemoved, ke.AllBlocksCleared)
+    }
+    compared = 0
+
+    def compare(ts: float) -> None:
+        nonlocal compared
+        vev, kev = vm.take_events(), km.take_events()
+        assert len(vev) == len(kev)
+        if not vev:
+            return
+        want_map = encoder.encode(ke.KVEventBatch(ts=ts, events=vev))
+        arr = [twins[type(e).__name__](**msgspec.structs.asdict(e)) for e in vev]
+        want_array = encoder.encode(ke.KVEventBatch(ts=ts, events=arr))
+        assert kvblocks.encode_event_batch(ts, kev) == want_map
+        assert kvblocks.encode_event_batch(ts, kev, format="array") == want_array
+        compared += len(vev)
+
+    for i, (rid, tokens, vkw, kkw) in enumerate(specs):
+        v = Request(rid, tokens, SamplingParams(max_tokens=4), None, block_hasher=vhasher, **vkw)
+        k = kvblocks.Request(rid, tokens, khasher, **kkw)
+        vblocks, vhit, _ = vm.get_computed_blocks(v)
+        kblocks, khit = km.get_computed_blocks(k)
+        assert vhit == khit
+        assert vm.allocate_slots(v, v.num_tokens - vhit, vhit, vblocks) is not None
+        assert km.allocate_slots(k, k.num_tokens - khit, khit, kblocks) is not None
+        compare(float(i))
+        vm.free(v)
+        km.free(k)
+        compare(i + 0.5)
+    assert vm.reset_prefix_cache() and km.reset_prefix_cache()
+    compare(100.0)
+    assert compared > 40
