@@ -9,7 +9,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use kvblocks::events::{encode_batch_into, EventBatch, EventSink, WireFormat};
+use kvblocks::events::{
+    encode_batch_into, EventBatch, EventSink, PayloadEncoder, WireFormat, Work,
+};
 use kvblocks::pool::events::{BlockRemoved, BlockStored, KvCacheEvent, MEDIUM_GPU};
 
 const EVENTS_PER_STEP: usize = 1_000;
@@ -64,6 +66,32 @@ fn encode(c: &mut Criterion) {
     g.finish();
 }
 
+/// The network side: number, mirror into the cache index (snapshots), encode.
+fn network_side(c: &mut Criterion) {
+    let mut enc = PayloadEncoder::new(WireFormat::Map, Some(0));
+    let mut id = 0;
+    let mut g = c.benchmark_group("network_side");
+    g.throughput(Throughput::Elements(EVENTS_PER_STEP as u64));
+    g.bench_function("index_and_encode_map", |b| {
+        b.iter_batched(
+            || {
+                id += 1;
+                Work::Batch {
+                    id: id - 1,
+                    batch: EventBatch {
+                        ts: 1.0,
+                        events: step_events(id),
+                        data_parallel_rank: None,
+                    },
+                }
+            },
+            |work| enc.encode(work, 0.0).map(|(_, p)| p.len()),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
 /// The scheduler side: move a step's event Vec into the queue. The batch is popped back
 /// in the timed routine and freed outside it (the network thread frees it in production).
 fn hand_off(c: &mut Criterion) {
@@ -84,5 +112,5 @@ fn hand_off(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, encode, hand_off);
+criterion_group!(benches, encode, network_side, hand_off);
 criterion_main!(benches);

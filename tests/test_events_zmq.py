@@ -289,7 +289,7 @@ def test_pool_traffic_late_subscriber_matches_the_pool() -> None:
             pool.cache_full_blocks(hashes, ids, 0, n, bs, group, tokens)
             group_of.update(dict.fromkeys(ids, group))
             live.append(ids)
-            pub.sink.publish_from(pool)
+            pub.publish_from(pool)
 
     def pool_keys() -> set[tuple[int, int]]:
         out = set()
@@ -340,7 +340,7 @@ def test_manager_late_subscriber_matches_the_manager() -> None:
                 mgr.free(req)
             if i == start + 5 and start == 0:
                 assert mgr.reset_prefix_cache()
-            pub.sink.publish_from(mgr)
+            pub.publish_from(mgr)
 
     def manager_keys() -> set[tuple[int, int]]:
         view = mgr.block_pool

@@ -12,9 +12,10 @@ Wire protocol (as `vllm.distributed.kv_events.ZmqEventPublisher`):
 Payloads use vLLM 0.33.0's event maps (``format="map"``) or the older tagged positional
 arrays (``format="array"``); see `kvblocks._core.encode_event_batch`.
 
-The scheduler thread calls `publish` / `publish_events`: a non-blocking O(1) push into a
-bounded lock-free queue (`kvblocks._core.EventSink`); when it is full the oldest batch is
-dropped and counted. The publisher thread takes batches, numbers and encodes them in Rust
+The scheduler thread calls `publish_from(manager)` each step (or `publish` /
+`publish_events` with event objects): a non-blocking O(1) push into a bounded lock-free
+queue (`kvblocks._core.EventSink`); when it is full the oldest batch is dropped and
+counted. The publisher thread takes batches, numbers and encodes them in Rust
 without the GIL, sends them and serves replay requests. `publish_snapshot` publishes the
 whole cache so a late subscriber can rebuild its index: one batch, sequenced like any
 other, of `AllBlocksCleared` followed by a `BlockStored` per cached block (parents first),
@@ -36,6 +37,8 @@ from kvblocks._core import EventSink, encode_event_batch
 
 if TYPE_CHECKING:
     import zmq
+
+    from kvblocks._core import BlockPool, KVCacheManager
 
 __all__ = ["END_SEQ", "ZmqEventPublisher", "encode_event_batch", "offset_endpoint_port"]
 
@@ -168,6 +171,14 @@ class ZmqEventPublisher:
         if not self._running:
             raise RuntimeError("Publisher is closed")
         return self._sink.publish(events, ts, data_parallel_rank)
+
+    def publish_from(self, source: KVCacheManager | BlockPool, ts: float | None = None) -> bool:
+        """Moves the pending events of a `KVCacheManager` or `BlockPool` into the queue:
+        O(1), no Python object per event, never blocks. ``False`` when the oldest queued
+        batch was dropped to make room."""
+        if not self._running:
+            raise RuntimeError("Publisher is closed")
+        return self._sink.publish_from(source, ts)
 
     def publish_snapshot(self) -> None:
         """Publishes the whole cache (`AllBlocksCleared`, then `BlockStored` per cached
