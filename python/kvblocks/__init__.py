@@ -22,16 +22,17 @@ from kvblocks._core import (
     KVCacheManager,
     KVCacheSpec,
     KVCacheTensor,
-    MambaSpec,
     MLAAttentionSpec,
+    MambaSpec,
     PrefixCacheStats,
     Request,
     SinkFullAttentionSpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
-    __version__,
+    append_token_ids_batch,
     hash_block_tokens,
     none_hash,
+    __version__,
 )
 
 __all__ = [
@@ -58,7 +59,8 @@ __all__ = [
     "SinkFullAttentionSpec",
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
-    "__version__",
+    "append_token_ids_batch",
     "hash_block_tokens",
     "none_hash",
+    "__version__",
 ]
