@@ -161,11 +161,14 @@ def _small(kind: str) -> Trace:
 
 
 @pytest.mark.skipif(not HAVE_KB, reason="kvblocks manager not built")
-@pytest.mark.parametrize("kind", ["shared-prefix", "agentic"])
-@pytest.mark.parametrize("config", ["full", "hybrid"])
-def test_batched_decode_gives_the_same_digest(kind: str, config: str) -> None:
+@pytest.mark.parametrize(
+    ("config", "kind", "num_blocks"),
+    # Pools small enough to force preemption, large enough for each trace's longest request.
+    [("full", "shared-prefix", 700), ("full", "agentic", 1300), ("hybrid", "shared-prefix", 1500)],
+)
+def test_batched_decode_gives_the_same_digest(config: str, kind: str, num_blocks: int) -> None:
     trace = _small(kind)
-    layout = replay_layout(config, num_blocks=600, sliding_window=256)
+    layout = replay_layout(config, num_blocks=num_blocks, sliding_window=256)
     one = replay(trace, make_backend("kvblocks", layout))
     many = replay(trace, make_backend("kvblocks", layout, batch=True))
     assert one.preemptions > 0  # the small pool forces the failure path of the batch

@@ -550,6 +550,14 @@ class BlockHasher:
 
 # --- request -------------------------------------------------------------------------------
 
+def append_token_ids_batch(requests: Sequence[Request], token_ids: Sequence[int]) -> None:
+    """Appends `token_ids[i]` to `requests[i]` for every i, hashing completed blocks.
+
+    One call per scheduler step instead of one `append_output_token_ids` per request.
+    Raises ValueError on a length mismatch and a RuntimeError (already borrowed) if a
+    request is listed twice, before any request changes.
+    """
+
 @final
 class Request:
     """A request's tokens and block hashes (vLLM's `Request`, KV-cache-relevant parts)."""

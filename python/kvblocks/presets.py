@@ -302,6 +302,7 @@ def replay_layout(
         # coarser than the hash need the hybrid coordinator: a second full-attention group.
         groups = (GroupDesc("full", 1, 2 * block_size), replace(full, layer_offset=1))
         sched_bs = 2 * block_size
+        hash_bs = block_size if enable_caching else sched_bs
     return KVLayout(
         groups,
         num_blocks,

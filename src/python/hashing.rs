@@ -3,8 +3,9 @@
 
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyInt, PyString, PyTuple};
 
+use super::ids::extract_u32s;
 use crate::hashing::{self, BlockHasher, HashAlgo};
 use crate::types::{BlockHash, KeyValue};
 
@@ -35,51 +36,9 @@ fn key_value(obj: &Bound<'_, PyAny>) -> PyResult<KeyValue> {
     }
 }
 
-const TOKEN_RANGE: &str = "token ids must be ints in 0..=4294967295 (u32)";
-
 /// Extracts token ids (a sequence of ints in u32 range) with a clear overflow message.
 pub(crate) fn extract_token_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-    if let Ok(list) = obj.downcast_exact::<PyList>() {
-        if let Some(tokens) = exact_int_list(list) {
-            return tokens;
-        }
-    }
-    obj.extract::<Vec<u32>>().map_err(|e| {
-        if e.is_instance_of::<PyOverflowError>(obj.py()) {
-            PyOverflowError::new_err(TOKEN_RANGE)
-        } else {
-            e
-        }
-    })
-}
-
-/// Fast path for a list of exact `int`s (the common prompt): borrowed items, no iterator
-/// protocol. None if some item is not an exact `int` (the caller then takes the generic
-/// path, which reports type errors).
-fn exact_int_list(list: &Bound<'_, PyList>) -> Option<PyResult<Vec<u32>>> {
-    let n = list.len();
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        // SAFETY: `i < len` and the list cannot change during the loop: only exact ints are
-        // converted, which runs no Python code, so the borrowed item stays alive.
-        let v = unsafe {
-            let item = pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t);
-            if item.is_null() || pyo3::ffi::PyLong_CheckExact(item) == 0 {
-                pyo3::ffi::PyErr_Clear();
-                return None;
-            }
-            pyo3::ffi::PyLong_AsLongLong(item)
-        };
-        match u32::try_from(v) {
-            Ok(t) => out.push(t),
-            Err(_) => {
-                // -1 with an error set is an int beyond 64 bits: drop that error.
-                let _ = PyErr::take(list.py());
-                return Some(Err(PyOverflowError::new_err(TOKEN_RANGE)));
-            }
-        }
-    }
-    Some(Ok(out))
+    extract_u32s(obj, "token ids")
 }
 
 /// Parses a vLLM hash algorithm name.

@@ -1,10 +1,9 @@
 //! Python bindings for the `pool` module: `kvblocks.BlockPool`, vLLM's `BlockPool` with
 //! blocks addressed by id.
 
-use pyo3::ffi;
 use pyo3::prelude::*;
 
-use super::ids::IdObjects;
+use super::ids::{extract_u32s, IdObjects};
 use pyo3::types::{PyBytes, PyList};
 
 use super::events::events_to_py;
@@ -20,50 +19,6 @@ pub(crate) struct PyBlockPool {
     scratch: Vec<BlockId>,
     /// Shared int objects for the ids handed out.
     id_objects: IdObjects,
-}
-
-/// Extracts a sequence of `u32` (block ids, token ids): `list[int]` on the fast path, any
-/// sequence otherwise, raising `TypeError`/`OverflowError` for items out of type or range.
-pub(crate) fn extract_u32s(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-    if let Ok(list) = obj.downcast_exact::<PyList>() {
-        if let Some(ids) = exact_int_list(list) {
-            return Ok(ids);
-        }
-    }
-    obj.extract()
-}
-
-/// The values of a list of exact `int`s within `u32`, read with no new reference per item;
-/// `None` as soon as an item is anything else (the caller then takes the generic path,
-/// which raises the right error).
-fn exact_int_list(list: &Bound<'_, PyList>) -> Option<Vec<u32>> {
-    let n = list.len();
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        // SAFETY: `list` is a live list object and `i < n`, its length; nothing in this
-        // loop runs Python code (exact ints convert without `__index__`) and the module is
-        // built for the limited API, which has a GIL, so no other thread runs either: the
-        // list cannot change and the borrowed item stays alive while it is read. (A
-        // free-threaded build would need `PyList_GetItemRef` here.)
-        let v = unsafe {
-            let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
-            if item.is_null() || ffi::PyLong_CheckExact(item) == 0 {
-                None
-            } else {
-                Some(ffi::PyLong_AsSsize_t(item))
-            }
-        };
-        match v {
-            Some(v) if (0..=u32::MAX as ffi::Py_ssize_t).contains(&v) => out.push(v as u32),
-            _ => {
-                // A failed read or conversion may have set an exception: drop it, the
-                // generic path raises its own.
-                drop(PyErr::take(list.py()));
-                return None;
-            }
-        }
-    }
-    Some(out)
 }
 
 /// Extracts `bytes` as a block hash (at most 32 bytes).
@@ -125,12 +80,12 @@ impl PyBlockPool {
     }
 
     fn free_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = extract_u32s(block_ids)?;
+        let ids = extract_u32s(block_ids, "block ids")?;
         Ok(self.inner.free_blocks(ids.iter().copied())?)
     }
 
     fn touch(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        Ok(self.inner.touch(&extract_u32s(block_ids)?)?)
+        Ok(self.inner.touch(&extract_u32s(block_ids, "block ids")?)?)
     }
 
     #[pyo3(signature = (request_block_hashes, block_ids, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id, token_ids=None))]
@@ -149,10 +104,10 @@ impl PyBlockPool {
             .iter()
             .map(extract_hash)
             .collect::<PyResult<Vec<_>>>()?;
-        let block_ids = extract_u32s(block_ids)?;
+        let block_ids = extract_u32s(block_ids, "block ids")?;
         // Tokens feed only `BlockStored` events: not read when events are off.
         let tokens = match token_ids {
-            Some(t) if self.inner.events_enabled() => extract_u32s(t)?,
+            Some(t) if self.inner.events_enabled() => extract_u32s(t, "token ids")?,
             _ => Vec::new(),
         };
         Ok(self.inner.cache_full_blocks(
@@ -173,7 +128,7 @@ impl PyBlockPool {
         kv_cache_group_ids: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Vec<BlockId>>> {
         let hash = extract_hash(block_hash)?;
-        let groups: Vec<GroupId> = extract_u32s(kv_cache_group_ids)?;
+        let groups: Vec<GroupId> = extract_u32s(kv_cache_group_ids, "group ids")?;
         Ok(self.inner.get_cached_block(&hash, &groups))
     }
 

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList};
 
 use super::hashing::{extract_token_ids, PyBlockHasher};
+use super::ids::extract_u32;
 use crate::hashing::{LoraRequest, MmFeature};
 use crate::request::{Request, RequestOptions};
 
@@ -182,11 +183,12 @@ impl PyRequest {
         py: Python<'_>,
         token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let tokens = if token_ids.is_instance_of::<PyInt>() {
-            extract_token_ids(PyList::new(py, [token_ids])?.as_any())?
-        } else {
-            extract_token_ids(token_ids)?
-        };
+        if token_ids.is_instance_of::<PyInt>() {
+            let token = extract_u32(token_ids, "token ids")?;
+            self.inner.append_output_token_ids(&[token]);
+            return Ok(());
+        }
+        let tokens = extract_token_ids(token_ids)?;
         if tokens.len() >= RELEASE_GIL_TOKENS {
             let inner = &mut self.inner;
             py.allow_threads(|| inner.append_output_token_ids(&tokens));
@@ -207,7 +209,34 @@ impl PyRequest {
     }
 }
 
+/// Appends one output token to each request (`requests[i]` gets `token_ids[i]`), hashing
+/// the blocks they complete: one call per scheduler step instead of one per request. A
+/// request listed twice raises before anything changes.
+#[pyfunction]
+fn append_token_ids_batch(
+    requests: Vec<Bound<'_, PyRequest>>,
+    token_ids: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let tokens = extract_token_ids(token_ids)?;
+    if tokens.len() != requests.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} requests but {} token ids",
+            requests.len(),
+            tokens.len()
+        )));
+    }
+    let mut borrowed = requests
+        .iter()
+        .map(|r| r.try_borrow_mut())
+        .collect::<Result<Vec<_>, _>>()?;
+    for (req, &token) in borrowed.iter_mut().zip(&tokens) {
+        req.inner.append_output_token_ids(&[token]);
+    }
+    Ok(())
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRequest>()?;
+    m.add_function(wrap_pyfunction!(append_token_ids_batch, m)?)?;
     Ok(())
 }
