@@ -23,18 +23,18 @@ from kvblocks._core import (
     KVCacheManager,
     KVCacheSpec,
     KVCacheTensor,
-    MLAAttentionSpec,
     MambaSpec,
+    MLAAttentionSpec,
     PrefixCacheStats,
     Request,
     SinkFullAttentionSpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
+    __version__,
     append_token_ids_batch,
     encode_event_batch,
     hash_block_tokens,
     none_hash,
-    __version__,
 )
 
 __all__ = [
@@ -62,9 +62,9 @@ __all__ = [
     "SinkFullAttentionSpec",
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
+    "__version__",
     "append_token_ids_batch",
     "encode_event_batch",
     "hash_block_tokens",
     "none_hash",
-    "__version__",
 ]
