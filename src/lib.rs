@@ -10,6 +10,7 @@
 pub mod config;
 pub mod coordinator;
 pub mod error;
+pub mod events;
 pub mod hashing;
 pub mod manager;
 pub mod managers;

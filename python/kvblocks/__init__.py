@@ -15,6 +15,7 @@ from kvblocks._core import (
     BlockStored,
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
+    EventSink,
     FullAttentionSpec,
     KVCacheBlocks,
     KVCacheConfig,
@@ -30,6 +31,8 @@ from kvblocks._core import (
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
     __version__,
+    append_token_ids_batch,
+    encode_event_batch,
     hash_block_tokens,
     none_hash,
 )
@@ -44,6 +47,7 @@ __all__ = [
     "BlockStored",
     "ChunkedLocalAttentionSpec",
     "CrossAttentionSpec",
+    "EventSink",
     "FullAttentionSpec",
     "KVCacheBlocks",
     "KVCacheConfig",
@@ -59,6 +63,8 @@ __all__ = [
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
     "__version__",
+    "append_token_ids_batch",
+    "encode_event_batch",
     "hash_block_tokens",
     "none_hash",
 ]

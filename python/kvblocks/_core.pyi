@@ -552,6 +552,14 @@ class BlockHasher:
 
 # --- request -------------------------------------------------------------------------------
 
+def append_token_ids_batch(requests: Sequence[Request], token_ids: Sequence[int]) -> None:
+    """Appends `token_ids[i]` to `requests[i]` for every i, hashing completed blocks.
+
+    One call per scheduler step instead of one `append_output_token_ids` per request.
+    Raises ValueError on a length mismatch and a RuntimeError (already borrowed) if a
+    request is listed twice, before any request changes.
+    """
+
 @final
 class Request:
     """A request's tokens and block hashes (vLLM's `Request`, KV-cache-relevant parts)."""
@@ -604,3 +612,41 @@ class Request:
     def block_hashes(self) -> list[bytes]: ...
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
         """Appends output tokens and hashes the full blocks they complete."""
+
+# --- events (src/python/publish.rs) ---
+
+def encode_event_batch(
+    ts: float,
+    events: Iterable[object],
+    data_parallel_rank: int | None = None,
+    *,
+    format: str = "map",
+) -> bytes: ...
+
+@final
+class EventSink:
+    def __new__(
+        cls,
+        *,
+        max_queue_size: int = 100_000,
+        format: str = "map",
+        data_parallel_rank: int | None = 0,
+    ) -> EventSink: ...
+    def publish(
+        self,
+        events: Iterable[object],
+        ts: float | None = None,
+        data_parallel_rank: int | None = None,
+    ) -> bool: ...
+    def publish_from(self, source: KVCacheManager | BlockPool, ts: float | None = None) -> bool: ...
+    def request_snapshot(self) -> None: ...
+    def next_payload(self, timeout: float) -> tuple[int, bytes] | None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def pending(self) -> int: ...
+    @property
+    def stale(self) -> bool: ...
+    def stats(self) -> dict[str, int]: ...
+    def cached_keys(self) -> set[tuple[int, int]]: ...

@@ -78,6 +78,8 @@ class Backend(Protocol):
     ``new_step_starts`` and ``block_pool.get_num_free_blocks``."""
     batch: Callable[[list[Any], list[int]], list[Any]] | None
     """``allocate_slots_batch`` when the running loop should use it, else None."""
+    append_batch: Callable[[list[Any], list[int]], None] | None
+    """``append_token_ids_batch`` when the model step should append in one call, else None."""
 
     def make_request(self, request_id: str, prompt: list[int], max_tokens: int) -> tuple[Any, int]:
         """A new request and the nanoseconds its construction (incl. hashing) took."""
@@ -85,7 +87,9 @@ class Backend(Protocol):
 
 
 class KvblocksBackend:
-    """kvblocks' ``KVCacheManager`` and ``Request``."""
+    """kvblocks' ``KVCacheManager`` and ``Request``; ``batch`` turns on the batch calls
+    (``allocate_slots_batch`` for the running loop, ``append_token_ids_batch`` for the model
+    step)."""
 
     name = "kvblocks"
 
@@ -97,6 +101,7 @@ class KvblocksBackend:
         self._request = k.Request
         self._hasher = k.BlockHasher(layout.hash_block_size, hash_algo)
         self.batch = self.manager.allocate_slots_batch if batch else None
+        self.append_batch = k.append_token_ids_batch if batch else None
 
     def make_request(self, request_id: str, prompt: list[int], max_tokens: int) -> tuple[Any, int]:
         """See :class:`Backend`."""
@@ -117,6 +122,7 @@ class VllmBackend:
         hashing = importlib.import_module("vllm.utils.hashing")
         self.manager = build_vllm_manager(layout)
         self.batch: Callable[[list[Any], list[int]], list[Any]] | None = None
+        self.append_batch: Callable[[list[Any], list[int]], None] | None = None
         self._request = importlib.import_module("vllm.v1.request").Request
         self._params = importlib.import_module("vllm.sampling_params").SamplingParams
         hash_fn = hashing.get_hash_fn_by_name(hash_algo)
@@ -347,6 +353,7 @@ def replay(trace: Trace, backend: Backend, options: ReplayOptions | None = None)
     gcb, alloc, free, nss = km.get_computed_blocks, km.allocate_slots, km.free, km.new_step_starts
     get_ids = km.get_block_ids
     batch = backend.batch
+    append_batch = backend.append_batch
     make_request = backend.make_request
     pc = time.perf_counter_ns
     budget0 = opt.max_num_batched_tokens
@@ -544,6 +551,13 @@ def replay(trace: Trace, backend: Backend, options: ReplayOptions | None = None)
 
         # 4. model step
         finished_any = False
+        if append_batch is not None:
+            # Every sampling request gets its token in one call; frees below keep their order.
+            sampled = [slot for slot, n in scheduled if slot.num_computed + n >= slot.num_tokens]
+            if sampled:
+                t0 = pc()
+                append_batch([s.req for s in sampled], [s.outputs[s.num_out] for s in sampled])
+                append_ns += pc() - t0
         for slot, n in scheduled:
             c = slot.num_computed + n
             slot.num_computed = c
@@ -552,10 +566,10 @@ def replay(trace: Trace, backend: Backend, options: ReplayOptions | None = None)
             if c >= slot.num_tokens:
                 slot.prefill_done = True
                 k = slot.num_out
-                token = slot.outputs[k]
-                t0 = pc()
-                req.append_output_token_ids(token)
-                append_ns += pc() - t0
+                if append_batch is None:
+                    t0 = pc()
+                    req.append_output_token_ids(slot.outputs[k])
+                    append_ns += pc() - t0
                 slot.num_out = k + 1
                 slot.num_tokens += 1
                 generated += 1

@@ -1,40 +1,13 @@
 //! Python bindings for the `hashing` module: `hash_block_tokens`, `none_hash`,
 //! `BlockHasher`.
 
-use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyTuple};
 
+use super::events::key_value_from_py;
 use super::ids::extract_u32s;
 use crate::hashing::{self, BlockHasher, HashAlgo};
-use crate::types::{BlockHash, KeyValue};
-
-/// Converts a Python value tree (None/bool/int/str/bytes/tuple) to a `KeyValue`.
-fn key_value(obj: &Bound<'_, PyAny>) -> PyResult<KeyValue> {
-    if obj.is_none() {
-        Ok(KeyValue::None)
-    } else if let Ok(b) = obj.downcast_exact::<PyBool>() {
-        Ok(KeyValue::Bool(b.is_true()))
-    } else if obj.is_instance_of::<PyInt>() {
-        obj.extract::<i64>()
-            .map(KeyValue::Int)
-            .map_err(|_| PyOverflowError::new_err("extra key ints must fit in a signed 64-bit int"))
-    } else if let Ok(s) = obj.downcast::<PyString>() {
-        Ok(KeyValue::Str(s.to_str()?.to_owned()))
-    } else if let Ok(b) = obj.downcast::<PyBytes>() {
-        Ok(KeyValue::Bytes(b.as_bytes().to_vec()))
-    } else if let Ok(t) = obj.downcast::<PyTuple>() {
-        t.iter()
-            .map(|x| key_value(&x))
-            .collect::<PyResult<_>>()
-            .map(KeyValue::Tuple)
-    } else {
-        Err(PyTypeError::new_err(format!(
-            "extra keys may only hold None, bool, int, str, bytes and tuples, got {}",
-            obj.get_type().name()?
-        )))
-    }
-}
+use crate::types::BlockHash;
 
 /// Extracts token ids (a sequence of ints in u32 range) with a clear overflow message.
 pub(crate) fn extract_token_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
@@ -62,7 +35,7 @@ fn hash_block_tokens<'py>(
     let keys = extra_keys
         .map(|t| {
             t.iter()
-                .map(|x| key_value(&x))
+                .map(|x| key_value_from_py(&x))
                 .collect::<PyResult<Vec<_>>>()
         })
         .transpose()?;

@@ -428,6 +428,13 @@ impl PyBlockPoolView {
     }
 }
 
+impl PyKVCacheManager {
+    /// The pending (annotated) events as core values, for the event publisher.
+    pub(crate) fn take_core_events(&mut self) -> Vec<crate::pool::events::KvCacheEvent> {
+        self.inner.take_events()
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyKVCacheManager>()?;
     m.add_class::<PyKVCacheBlocks>()?;

@@ -10,6 +10,7 @@ mod hashing;
 mod ids;
 mod manager;
 mod pool;
+mod publish;
 mod request;
 mod spec;
 
@@ -21,6 +22,7 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     events::register(m)?;
     hashing::register(m)?;
     pool::register(m)?;
+    publish::register(m)?;
     spec::register(m)?;
     config::register(m)?;
     manager::register(m)?;

@@ -203,6 +203,13 @@ impl PyBlockPool {
     }
 }
 
+impl PyBlockPool {
+    /// The pending events as core values, for the event publisher (no Python objects).
+    pub(crate) fn take_core_events(&mut self) -> Vec<crate::pool::events::KvCacheEvent> {
+        self.inner.take_events()
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBlockPool>()?;
     Ok(())

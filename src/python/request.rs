@@ -209,7 +209,34 @@ impl PyRequest {
     }
 }
 
+/// Appends one output token to each request (`requests[i]` gets `token_ids[i]`), hashing
+/// the blocks they complete: one call per scheduler step instead of one per request. A
+/// request listed twice raises before anything changes.
+#[pyfunction]
+fn append_token_ids_batch(
+    requests: Vec<Bound<'_, PyRequest>>,
+    token_ids: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let tokens = extract_token_ids(token_ids)?;
+    if tokens.len() != requests.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} requests but {} token ids",
+            requests.len(),
+            tokens.len()
+        )));
+    }
+    let mut borrowed = requests
+        .iter()
+        .map(|r| r.try_borrow_mut())
+        .collect::<Result<Vec<_>, _>>()?;
+    for (req, &token) in borrowed.iter_mut().zip(&tokens) {
+        req.inner.append_output_token_ids(&[token]);
+    }
+    Ok(())
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRequest>()?;
+    m.add_function(wrap_pyfunction!(append_token_ids_batch, m)?)?;
     Ok(())
 }
