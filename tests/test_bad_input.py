@@ -480,6 +480,36 @@ TABLE: list[tuple[str, Callable[[World], Any], type[Exception]]] = [
         no_world(lambda: kb.PrefixCacheStats().record(-1, 0, False)),
         OverflowError,
     ),
+    # --- event publishing ---------------------------------------------------------------
+    ("EventSink: unknown format", no_world(lambda: kb.EventSink(format="xml")), ValueError),
+    ("EventSink: zero queue", no_world(lambda: kb.EventSink(max_queue_size=0)), ValueError),
+    ("EventSink: negative queue", no_world(lambda: kb.EventSink(max_queue_size=-1)), OverflowError),
+    ("EventSink.publish: not events", no_world(lambda: kb.EventSink().publish([1])), TypeError),
+    (
+        "EventSink.next_payload: negative timeout",
+        no_world(lambda: kb.EventSink().next_payload(-1.0)),
+        ValueError,
+    ),
+    (
+        "encode_event_batch: unknown format",
+        no_world(lambda: kb.encode_event_batch(0.0, [], format="json")),
+        ValueError,
+    ),
+    (
+        "append_token_ids_batch: lengths differ",
+        lambda w: kb.append_token_ids_batch([w.req], [1, 2]),
+        ValueError,
+    ),
+    (
+        "append_token_ids_batch: token beyond u32",
+        lambda w: kb.append_token_ids_batch([w.req], [2**32]),
+        OverflowError,
+    ),
+    (
+        "append_token_ids_batch: a request twice",
+        lambda w: kb.append_token_ids_batch([w.req, w.req], [1, 2]),
+        RuntimeError,
+    ),
     # --- events --------------------------------------------------------------------------
     (
         "BlockStored: negative hash",

@@ -82,6 +82,12 @@ def fresh_manager() -> kb.KVCacheManager:
     return mgr
 
 
+def fresh_sink() -> kb.EventSink:
+    sink = kb.EventSink(max_queue_size=4)
+    sink.publish([kb.AllBlocksCleared()])  # so that next_payload never waits
+    return sink
+
+
 def fresh_request() -> kb.Request:
     return kb.Request("r", list(range(9)), kb.BlockHasher(BS), cache_salt="s")
 
@@ -374,7 +380,48 @@ def calls() -> list[Call]:
             ]
         ],
     ]
-    return pool_calls + request_calls + free_calls + manager_calls + view_calls + other_calls
+    sink_args: list[tuple[str, list[Any]]] = [
+        ("publish", [[kb.AllBlocksCleared()], 1.0, 0]),
+        ("publish_from", [fresh_manager(), 1.0]),
+        ("request_snapshot", []),
+        ("next_payload", [0.0]),
+        ("close", []),
+        ("stats", []),
+        ("cached_keys", []),
+    ]
+    event_calls: list[Call] = [
+        (f"EventSink.{name}", fresh_sink, getattr(kb.EventSink, name), args)
+        for name, args in sink_args
+    ]
+    event_calls += [
+        (
+            "EventSink",
+            None,
+            lambda *a: kb.EventSink(max_queue_size=a[0], format=a[1], data_parallel_rank=a[2]),
+            [8, "map", 0],
+        ),
+        (
+            "encode_event_batch",
+            None,
+            lambda *a: kb.encode_event_batch(a[0], a[1], a[2], format=a[3]),
+            [0.0, [kb.AllBlocksCleared()], None, "array"],
+        ),
+        (
+            "append_token_ids_batch",
+            None,
+            lambda *a: kb.append_token_ids_batch(a[0], a[1]),
+            [[fresh_request()], [1]],
+        ),
+    ]
+    return (
+        pool_calls
+        + request_calls
+        + free_calls
+        + manager_calls
+        + view_calls
+        + other_calls
+        + event_calls
+    )
 
 
 CALLS = calls()
@@ -397,6 +444,8 @@ def state(target: Any) -> object:
         return pool_state(target)
     if isinstance(target, kb.KVCacheManager):
         return manager_state(target)
+    if isinstance(target, kb.EventSink):
+        return (target.closed, target.pending, target.stale, target.stats())
     if isinstance(target, kb.BlockPoolView):
         return (target.get_free_block_ids(), target.get_usage())
     return request_state(target)

@@ -56,6 +56,9 @@ pub struct SinkStats {
     pub dropped_events: u64,
 }
 
+/// The largest `max_queue_size` accepted (the queue's slots are allocated up front).
+pub const MAX_QUEUE_SIZE: usize = 1 << 24;
+
 /// A bounded, lock-free, multi-producer queue of event batches with drop-oldest overflow.
 #[derive(Debug)]
 pub struct EventSink {
@@ -77,6 +80,13 @@ impl EventSink {
             return Err(KvError::InvalidArgument(
                 "max_queue_size must be positive".into(),
             ));
+        }
+        // The queue is allocated up front: a size beyond memory aborted the process
+        // (found by tests/test_no_panic.py).
+        if capacity > MAX_QUEUE_SIZE {
+            return Err(KvError::InvalidArgument(format!(
+                "max_queue_size must be at most {MAX_QUEUE_SIZE}, got {capacity}"
+            )));
         }
         Ok(Self {
             queue: ArrayQueue::new(capacity),
@@ -154,7 +164,9 @@ impl EventSink {
     /// Takes the next work item, waiting up to `timeout`. A snapshot request is served
     /// before queued batches; `None` after the timeout, or once closed and drained.
     pub fn pop(&self, timeout: Duration) -> Option<Work> {
-        let deadline = Instant::now() + timeout;
+        // A timeout past the end of `Instant` means no deadline (it panicked with an
+        // overflow before; found by tests/test_no_panic.py).
+        let deadline = Instant::now().checked_add(timeout);
         let mut registered = false;
         loop {
             if self.snapshot_requested.swap(false, Ordering::AcqRel) {
@@ -173,11 +185,16 @@ impl EventSink {
                 registered = true;
                 continue;
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return None;
+            match deadline {
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return None;
+                    }
+                    std::thread::park_timeout(deadline - now);
+                }
+                None => std::thread::park(),
             }
-            std::thread::park_timeout(deadline - now);
         }
     }
 
@@ -399,5 +416,18 @@ mod tests {
             (s.snapshots, s.snapshots_refused, s.published_batches),
             (1, 1, 4)
         );
+    }
+
+    /// Regression (found by tests/test_no_panic.py): a timeout past the end of `Instant`
+    /// panicked with an overflow, and a huge queue size aborted on allocation.
+    #[test]
+    fn huge_timeout_and_queue_size_are_safe() {
+        let sink = EventSink::new(2).unwrap();
+        sink.push(batch(&[1]));
+        assert!(matches!(sink.pop(Duration::MAX), Some(Work::Batch { .. })));
+        sink.close();
+        assert!(sink.pop(Duration::MAX).is_none());
+        assert!(EventSink::new(MAX_QUEUE_SIZE + 1).is_err());
+        assert!(EventSink::new(usize::MAX).is_err());
     }
 }
