@@ -162,13 +162,13 @@ def test_no_python_memory_growth(
     tracemalloc.start()
     try:
         base, _ = tracemalloc.get_traced_memory()
-        for _ in range(2_000):
+        for _ in range(1_000):
             run()
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0] - base
     finally:
         tracemalloc.stop()
-    assert grown < 64 * 1024, f"{grown} bytes retained over 2000 rounds"
+    assert grown < 64 * 1024, f"{grown} bytes retained over 1000 rounds"
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
