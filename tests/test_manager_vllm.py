@@ -29,7 +29,13 @@ from vllm.v1.core.kv_cache_utils import (  # noqa: E402
 )
 from vllm.v1.request import Request as VllmRequest  # noqa: E402
 
-init_none_hash(sha256_cbor)
+
+@pytest.fixture(autouse=True)
+def _vllm_none_hash() -> None:
+    """vLLM's NONE_HASH is process-global, and other test modules set it for other
+    algorithms: make it sha256_cbor's before every test here."""
+    init_none_hash(sha256_cbor)
+
 
 # (kind, kwargs) per group; kinds: full, swa, chunked, mamba.
 GroupDesc = tuple[str, dict[str, Any]]
