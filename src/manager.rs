@@ -330,6 +330,22 @@ impl KvCacheManager {
         request: &R,
         args: &AllocateArgs<'_>,
     ) -> Result<Option<Vec<Vec<BlockId>>>> {
+        let mut new_blocks = Vec::with_capacity(self.num_groups);
+        let fitted = self.allocate_slots_with(request, args, |_, ids| {
+            new_blocks.push(ids.to_vec());
+        })?;
+        Ok(fitted.then_some(new_blocks))
+    }
+
+    /// [`allocate_slots`](Self::allocate_slots) without building the result: on success
+    /// `new_blocks(group, ids)` sees each group's newly allocated blocks, in group order,
+    /// and the call returns `true`; `false` means they did not fit.
+    pub fn allocate_slots_with<R: RequestView>(
+        &mut self,
+        request: &R,
+        args: &AllocateArgs<'_>,
+        mut new_blocks: impl FnMut(usize, &[BlockId]),
+    ) -> Result<bool> {
         self.check_hash_block_size(request)?;
         let slot = self.requests.get(request.request_id()).copied();
         let local = request.num_computed_tokens() + args.num_new_computed_tokens;
@@ -348,7 +364,7 @@ impl KvCacheManager {
                 true,
             );
             if need > self.coord.pool().num_free_blocks() as isize {
-                return Ok(None);
+                return Ok(false);
             }
         }
         let main = total + args.num_new_tokens;
@@ -368,7 +384,7 @@ impl KvCacheManager {
             false,
         );
         if need > self.coord.pool().num_free_blocks() as isize {
-            return Ok(None);
+            return Ok(false);
         }
         let s = match slot {
             Some(s) => s,
@@ -396,16 +412,14 @@ impl KvCacheManager {
         }
         self.coord
             .allocate_new_blocks(rbs, need_slots, main, args.num_encoder_tokens)?;
-        let new_blocks = rbs
-            .iter()
-            .zip(starts.iter())
-            .map(|(rb, &st)| rb.table[st..].to_vec())
-            .collect();
         if !args.delay_cache_blocks {
             let n = (total + args.num_new_tokens).min(request.num_tokens());
             self.coord.cache_blocks(rbs, request, n)?;
         }
-        Ok(Some(new_blocks))
+        for (group, (rb, &st)) in rbs.iter().zip(starts.iter()).enumerate() {
+            new_blocks(group, &rb.table[st..]);
+        }
+        Ok(true)
     }
 
     /// Checks `allocate_slots` arguments; returns the hit (None for no hit).

@@ -81,7 +81,7 @@ def test_batch_decode_stops_after_first_none() -> None:
     assert mgr.allocate_slots_batch(reqs, [1, 1, 1]) == [None]
     mgr.free(reqs[2])
     got = mgr.allocate_slots_batch(reqs, [1, 1, 1])
-    assert got == [([3],), None]
+    assert got == [((3,),), None]
     assert mgr.get_block_ids("r0") == ([1, 3],)
     with pytest.raises(ValueError):
         mgr.allocate_slots_batch(reqs, [1, 1])
@@ -104,13 +104,37 @@ def test_batch_equals_one_by_one() -> None:
         one = []
         for r in ra:
             new = a.allocate_slots(r, 1)
-            one.append(None if new is None else new.get_block_ids())
+            one.append(None if new is None else tuple(map(tuple, new.get_block_ids())))
             if new is None:
                 break
         assert b.allocate_slots_batch(rb, [1] * len(rb)) == one
         if one and one[-1] is None:
             break
     assert a.block_pool.get_free_block_ids() == b.block_pool.get_free_block_ids()
+
+
+def test_batch_entries_without_new_blocks_and_any_sequence() -> None:
+    mgr = kb.KVCacheManager(config(40, full(), swa(32)), 1024, BS)
+    reqs = [req(f"r{i}", list(range(i * 50, i * 50 + 20))) for i in range(3)]
+    for r in reqs:
+        assert mgr.allocate_slots(r, r.num_tokens) is not None
+        r.num_computed_tokens = r.num_tokens
+        r.append_output_token_ids([1])
+    # 21 tokens fit in the 2 blocks of each group: no new block for anyone.
+    got = mgr.allocate_slots_batch(tuple(reqs), (1, 1, 1))
+    assert got == [((), ())] * 3
+    assert all(isinstance(g, tuple) for entry in got for g in entry)
+    for r in reqs:
+        r.append_output_token_ids([2] * 12)
+        r.num_computed_tokens = r.num_tokens - 1
+    # 33 tokens: each request gets its third block, one per group.
+    got = mgr.allocate_slots_batch(reqs, [1, 1, 1])
+    assert [len(g) for entry in got for g in entry] == [1, 1] * 3
+    assert [mgr.get_block_ids(r.request_id)[0][-1] for r in reqs] == [e[0][0] for e in got]
+    with pytest.raises(TypeError):
+        mgr.allocate_slots_batch([reqs[0], "r1"], [1, 1])
+    with pytest.raises(OverflowError):
+        mgr.allocate_slots_batch(reqs, [1, -1, 1])
 
 
 def test_kv_cache_blocks_api() -> None:

@@ -393,10 +393,10 @@ def test_batch_decode_matches_vllm(cfg: Config) -> None:
         pytest.skip("no running requests")
     counts = [1] * len(pairs)
     got = d.km.allocate_slots_batch([p.k for p in pairs], counts)
-    want: list[tuple[list[int], ...] | None] = []
+    want: list[tuple[tuple[int, ...], ...] | None] = []
     for p in pairs:
         v = d.vm.allocate_slots(p.v, 1)
-        want.append(ids(v))
+        want.append(None if v is None else tuple(tuple(g) for g in v.get_block_ids()))
         if v is None:
             break
     assert got == want

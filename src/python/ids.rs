@@ -9,7 +9,7 @@
 use pyo3::exceptions::PyOverflowError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyInt, PyList};
+use pyo3::types::{PyInt, PyList, PyTuple};
 
 /// Extracts a sequence of ints in `u32` range; `what` names them in the overflow error
 /// ("token ids"). A `list` of exact ints takes the fast path; anything else goes through
@@ -84,20 +84,38 @@ impl IdObjects {
         py: Python<'py>,
         ids: &[u32],
     ) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.objects(py, ids))
+    }
+
+    /// The Python tuple `tuple(int(id) for id in ids)`, sharing cached int objects.
+    pub(crate) fn tuple<'py>(
+        &mut self,
+        py: Python<'py>,
+        ids: &[u32],
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.objects(py, ids))
+    }
+
+    /// The int object of each id, made on first use.
+    fn objects<'a, 'py>(
+        &'a mut self,
+        py: Python<'py>,
+        ids: &'a [u32],
+    ) -> impl ExactSizeIterator<Item = Bound<'py, PyInt>> + 'a
+    where
+        'py: 'a,
+    {
         if let Some(&max) = ids.iter().max() {
             if self.objects.len() <= max as usize {
                 self.objects.resize_with(max as usize + 1, || None);
             }
         }
         let objects = &mut self.objects;
-        PyList::new(
-            py,
-            ids.iter().map(|&id| {
-                objects[id as usize]
-                    .get_or_insert_with(|| PyInt::new(py, id).unbind())
-                    .bind(py)
-                    .clone()
-            }),
-        )
+        ids.iter().map(move |&id| {
+            objects[id as usize]
+                .get_or_insert_with(|| PyInt::new(py, id).unbind())
+                .bind(py)
+                .clone()
+        })
     }
 }

@@ -9,8 +9,8 @@ use crate::manager::{AllocateArgs, KvCacheManager, ManagerOptions, PrefixCacheSt
 use crate::managers::ManagerParams;
 use crate::python::config::PyKVCacheConfig;
 use crate::python::events::events_to_py;
-use crate::python::ids::IdObjects;
-use crate::python::request::PyRequest;
+use crate::python::ids::{extract_u32s, IdObjects};
+use crate::python::request::{request_list, PyRequest};
 use crate::types::BlockId;
 
 /// Prompts at least this long are looked up with the GIL released.
@@ -151,6 +151,8 @@ impl PyPrefixCacheStats {
 pub(crate) struct PyKVCacheManager {
     inner: KvCacheManager,
     id_objects: IdObjects,
+    /// `allocate_slots_batch`'s entry for a request that got no new block.
+    no_new_blocks: Option<Py<PyTuple>>,
 }
 
 fn hits_of(blocks: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<BlockId>>>> {
@@ -199,6 +201,7 @@ impl PyKVCacheManager {
         Ok(Self {
             inner: KvCacheManager::new(groups, cfg.num_blocks, retention, opts)?,
             id_objects: IdObjects::default(),
+            no_new_blocks: None,
         })
     }
 
@@ -250,46 +253,73 @@ impl PyKVCacheManager {
         Ok(new.map(|blocks| PyKVCacheBlocks { blocks }))
     }
 
-    /// `allocate_slots(req, n).get_block_ids()` for each pair in order, stopping after
-    /// the first that does not fit (its entry is `None`).
+    /// For each pair in order, the blocks `allocate_slots(req, n)` adds, as a tuple of
+    /// per-group tuples of block ids; stops after the first pair that does not fit (its
+    /// entry is `None`). Requests that get no new block share one `((), ...)` object.
     fn allocate_slots_batch<'py>(
         &mut self,
         py: Python<'py>,
-        requests: Vec<PyRef<'py, PyRequest>>,
-        num_new_tokens: Vec<usize>,
+        requests: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        if requests.len() != num_new_tokens.len() {
+        let requests = request_list(requests)?;
+        let counts = extract_u32s(num_new_tokens, "num_new_tokens")?;
+        if requests.len() != counts.len() {
             return Err(PyValueError::new_err(format!(
                 "{} requests but {} token counts",
                 requests.len(),
-                num_new_tokens.len()
+                counts.len()
             )));
         }
-        if num_new_tokens.contains(&0) {
+        if counts.contains(&0) {
             return Err(PyValueError::new_err(
                 "num_new_tokens must be greater than 0 for every request",
             ));
         }
-        let out = PyList::empty(py);
-        for (req, &n) in requests.iter().zip(&num_new_tokens) {
-            match self
-                .inner
-                .allocate_slots(&req.inner, &AllocateArgs::new(n))?
-            {
-                Some(blocks) => {
-                    let lists = blocks
-                        .iter()
-                        .map(|g| self.id_objects.list(py, g))
-                        .collect::<PyResult<Vec<_>>>()?;
-                    out.append(PyTuple::new(py, lists)?)?;
-                }
-                None => {
-                    out.append(py.None())?;
-                    break;
-                }
+        let no_new_blocks = self.no_new_blocks(py)?;
+        let mut ids = Vec::new();
+        let mut ends = Vec::with_capacity(self.inner.num_groups());
+        let mut out = Vec::with_capacity(requests.len());
+        for (req, &n) in requests.iter().zip(&counts) {
+            ids.clear();
+            ends.clear();
+            let fitted = self.inner.allocate_slots_with(
+                &req.borrow().inner,
+                &AllocateArgs::new(n as usize),
+                |_, new| {
+                    ids.extend_from_slice(new);
+                    ends.push(ids.len());
+                },
+            )?;
+            if !fitted {
+                out.push(py.None().into_bound(py));
+                break;
             }
+            if ids.is_empty() {
+                out.push(no_new_blocks.clone().into_any());
+                continue;
+            }
+            let mut start = 0;
+            let groups = ends.iter().map(|&end| {
+                let group = self.id_objects.tuple(py, &ids[start..end]);
+                start = end;
+                group
+            });
+            let groups = groups.collect::<PyResult<Vec<_>>>()?;
+            out.push(PyTuple::new(py, groups)?.into_any());
         }
-        Ok(out)
+        PyList::new(py, out)
+    }
+
+    /// The shared result of a batch entry that got no new block: one empty tuple per group.
+    fn no_new_blocks<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        if let Some(t) = &self.no_new_blocks {
+            return Ok(t.bind(py).clone());
+        }
+        let empty = PyTuple::empty(py);
+        let t = PyTuple::new(py, (0..self.inner.num_groups()).map(|_| empty.clone()))?;
+        self.no_new_blocks = Some(t.clone().unbind());
+        Ok(t)
     }
 
     /// Frees the request's blocks (no-op for unknown or already freed requests).

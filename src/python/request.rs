@@ -3,6 +3,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList};
+use pyo3::PyTypeInfo;
 
 use super::hashing::{extract_token_ids, PyBlockHasher};
 use super::ids::extract_u32;
@@ -16,6 +17,27 @@ const RELEASE_GIL_TOKENS: usize = 512;
 #[pyclass(name = "Request", module = "kvblocks._core")]
 pub(crate) struct PyRequest {
     pub(crate) inner: Request,
+}
+
+/// The items of `requests` as `Request` objects, for the batch calls. A list takes a fast
+/// path (one type comparison per item); anything else goes through PyO3's extraction,
+/// which raises `TypeError` for items that are not requests.
+pub(crate) fn request_list<'py>(
+    requests: &Bound<'py, PyAny>,
+) -> PyResult<Vec<Bound<'py, PyRequest>>> {
+    if let Ok(list) = requests.downcast_exact::<PyList>() {
+        let ty = PyRequest::type_object(list.py());
+        let mut out = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            if !item.get_type().is(&ty) {
+                return requests.extract();
+            }
+            // SAFETY: the item's type is exactly `Request`'s.
+            out.push(unsafe { item.downcast_into_unchecked() });
+        }
+        return Ok(out);
+    }
+    requests.extract()
 }
 
 /// Converts `(identifier, offset, length)` tuples, rejecting negative numbers.
@@ -214,9 +236,10 @@ impl PyRequest {
 /// request listed twice raises before anything changes.
 #[pyfunction]
 fn append_token_ids_batch(
-    requests: Vec<Bound<'_, PyRequest>>,
+    requests: &Bound<'_, PyAny>,
     token_ids: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
+    let requests = request_list(requests)?;
     let tokens = extract_token_ids(token_ids)?;
     if tokens.len() != requests.len() {
         return Err(PyValueError::new_err(format!(
