@@ -151,11 +151,50 @@ impl PyPrefixCacheStats {
 pub(crate) struct PyKVCacheManager {
     inner: KvCacheManager,
     id_objects: IdObjects,
-    /// `allocate_slots_batch`'s entry for a request that got no new block.
-    no_new_blocks: Option<Py<PyTuple>>,
+    /// The blocks one allocation added (reused by every call).
+    added: AddedBlocks,
+    /// The `KVCacheBlocks` with every group empty, shared as vLLM's
+    /// `empty_kv_cache_blocks` (the class is frozen).
+    empty_blocks: Py<PyKVCacheBlocks>,
+    /// `allocate_slots_batch`'s entry for a request that got no new block: one empty
+    /// tuple per group.
+    no_new_blocks: Py<PyTuple>,
 }
 
-fn hits_of(blocks: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<BlockId>>>> {
+/// The blocks one `allocate_slots_with` call added: every group's ids back to back.
+#[derive(Default)]
+struct AddedBlocks {
+    ids: Vec<BlockId>,
+    ends: Vec<usize>,
+}
+
+impl AddedBlocks {
+    fn clear(&mut self) {
+        self.ids.clear();
+        self.ends.clear();
+    }
+
+    /// Records the next group's ids.
+    fn push(&mut self, ids: &[BlockId]) {
+        self.ids.extend_from_slice(ids);
+        self.ends.push(self.ids.len());
+    }
+
+    /// Whether no group got a block.
+    fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Each group's ids, in group order.
+    fn groups(&self) -> impl Iterator<Item = &[BlockId]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts.zip(&self.ends).map(|(s, &e)| &self.ids[s..e])
+    }
+}
+
+fn hits_of<'py>(
+    blocks: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Option<Bound<'py, PyKVCacheBlocks>>> {
     let Some(b) = blocks else { return Ok(None) };
     if b.is_none() {
         return Ok(None);
@@ -163,7 +202,7 @@ fn hits_of(blocks: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<BlockId
     let b = b
         .downcast::<PyKVCacheBlocks>()
         .map_err(|_| PyTypeError::new_err("new_computed_blocks must be a KVCacheBlocks or None"))?;
-    Ok(Some(b.get().blocks.clone()))
+    Ok(Some(b.clone()))
 }
 
 #[pymethods]
@@ -175,6 +214,7 @@ impl PyKVCacheManager {
                         enable_kv_cache_events=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         kv_cache_config: PyRef<'_, PyKVCacheConfig>,
         max_model_len: usize,
         hash_block_size: usize,
@@ -198,10 +238,22 @@ impl PyKVCacheManager {
             enable_kv_cache_events,
         };
         let retention = cfg.prefix_cache_retention_interval.map(|n| n as usize);
+        let inner = KvCacheManager::new(groups, cfg.num_blocks, retention, opts)?;
+        let g = inner.num_groups();
+        let empty_blocks = Py::new(
+            py,
+            PyKVCacheBlocks {
+                blocks: vec![Vec::new(); g],
+            },
+        )?;
+        let empty = PyTuple::empty(py);
+        let no_new_blocks = PyTuple::new(py, (0..g).map(|_| empty.clone()))?.unbind();
         Ok(Self {
-            inner: KvCacheManager::new(groups, cfg.num_blocks, retention, opts)?,
+            inner,
             id_objects: IdObjects::default(),
-            no_new_blocks: None,
+            added: AddedBlocks::default(),
+            empty_blocks,
+            no_new_blocks,
         })
     }
 
@@ -210,14 +262,17 @@ impl PyKVCacheManager {
         &self,
         py: Python<'_>,
         request: PyRef<'_, PyRequest>,
-    ) -> PyResult<(PyKVCacheBlocks, usize)> {
+    ) -> PyResult<(Py<PyKVCacheBlocks>, usize)> {
         let req = &request.inner;
         let (blocks, hit) = if req.block_hashes().len() >= RELEASE_GIL_HASHES {
             py.allow_threads(|| self.inner.get_computed_blocks(req))?
         } else {
             self.inner.get_computed_blocks(req)?
         };
-        Ok((PyKVCacheBlocks { blocks }, hit))
+        if blocks.iter().all(Vec::is_empty) {
+            return Ok((self.empty_blocks.clone_ref(py), hit));
+        }
+        Ok((Py::new(py, PyKVCacheBlocks { blocks })?, hit))
     }
 
     /// Slots for new tokens; `None` when they do not fit.
@@ -228,6 +283,7 @@ impl PyKVCacheManager {
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots(
         &mut self,
+        py: Python<'_>,
         request: PyRef<'_, PyRequest>,
         num_new_tokens: usize,
         num_new_computed_tokens: usize,
@@ -237,20 +293,31 @@ impl PyKVCacheManager {
         delay_cache_blocks: bool,
         num_encoder_tokens: usize,
         full_sequence_must_fit: bool,
-    ) -> PyResult<Option<PyKVCacheBlocks>> {
+    ) -> PyResult<Option<Py<PyKVCacheBlocks>>> {
         let hits = hits_of(new_computed_blocks)?;
         let args = AllocateArgs {
             num_new_tokens,
             num_new_computed_tokens,
-            new_computed_blocks: hits.as_deref(),
+            new_computed_blocks: hits.as_ref().map(|h| h.get().blocks.as_slice()),
             num_lookahead_tokens,
             num_external_computed_tokens,
             delay_cache_blocks,
             num_encoder_tokens,
             full_sequence_must_fit,
         };
-        let new = self.inner.allocate_slots(&request.inner, &args)?;
-        Ok(new.map(|blocks| PyKVCacheBlocks { blocks }))
+        self.added.clear();
+        let added = &mut self.added;
+        if !self
+            .inner
+            .allocate_slots_with(&request.inner, &args, |_, ids| added.push(ids))?
+        {
+            return Ok(None);
+        }
+        if self.added.is_empty() {
+            return Ok(Some(self.empty_blocks.clone_ref(py)));
+        }
+        let blocks = self.added.groups().map(<[BlockId]>::to_vec).collect();
+        Py::new(py, PyKVCacheBlocks { blocks }).map(Some)
     }
 
     /// For each pair in order, the blocks `allocate_slots(req, n)` adds, as a tuple of
@@ -276,50 +343,32 @@ impl PyKVCacheManager {
                 "num_new_tokens must be greater than 0 for every request",
             ));
         }
-        let no_new_blocks = self.no_new_blocks(py)?;
-        let mut ids = Vec::new();
-        let mut ends = Vec::with_capacity(self.inner.num_groups());
+        let no_new_blocks = self.no_new_blocks.bind(py);
         let mut out = Vec::with_capacity(requests.len());
         for (req, &n) in requests.iter().zip(&counts) {
-            ids.clear();
-            ends.clear();
+            self.added.clear();
+            let added = &mut self.added;
             let fitted = self.inner.allocate_slots_with(
                 &req.borrow().inner,
                 &AllocateArgs::new(n as usize),
-                |_, new| {
-                    ids.extend_from_slice(new);
-                    ends.push(ids.len());
-                },
+                |_, ids| added.push(ids),
             )?;
             if !fitted {
                 out.push(py.None().into_bound(py));
                 break;
             }
-            if ids.is_empty() {
+            if self.added.is_empty() {
                 out.push(no_new_blocks.clone().into_any());
                 continue;
             }
-            let mut start = 0;
-            let groups = ends.iter().map(|&end| {
-                let group = self.id_objects.tuple(py, &ids[start..end]);
-                start = end;
-                group
-            });
-            let groups = groups.collect::<PyResult<Vec<_>>>()?;
+            let groups = self
+                .added
+                .groups()
+                .map(|ids| self.id_objects.tuple(py, ids))
+                .collect::<PyResult<Vec<_>>>()?;
             out.push(PyTuple::new(py, groups)?.into_any());
         }
         PyList::new(py, out)
-    }
-
-    /// The shared result of a batch entry that got no new block: one empty tuple per group.
-    fn no_new_blocks<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        if let Some(t) = &self.no_new_blocks {
-            return Ok(t.bind(py).clone());
-        }
-        let empty = PyTuple::empty(py);
-        let t = PyTuple::new(py, (0..self.inner.num_groups()).map(|_| empty.clone()))?;
-        self.no_new_blocks = Some(t.clone().unbind());
-        Ok(t)
     }
 
     /// Frees the request's blocks (no-op for unknown or already freed requests).
