@@ -218,6 +218,8 @@ class ReplayResult:
     samples: dict[str, array[int]]
     request_init_ns: int = 0
     append_ns: int = 0
+    hash_calls: int = 0
+    """Timed ``Request`` constructions and token appends (one timing pair each)."""
     steps: int = 0
     last_step: int = 0
     generated_tokens: int = 0
@@ -231,6 +233,11 @@ class ReplayResult:
     wall_s: float = 0.0
     final_free_blocks: int = 0
     series: StepSeries | None = None
+
+    @property
+    def timed_calls(self) -> int:
+        """Timing pairs in ``kv_total_ns + request_hash_ns``: manager calls and hash calls."""
+        return sum(len(v) for v in self.samples.values()) + self.hash_calls
 
     @property
     def kv_total_ns(self) -> int:
@@ -396,6 +403,7 @@ def replay(trace: Trace, backend: Backend, options: ReplayOptions | None = None)
     batched = 0
     init_ns = 0
     append_ns = 0
+    hash_calls = 0
 
     t_wall0 = time.perf_counter()
     while n_finished < n_total:
@@ -410,6 +418,7 @@ def replay(trace: Trace, backend: Backend, options: ReplayOptions | None = None)
             rec = records[idx]
             req, dt = make_request(rec.request_id, rec.prompt_ids(vocab), rec.max_output_tokens)
             init_ns += dt
+            hash_calls += 1
             outputs = expand_segment(rec.out_seed, rec.max_output_tokens, vocab)
             waiting.append(_Slot(req, rec.request_id, rec.prompt_len, outputs))
         if opt.max_steps and steps >= opt.max_steps:
@@ -560,6 +569,7 @@ def replay(trace: Trace, backend: Backend, options: ReplayOptions | None = None)
                 t0 = pc()  # only the call is timed, as for the one-by-one appends
                 append_batch(reqs, tokens)
                 append_ns += pc() - t0
+                hash_calls += 1
         for slot, n in scheduled:
             c = slot.num_computed + n
             slot.num_computed = c
@@ -572,6 +582,7 @@ def replay(trace: Trace, backend: Backend, options: ReplayOptions | None = None)
                     t0 = pc()
                     req.append_output_token_ids(slot.outputs[k])
                     append_ns += pc() - t0
+                    hash_calls += 1
                 slot.num_out = k + 1
                 slot.num_tokens += 1
                 generated += 1
@@ -606,7 +617,7 @@ def replay(trace: Trace, backend: Backend, options: ReplayOptions | None = None)
     res.steps, res.last_step = steps, step - 1
     res.generated_tokens, res.preemptions, res.alloc_failures = generated, preemptions, failures
     res.batched_requests = batched
-    res.request_init_ns, res.append_ns = init_ns, append_ns
+    res.request_init_ns, res.append_ns, res.hash_calls = init_ns, append_ns, hash_calls
     res.digest = digest.hexdigest() if digest is not None else None
     res.num_events = n_events
     res.series = series

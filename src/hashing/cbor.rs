@@ -96,18 +96,21 @@ impl Encoder for Cbor<'_> {
 
     fn tokens(&mut self, tokens: &[u32]) {
         self.head(4, tokens.len() as u64);
-        // Reserve the worst case (5 bytes per token, plus slack for the 8-byte stores),
-        // write in place, then trim.
+        // Each token is one 8-byte store of its word, advanced by its length: reserve the
+        // worst case (5 bytes per token) plus 3 bytes of slack for the last store.
         let start = self.buf.len();
-        self.buf.resize(start + 5 * tokens.len() + 8, 0);
-        let out = &mut self.buf[start..];
-        let mut pos = 0;
+        self.buf.reserve(5 * tokens.len() + 3);
+        let base = self.buf.as_mut_ptr();
+        let mut pos = start;
         for &t in tokens {
             let (word, len) = uint32_word(t);
-            out[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
+            // SAFETY: `pos <= start + 5 * i` before token `i`, so the 8 bytes written end
+            // at most at `start + 5 * tokens.len() + 3`, within the reserved capacity.
+            unsafe { base.add(pos).cast::<u64>().write_unaligned(word.to_le()) };
             pos += len;
         }
-        self.buf.truncate(start + pos);
+        // SAFETY: bytes `start..pos` were written above and `pos` is within capacity.
+        unsafe { self.buf.set_len(pos) };
     }
 }
 
