@@ -190,14 +190,21 @@ impl BlockPool {
             });
         }
         let start = out.len();
-        self.queue.popleft_n(n, |b| out.push(b));
-        for &b in &out[start..] {
-            // The check is inline; only blocks that still carry a hash pay for the call.
-            if self.enable_caching && self.hash_of[b as usize].is_some() {
+        out.reserve(n);
+        let mut any_cached = false;
+        let (ref_cnt, hash_of) = (&mut self.ref_cnt, &self.hash_of);
+        self.queue.popleft_n(n, |b| {
+            debug_assert_eq!(ref_cnt[b as usize], 0);
+            ref_cnt[b as usize] = 1;
+            any_cached |= hash_of[b as usize].is_some();
+            out.push(b);
+        });
+        // Only pools that hand out cached blocks pay for the second pass, which evicts
+        // them in queue order (the order of their `BlockRemoved` events).
+        if any_cached && self.enable_caching {
+            for &b in &out[start..] {
                 self.evict_hash(b);
             }
-            debug_assert_eq!(self.ref_cnt[b as usize], 0);
-            self.ref_cnt[b as usize] = 1;
         }
         Ok(())
     }
