@@ -81,14 +81,14 @@ impl Coordinator {
     pub fn new(groups: Vec<ManagerParams>, opts: CoordinatorOptions) -> Result<Self> {
         let sbs = opts.scheduler_block_size;
         let hbs = opts.hash_block_size;
-        if sbs == 0 || hbs == 0 || sbs % hbs != 0 {
+        if sbs == 0 || hbs == 0 || !sbs.is_multiple_of(hbs) {
             return Err(KvError::InvalidArgument(format!(
                 "scheduler_block_size {sbs} must be a positive multiple of hash_block_size {hbs}"
             )));
         }
         if let Some(g) = groups
             .iter()
-            .find(|g| g.block_size == 0 || sbs % g.block_size != 0)
+            .find(|g| g.block_size == 0 || !sbs.is_multiple_of(g.block_size))
         {
             return Err(KvError::InvalidArgument(format!(
                 "every group's block_size must divide scheduler_block_size {sbs}, got {}",

@@ -471,7 +471,7 @@ impl KvCacheManager {
             });
         }
         for (m, h) in self.coord.managers().iter().zip(hits) {
-            if !h.is_empty() && local_tokens % m.block_size() != 0 {
+            if !h.is_empty() && !local_tokens.is_multiple_of(m.block_size()) {
                 return Err(KvError::Unsupported(
                     "prefix hits ending inside a block (0.33 partial-hit copy-on-write)".into(),
                 ));

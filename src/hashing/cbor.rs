@@ -2,6 +2,7 @@
 //! of block-hash inputs: tuples become arrays, ints use the shortest head, `None` is
 //! `0xf6`, bools `0xf4`/`0xf5`, `str` a text string, `bytes` a byte string.
 
+use super::cbor_tokens;
 use super::encode::Encoder;
 
 /// CBOR encoder writing into a caller-owned, reused buffer.
@@ -35,21 +36,6 @@ impl<'b> Cbor<'b> {
             self.buf.extend_from_slice(&arg.to_be_bytes());
         }
     }
-}
-
-/// The CBOR encoding of the unsigned int `t` as a little-endian word, and its length.
-///
-/// NOTE 1: branch-free, because token widths are random (1, 2, 3 or 5 bytes) and a
-/// mispredicted branch per token costs more than the whole encoding. The class
-/// `c = [t >= 24] + [t >= 256] + [t >= 65536]` picks the head byte (`t` itself, or
-/// 0x18/0x19/0x1a) and the payload length `(1 << c) >> 1` (0, 1, 2 or 4 bytes, big endian).
-#[inline(always)]
-fn uint32_word(t: u32) -> (u64, usize) {
-    let c = u32::from(t >= 24) + u32::from(t >= 256) + u32::from(t >= 65536);
-    let plen = (1u32 << c) >> 1;
-    let head = if c == 0 { t } else { 0x17 + c };
-    let payload = u64::from(t.swap_bytes()) >> (32 - 8 * plen);
-    (u64::from(head) | (payload << 8), 1 + plen as usize)
 }
 
 impl Encoder for Cbor<'_> {
@@ -96,21 +82,14 @@ impl Encoder for Cbor<'_> {
 
     fn tokens(&mut self, tokens: &[u32]) {
         self.head(4, tokens.len() as u64);
-        // Each token is one 8-byte store of its word, advanced by its length: reserve the
-        // worst case (5 bytes per token) plus 3 bytes of slack for the last store.
         let start = self.buf.len();
-        self.buf.reserve(5 * tokens.len() + 3);
-        let base = self.buf.as_mut_ptr();
-        let mut pos = start;
-        for &t in tokens {
-            let (word, len) = uint32_word(t);
-            // SAFETY: `pos <= start + 5 * i` before token `i`, so the 8 bytes written end
-            // at most at `start + 5 * tokens.len() + 3`, within the reserved capacity.
-            unsafe { base.add(pos).cast::<u64>().write_unaligned(word.to_le()) };
-            pos += len;
+        self.buf.reserve(cbor_tokens::max_len(tokens.len()));
+        // SAFETY: `reserve` made room for `max_len` bytes after `start`; `write` returns
+        // how many of them it wrote, all initialized.
+        unsafe {
+            let n = cbor_tokens::write(self.buf.as_mut_ptr().add(start), tokens);
+            self.buf.set_len(start + n);
         }
-        // SAFETY: bytes `start..pos` were written above and `pos` is within capacity.
-        unsafe { self.buf.set_len(pos) };
     }
 }
 

@@ -14,16 +14,16 @@
 //! ```
 
 mod cbor;
+mod cbor_tokens;
 mod encode;
 mod extra_keys;
 mod pickle;
+mod sha256;
 mod view;
 
 use std::cell::RefCell;
 use std::str::FromStr;
 use std::sync::OnceLock;
-
-use sha2::{Digest, Sha256};
 
 use crate::error::{KvError, Result};
 use crate::types::{BlockHash, KeyValue};
@@ -87,7 +87,7 @@ impl HashAlgo {
 
     fn digest(self, data: &[u8]) -> BlockHash {
         let out = match self {
-            HashAlgo::Sha256 | HashAlgo::Sha256Cbor => BlockHash::from_slice(&Sha256::digest(data)),
+            HashAlgo::Sha256 | HashAlgo::Sha256Cbor => BlockHash::from_slice(&sha256::sha256(data)),
             HashAlgo::Xxhash | HashAlgo::XxhashCbor => {
                 BlockHash::from_slice(&xxhash_rust::xxh3::xxh3_128(data).to_be_bytes())
             }

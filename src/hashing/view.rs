@@ -28,7 +28,7 @@ impl<'a> BlockHashView<'a> {
     /// A view of `hashes` (computed at `hash_block_size`) for blocks of `block_size`
     /// tokens; `block_size` must be a positive multiple of `hash_block_size`.
     pub fn new(hashes: &'a [BlockHash], hash_block_size: usize, block_size: usize) -> Result<Self> {
-        if hash_block_size == 0 || block_size == 0 || block_size % hash_block_size != 0 {
+        if hash_block_size == 0 || block_size == 0 || !block_size.is_multiple_of(hash_block_size) {
             return Err(KvError::InvalidArgument(format!(
                 "block_size {block_size} must be a positive multiple of hash_block_size \
                  {hash_block_size}"

@@ -64,7 +64,7 @@ pub(crate) fn cache_partial_tail_block<R: RequestView>(
     };
     let hashes = request.block_hashes();
     let boundary = (limit / hash_bs).min(hashes.len()) * hash_bs;
-    if boundary == 0 || boundary > num_tokens || boundary % mgr.block_size() == 0 {
+    if boundary == 0 || boundary > num_tokens || boundary.is_multiple_of(mgr.block_size()) {
         return Ok(());
     }
     let Some(&block) = rb.table.get(boundary / mgr.block_size()) else {

@@ -48,7 +48,7 @@ pub(crate) fn find_longest_cache_hit(
         if q.groups.iter().any(|&g| pool.cached_block(h, g).is_none()) {
             continue;
         }
-        if bs != q.alignment && ((i + 1) * bs) % q.alignment != 0 {
+        if bs != q.alignment && !((i + 1) * bs).is_multiple_of(q.alignment) {
             continue;
         }
         for (o, &g) in out.iter_mut().zip(q.groups) {

@@ -43,7 +43,7 @@ pub(crate) fn find_longest_cache_hit(
     for o in out.iter_mut() {
         o.resize(max_blocks, NULL_BLOCK_ID);
     }
-    let aligned = |n: usize| (n * bs) % q.alignment == 0;
+    let aligned = |n: usize| (n * bs).is_multiple_of(q.alignment);
     let mut run = 0usize;
     let mut found = false;
     for i in (0..max_blocks).rev() {
@@ -116,7 +116,7 @@ pub(crate) fn reachable_block_mask(
     retention: Retention,
     boundaries: &[usize],
 ) -> Option<Vec<bool>> {
-    if alignment % bs != 0 {
+    if !alignment.is_multiple_of(bs) {
         return None;
     }
     let need = contiguous_blocks_for_hit(sliding_window, bs, use_eagle);

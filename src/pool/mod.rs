@@ -334,7 +334,7 @@ impl BlockPool {
         if num_cached >= num_full {
             return Ok(());
         }
-        if block_size == 0 || block_size % self.hash_block_size != 0 {
+        if block_size == 0 || !block_size.is_multiple_of(self.hash_block_size) {
             return Err(KvError::InvalidArgument(format!(
                 "block_size {block_size} is not a positive multiple of hash_block_size {}",
                 self.hash_block_size
@@ -366,7 +366,7 @@ impl BlockPool {
             if b != NULL_BLOCK_ID
                 && keep(i)
                 && self.hash_of[b as usize].is_some()
-                && (tokens % block_size == 0 || tokens >= (i + 1) * block_size)
+                && (tokens.is_multiple_of(block_size) || tokens >= (i + 1) * block_size)
             {
                 return Err(KvError::InvalidArgument(format!(
                     "block {b} is already cached; a block is cached once"
@@ -454,7 +454,7 @@ impl BlockPool {
         self.check_id(block)?;
         let h = self.hash_block_size;
         let n = num_tokens / h;
-        if num_tokens % h != 0 || n == 0 || n > request_hashes.len() {
+        if !num_tokens.is_multiple_of(h) || n == 0 || n > request_hashes.len() {
             return Err(KvError::InvalidArgument(format!(
                 "partial entry of {num_tokens} tokens does not fit {} hashes of {h} tokens",
                 request_hashes.len()
