@@ -14,6 +14,7 @@
 
 pub mod events;
 pub mod free_queue;
+mod id_set;
 pub mod prefix_map;
 
 use rustc_hash::FxHashMap;
@@ -22,6 +23,7 @@ use crate::error::{KvError, Result};
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 use events::{BlockRemoved, BlockStored, KvCacheEvent, StoredBlockSource, MEDIUM_GPU};
 use free_queue::FreeQueue;
+use id_set::IdSet;
 pub use prefix_map::HashKey;
 use prefix_map::PrefixMap;
 
@@ -54,8 +56,8 @@ pub struct BlockPool {
     /// Scratch lists reused by `free_blocks` (no allocation per call).
     to_front: Vec<BlockId>,
     to_back: Vec<BlockId>,
-    /// Scratch list of `cache_full_blocks`' duplicate check.
-    scratch_ids: Vec<BlockId>,
+    /// `cache_full_blocks`' duplicate check.
+    listed: IdSet,
 }
 
 impl BlockPool {
@@ -97,7 +99,7 @@ impl BlockPool {
             events: Vec::new(),
             to_front: Vec::new(),
             to_back: Vec::new(),
-            scratch_ids: Vec::new(),
+            listed: IdSet::new(num_blocks),
         })
     }
 
@@ -375,21 +377,14 @@ impl BlockPool {
         }
         // A block listed twice in the range would be cached under two keys while carrying
         // one, leaving a stale prefix entry (found by fuzzing): reject it.
-        let mut ids = std::mem::take(&mut self.scratch_ids);
-        ids.clear();
-        ids.extend(
-            blocks
-                .iter()
-                .enumerate()
-                .take(num_full)
-                .skip(num_cached)
-                .filter(|&(i, &b)| b != NULL_BLOCK_ID && keep(i))
-                .map(|(_, &b)| b),
-        );
-        ids.sort_unstable();
-        let twice = ids.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
-        self.scratch_ids = ids;
-        if let Some(b) = twice {
+        let listed = blocks
+            .iter()
+            .enumerate()
+            .take(num_full)
+            .skip(num_cached)
+            .filter(|&(i, &b)| b != NULL_BLOCK_ID && keep(i))
+            .map(|(_, &b)| b);
+        if let Some(b) = self.listed.first_repeat(listed) {
             return Err(KvError::InvalidArgument(format!(
                 "block {b} is listed twice; a block is cached once"
             )));

@@ -1,6 +1,7 @@
 //! The prefix cache map: (block hash, group id) -> cached blocks, with vLLM's duplicate
 //! rule (no dedup; the earliest-inserted block still cached answers a lookup).
 
+use std::collections::hash_map::Entry as MapEntry;
 use std::hash::{Hash, Hasher};
 
 use rustc_hash::FxHashMap;
@@ -66,32 +67,32 @@ impl PrefixMap {
 
     /// Adds `block` under `key`, after any blocks already there.
     pub fn insert(&mut self, key: HashKey, block: BlockId) {
-        match self.map.get_mut(&key) {
-            None => {
-                self.map.insert(key, Entry::One(block));
+        match self.map.entry(key) {
+            MapEntry::Vacant(v) => {
+                v.insert(Entry::One(block));
             }
-            Some(e @ Entry::One(_)) => {
-                let Entry::One(first) = *e else {
-                    unreachable!()
-                };
-                *e = Entry::Many(vec![first, block]);
-            }
-            Some(Entry::Many(v)) => v.push(block),
+            MapEntry::Occupied(mut o) => match o.get_mut() {
+                Entry::One(first) => {
+                    let first = *first;
+                    o.insert(Entry::Many(vec![first, block]));
+                }
+                Entry::Many(v) => v.push(block),
+            },
         }
     }
 
     /// Removes `block` from `key`; returns whether it was there. A key whose list
     /// empties is dropped.
     pub fn pop(&mut self, key: &HashKey, block: BlockId) -> bool {
-        let Some(entry) = self.map.get_mut(key) else {
+        let MapEntry::Occupied(mut o) = self.map.entry(*key) else {
             return false;
         };
-        match entry {
+        match o.get_mut() {
             Entry::One(b) => {
                 if *b != block {
                     return false;
                 }
-                self.map.remove(key);
+                o.remove();
                 true
             }
             Entry::Many(v) => {
@@ -100,7 +101,7 @@ impl PrefixMap {
                 };
                 v.remove(pos);
                 if v.is_empty() {
-                    self.map.remove(key);
+                    o.remove();
                 }
                 true
             }
