@@ -183,3 +183,35 @@ def test_request_against_live_vllm() -> None:
         want.append_output_token_ids(step)
         got.append_output_token_ids(step)
         assert got.block_hashes == want.block_hashes
+
+
+def test_reads_during_a_long_append_see_before_after_or_busy() -> None:
+    """A long append hashes with the GIL released; another thread reading the request
+    meanwhile gets the old count, the new count, or RuntimeError (busy), never a torn
+    state, and the request ends consistent."""
+    import threading
+
+    bs, n0, n_add = 16, 64, 200_000
+    req = kb.Request("r", list(range(n0)), kb.BlockHasher(bs))
+    tokens = list(range(n_add))
+    seen: set[int] = set()
+    busy = 0
+    done = threading.Event()
+
+    def append() -> None:
+        req.append_output_token_ids(tokens)
+        done.set()
+
+    t = threading.Thread(target=append)
+    t.start()
+    while not done.is_set():
+        try:
+            seen.add(req.num_tokens)
+        except RuntimeError:
+            busy += 1
+    t.join()
+    assert seen <= {n0, n0 + n_add}
+    assert req.num_tokens == n0 + n_add
+    assert len(req.block_hashes) == (n0 + n_add) // bs
+    full = (n0 + n_add) // bs
+    assert req.block_hashes == chain("sha256_cbor", req.all_token_ids, bs, [None] * full)
