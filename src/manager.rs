@@ -32,7 +32,7 @@ use rustc_hash::FxHashMap;
 
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
-use crate::managers::{AttentionKind, ManagerParams, RequestBlocks, RequestView};
+use crate::managers::{AttentionKind, ManagerParams, RequestBlocks, RequestView, SlotHint};
 use crate::pool::events::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
 use crate::pool::BlockPool;
 use crate::request::Request;
@@ -159,6 +159,8 @@ pub struct KvCacheManager {
     /// Request id -> slot; a slot's tables are `slots[slot * num_groups..][..num_groups]`.
     requests: FxHashMap<String, usize>,
     slots: Vec<RequestBlocks>,
+    /// Per slot, the `SlotHint` token of the request it was last found for (0: free).
+    slot_tokens: Vec<u64>,
     free_slots: Vec<usize>,
     /// Empty tables standing in for a request without a slot.
     empty: Vec<RequestBlocks>,
@@ -226,6 +228,7 @@ impl KvCacheManager {
             num_groups,
             requests: FxHashMap::default(),
             slots: Vec::new(),
+            slot_tokens: Vec::new(),
             free_slots: Vec::new(),
             empty: vec![RequestBlocks::default(); num_groups],
         })
@@ -269,18 +272,42 @@ impl KvCacheManager {
         }
     }
 
-    /// The slot of `request_id`, created (reusing a freed one) if absent.
-    fn slot_or_insert(&mut self, request_id: &str) -> usize {
-        if let Some(&s) = self.requests.get(request_id) {
+    /// The slot of `request`, if it has one: from its hint when the hint is current,
+    /// else by id (then the hint is refreshed).
+    fn slot_of<R: RequestView>(&mut self, request: &R) -> Option<usize> {
+        if let Some(hint) = request.slot_hint() {
+            let s = hint.slot();
+            if s < self.slot_tokens.len() && self.slot_tokens[s] == hint.token() {
+                return Some(s);
+            }
+        }
+        let s = *self.requests.get(request.request_id())?;
+        self.remember(request, s);
+        Some(s)
+    }
+
+    /// Records that `request` is at slot `s`, in the slot and in the request's hint.
+    fn remember<R: RequestView>(&mut self, request: &R, s: usize) {
+        if let Some(hint) = request.slot_hint() {
+            self.slot_tokens[s] = hint.token();
+            hint.set_slot(s);
+        }
+    }
+
+    /// The slot of `request`, created (reusing a freed one) if absent.
+    fn slot_or_insert<R: RequestView>(&mut self, request: &R) -> usize {
+        if let Some(s) = self.slot_of(request) {
             return s;
         }
         let s = self.free_slots.pop().unwrap_or_else(|| {
-            let s = self.slots.len() / self.num_groups.max(1);
+            let s = self.slot_tokens.len();
             self.slots
                 .resize_with(self.slots.len() + self.num_groups, RequestBlocks::default);
+            self.slot_tokens.push(0);
             s
         });
-        self.requests.insert(request_id.to_owned(), s);
+        self.requests.insert(request.request_id().to_owned(), s);
+        self.remember(request, s);
         s
     }
 
@@ -347,7 +374,7 @@ impl KvCacheManager {
         mut new_blocks: impl FnMut(usize, &[BlockId]),
     ) -> Result<bool> {
         self.check_hash_block_size(request)?;
-        let slot = self.requests.get(request.request_id()).copied();
+        let slot = self.slot_of(request);
         let local = request.num_computed_tokens() + args.num_new_computed_tokens;
         let hits = self.validate_allocate(slot, local, args)?;
         let g = self.num_groups;
@@ -388,7 +415,7 @@ impl KvCacheManager {
         }
         let s = match slot {
             Some(s) => s,
-            None => self.slot_or_insert(request.request_id()),
+            None => self.slot_or_insert(request),
         };
         let rbs = &mut self.slots[s * g..(s + 1) * g];
         if hits.is_some() || args.num_external_computed_tokens > 0 {
@@ -520,6 +547,7 @@ impl KvCacheManager {
         };
         let g = self.num_groups;
         let result = self.coord.free(&mut self.slots[s * g..(s + 1) * g]);
+        self.slot_tokens[s] = 0;
         self.free_slots.push(s);
         result
     }
@@ -552,7 +580,7 @@ impl KvCacheManager {
         }
         self.check_hash_block_size(request)?;
         let g = self.num_groups;
-        let s = self.slot_or_insert(request.request_id());
+        let s = self.slot_or_insert(request);
         self.coord.cache_blocks(
             &mut self.slots[s * g..(s + 1) * g],
             request,
@@ -668,6 +696,9 @@ impl RequestView for Request {
     }
     fn hash_block_size(&self) -> Option<usize> {
         self.hasher().map(|h| h.hash_block_size())
+    }
+    fn slot_hint(&self) -> Option<&SlotHint> {
+        Some(Request::slot_hint(self))
     }
 }
 

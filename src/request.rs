@@ -10,6 +10,7 @@ use crate::hashing::{
     effective_parent, mm_resume_index, to_event_extra_keys, with_scratch, BlockHashView,
     BlockHasher, KeySources, LoraRequest, MmFeature, PromptEmbeds,
 };
+use crate::managers::SlotHint;
 use crate::types::{BlockHash, KeyValue};
 
 /// Optional per-request inputs that enter the block hashes as extra keys.
@@ -54,6 +55,8 @@ pub struct Request {
     block_hashes: Vec<BlockHash>,
     hasher: Option<BlockHasher>,
     options: RequestOptions,
+    /// Where the last manager that saw this request keeps it.
+    slot_hint: SlotHint,
 }
 
 impl Request {
@@ -98,6 +101,7 @@ impl Request {
             block_hashes: Vec::new(),
             hasher,
             options,
+            slot_hint: SlotHint::new(),
         };
         req.update_block_hashes();
         Ok(req)
@@ -131,6 +135,11 @@ impl Request {
     /// Number of output tokens appended.
     pub fn num_output_tokens(&self) -> usize {
         self.all_token_ids.len() - self.num_prompt_tokens
+    }
+
+    /// The request's memo of its manager slot.
+    pub fn slot_hint(&self) -> &SlotHint {
+        &self.slot_hint
     }
 
     /// Hashes of the full blocks at the hasher's `hash_block_size` (empty without hasher).

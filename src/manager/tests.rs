@@ -620,3 +620,45 @@ fn hit_tokens_without_hit_blocks_are_rejected() {
     );
     assert_eq!(before, after);
 }
+
+/// A request's slot hint is only a cache: stale hints (slot freed and reused), two
+/// request values with one id, and one request used with two managers all resolve to
+/// the slot the id names.
+#[test]
+fn slot_hints_never_name_another_requests_slot() {
+    use crate::hashing::{BlockHasher, HashAlgo};
+    use crate::request::RequestOptions;
+    let make = |id: &str, t: u32| {
+        let hasher = BlockHasher::new(4, HashAlgo::Sha256Cbor).unwrap();
+        Request::new(id, vec![t; 6], Some(hasher), RequestOptions::default()).unwrap()
+    };
+    let mut m = mgr(vec![full(4)], 32, 4);
+    let mut other = mgr(vec![full(4)], 32, 4);
+    let a = make("a", 1);
+    let b = make("b", 2);
+    let new = |m: &mut KvCacheManager, r: &Request, n| {
+        m.allocate_slots(r, &AllocateArgs::new(n)).unwrap().unwrap()
+    };
+    let a_blocks = new(&mut m, &a, 6);
+    // `a` freed: its hint names a free slot, which `b` then takes.
+    m.free("a").unwrap();
+    let b_blocks = new(&mut m, &b, 6);
+    assert_eq!(a.slot_hint().slot(), b.slot_hint().slot());
+    // `a` again: a new slot, not `b`'s.
+    let a_again = new(&mut m, &a, 6);
+    assert_eq!(m.get_block_ids("b"), vec![b_blocks[0].clone()]);
+    assert_eq!(m.get_block_ids("a"), vec![a_again[0].clone()]);
+    assert_ne!(a_blocks, vec![Vec::<BlockId>::new()]);
+    // A second value with the same id shares the id's slot (and its blocks).
+    let mut a2 = a.clone();
+    a2.num_computed_tokens = 6;
+    let a1 = make("a", 1);
+    assert!(new(&mut m, &a1, 1).iter().all(Vec::is_empty));
+    assert_eq!(m.get_block_ids("a"), vec![a_again[0].clone()]);
+    // The same request in a second manager: its own slot there, and back again here.
+    let in_other = new(&mut other, &a, 6);
+    assert_eq!(other.get_block_ids("a"), in_other);
+    assert!(new(&mut m, &a2, 2).iter().all(Vec::is_empty));
+    assert_eq!(m.get_block_ids("a"), vec![a_again[0].clone()]);
+    assert_eq!(m.coord.pool().check_invariants(), Ok(()));
+}
