@@ -138,6 +138,23 @@ def test_batch_entries_without_new_blocks_and_any_sequence() -> None:
         mgr.allocate_slots_batch(reqs, [1, -1, 1])
 
 
+def test_results_that_add_nothing_share_one_immutable_empty_blocks() -> None:
+    mgr = kb.KVCacheManager(config(10, full()), 1024, BS)
+    r = req("r", list(range(20)))
+    assert mgr.allocate_slots(r, 20) is not None
+    r.num_computed_tokens = 20
+    r.append_output_token_ids(7)
+    added = mgr.allocate_slots(r, 1)  # 21 tokens fit in the 2 blocks held
+    miss, hit = mgr.get_computed_blocks(req("x", [9] * 40))
+    assert added is not None and hit == 0
+    assert added is miss
+    assert added.get_block_ids() == ([],)
+    assert added.get_block_ids(allow_none=True) is None
+    with pytest.raises(AttributeError):
+        added.blocks = [[1]]  # type: ignore[attr-defined]
+    assert mgr.get_block_ids("r") == ([1, 2],)
+
+
 def test_kv_cache_blocks_api() -> None:
     x = kb.KVCacheBlocks([[1, 2], []])
     y = kb.KVCacheBlocks([[3], [4]])

@@ -350,7 +350,10 @@ class KVCacheManager:
         delay_cache_blocks: bool = False,
         num_encoder_tokens: int = 0,
         full_sequence_must_fit: bool = False,
-    ) -> KVCacheBlocks | None: ...
+    ) -> KVCacheBlocks | None:
+        """The blocks added, or None when they do not fit. Calls that add nothing (and
+        lookups without a hit) return one shared, immutable empty KVCacheBlocks, as vLLM's
+        `empty_kv_cache_blocks`."""
     def allocate_slots_batch(
         self, requests: Sequence[Request], num_new_tokens: Sequence[int]
     ) -> list[tuple[tuple[int, ...], ...] | None]:
