@@ -76,59 +76,18 @@ impl PyKVCacheBlocks {
     }
 }
 
-/// vLLM 0.33's `PrefixCacheStats`.
-#[pyclass(name = "PrefixCacheStats", module = "kvblocks._core", get_all, set_all)]
-#[derive(Clone)]
-pub(crate) struct PyPrefixCacheStats {
-    reset: bool,
-    requests: u64,
-    queries: u64,
-    hits: u64,
-    preempted_requests: u64,
-    preempted_queries: u64,
-    preempted_hits: u64,
-}
-
-impl From<PrefixCacheStats> for PyPrefixCacheStats {
-    fn from(s: PrefixCacheStats) -> Self {
-        Self {
-            reset: s.reset,
-            requests: s.requests,
-            queries: s.queries,
-            hits: s.hits,
-            preempted_requests: s.preempted_requests,
-            preempted_queries: s.preempted_queries,
-            preempted_hits: s.preempted_hits,
-        }
-    }
-}
-
-impl From<&PyPrefixCacheStats> for PrefixCacheStats {
-    fn from(s: &PyPrefixCacheStats) -> Self {
-        Self {
-            reset: s.reset,
-            requests: s.requests,
-            queries: s.queries,
-            hits: s.hits,
-            preempted_requests: s.preempted_requests,
-            preempted_queries: s.preempted_queries,
-            preempted_hits: s.preempted_hits,
-        }
-    }
-}
-
+/// The Python face of `PrefixCacheStats` (the class itself is the core struct).
 #[pymethods]
-impl PyPrefixCacheStats {
+impl PrefixCacheStats {
     #[new]
-    fn new() -> Self {
-        PrefixCacheStats::default().into()
+    fn py_new() -> Self {
+        Self::default()
     }
 
     /// Adds one request's lookup (preempted requests count apart).
-    fn record(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
-        let mut s = PrefixCacheStats::from(&*self);
-        s.record(num_tokens, num_hits, preempted);
-        *self = s.into();
+    #[pyo3(name = "record")]
+    fn py_record(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
+        self.record(num_tokens, num_hits, preempted);
     }
 
     fn __repr__(&self) -> String {
@@ -439,8 +398,8 @@ impl PyKVCacheManager {
     }
 
     /// The stats since the last call (`None` without `log_stats`).
-    fn make_prefix_cache_stats(&mut self) -> Option<PyPrefixCacheStats> {
-        self.inner.make_prefix_cache_stats().map(Into::into)
+    fn make_prefix_cache_stats(&mut self) -> Option<PrefixCacheStats> {
+        self.inner.make_prefix_cache_stats()
     }
 
     /// KV cache usage in [0, 1].
@@ -517,7 +476,7 @@ impl PyKVCacheManager {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyKVCacheManager>()?;
     m.add_class::<PyKVCacheBlocks>()?;
-    m.add_class::<PyPrefixCacheStats>()?;
+    m.add_class::<PrefixCacheStats>()?;
     m.add_class::<PyBlockPoolView>()?;
     Ok(())
 }
