@@ -18,27 +18,11 @@ use kvblocks::request::{Request, RequestOptions};
 use kvblocks::{BlockId, NULL_BLOCK_ID};
 use libfuzzer_sys::fuzz_target;
 
+#[allow(dead_code)] // each target reads only some widths
+mod bytes;
+use bytes::Bytes;
+
 const HBS: usize = 4;
-
-struct Bytes<'a>(&'a [u8]);
-
-impl Bytes<'_> {
-    fn u8(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((&b, rest)) => {
-                self.0 = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-    fn pick(&mut self, n: usize) -> usize {
-        usize::from(self.u8()) % n.max(1)
-    }
-    fn done(&self) -> bool {
-        self.0.is_empty()
-    }
-}
 
 struct Live {
     req: Request,

@@ -20,29 +20,9 @@ use kvblocks::request::{Request, RequestOptions};
 use kvblocks::{BlockHash, BlockId, NULL_BLOCK_ID};
 use libfuzzer_sys::fuzz_target;
 
-/// Reads the input a byte at a time; zeros once exhausted.
-struct Bytes<'a>(&'a [u8]);
-
-impl Bytes<'_> {
-    fn u8(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((&b, rest)) => {
-                self.0 = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from(self.u8()) | (u16::from(self.u8()) << 8)
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from(self.u16()) | (u32::from(self.u16()) << 16)
-    }
-    fn done(&self) -> bool {
-        self.0.is_empty()
-    }
-}
+#[allow(dead_code)] // each target reads only some widths
+mod bytes;
+use bytes::Bytes;
 
 /// A live request: its tokens/hashes and its block table (group 0).
 struct Owner {
