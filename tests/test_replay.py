@@ -295,7 +295,13 @@ def test_bench_driver_on_vllm(tmp_path: Path) -> None:
 @pytest.mark.skipif(not HAVE_KB, reason="kvblocks manager not built")
 def test_bench_driver_compare(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
-    doc = _bench(tmp_path, "--compare")
+    doc = _bench(tmp_path, "--compare", "--repeat", "3")
     compare = doc["compare"]
     assert isinstance(compare, dict) and compare["digests_agree"] is True
     assert set(doc["runs"]) == {"vllm", "kvblocks", "kvblocks-batch"}  # type: ignore[arg-type]
+    rounds = doc["rounds"]
+    assert isinstance(rounds, list) and len(rounds) == compare["rounds"] == 3
+    for name in ("kvblocks", "kvblocks-batch"):
+        for key, median in compare[name].items():
+            values = sorted(r[name][key] for r in rounds)
+            assert median == values[1], (name, key)

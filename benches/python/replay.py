@@ -10,14 +10,17 @@ on stdout with the driver's field names (``calls``, ``kv_total_ns``, ``request_h
     python benches/python/replay.py TRACE.jsonl --impl vllm          # vLLM's manager
     python benches/python/replay.py TRACE.jsonl --batch               # allocate_slots_batch
     python benches/python/replay.py TRACE.jsonl --compare             # all three, one line
+    python benches/python/replay.py TRACE.jsonl --compare --repeat 3  # medians of 3 rounds
 
 ``--compare`` replays vLLM, kvblocks and kvblocks with the batched decode call in one
 process and prints ``{"runs": {name: summary}, "compare": {...}}``: per kvblocks run the
 ratio vLLM / kvblocks of (KV-manager time + hashing time), and whether all digests agree.
 Every timed call's measurement also holds part of its own ``perf_counter_ns`` pair (what an
-empty window reads, ``timer_window_ns``: about 90-140 ns here), which is most of a kvblocks
+empty window reads, ``timer_window_ns``: about 60-140 ns here), which is much of a kvblocks
 call: ``kv_plus_hash_speedup_net_of_timer`` is the same ratio with
-``timed_calls * timer_window_ns`` taken out of both sides.
+``timed_calls * timer_window_ns`` taken out of both sides. vLLM's own time moves by up to
+half from run to run on a shared machine: ``--repeat N`` replays the three N times in turn
+and reports each ratio's median (``rounds`` lists every round's ratios).
 Run it inside the oracle venv with kvblocks installed via ``pip install --target``.
 """
 
@@ -28,6 +31,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from typing import Any
@@ -183,6 +187,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run vLLM, kvblocks and kvblocks --batch; print ratios and digest check",
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="with --compare: run the three N times, alternating; ratios are the medians",
+    )
     ap.add_argument("--config", choices=REPLAY_CONFIGS, default="full")
     ap.add_argument("--num-blocks", type=int, default=32768)
     ap.add_argument("--block-size", type=int, default=16)
@@ -217,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_model_len",
         "sliding_window",
         "chunk_size",
+        "repeat",
     ):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be positive")
@@ -246,43 +257,63 @@ def main(argv: list[str] | None = None) -> int:
         if args.compare
         else [(args.impl, args.batch)]
     )
-    out: dict[str, dict[str, Any]] = {}
+    rounds: list[dict[str, dict[str, Any]]] = []
     try:
-        for impl, batch in runs:
-            out[impl + ("-batch" if batch else "")] = run_one(impl, batch, args, trace, layout)
+        for _ in range(args.repeat if args.compare else 1):
+            out: dict[str, dict[str, Any]] = {}
+            for impl, batch in runs:
+                out[impl + ("-batch" if batch else "")] = run_one(impl, batch, args, trace, layout)
+            rounds.append(out)
     except ReplayError as e:
         print(f"replay: error: {e}", file=sys.stderr)
         return 1
     if not args.compare:
-        print(json.dumps(next(iter(out.values())), separators=(",", ":")), flush=True)
+        print(json.dumps(next(iter(rounds[0].values())), separators=(",", ":")), flush=True)
         return 0
+    per_round = [speedups(out, args.timer_window) for out in rounds]
+    digests = {r["digest"] for out in rounds for r in out.values()}
+    cmp: dict[str, Any] = {"digests_agree": len(digests) == 1, "rounds": len(rounds)}
+    for name in per_round[0]:
+        # The median over rounds: vLLM's own time moves by up to half between runs here.
+        cmp[name] = {
+            k: statistics.median(r[name][k] for r in per_round) for k in per_round[0][name]
+        }
+        c = cmp[name]
+        print(
+            f"{name}: KV+hash {c['kv_plus_hash_speedup']}x faster than vLLM "
+            f"(KV {c['kv_speedup']}x, hash {c['hash_speedup']}x; "
+            f"{c['kv_plus_hash_speedup_net_of_timer']}x net of timer overhead)"
+            + (f", median of {len(rounds)} rounds" if len(rounds) > 1 else ""),
+            file=sys.stderr,
+        )
+    print(f"digests agree: {cmp['digests_agree']}", file=sys.stderr)
+    doc = {"runs": rounds[-1], "compare": cmp, "rounds": per_round}
+    print(json.dumps(doc, separators=(",", ":")), flush=True)
+    return 0 if cmp["digests_agree"] else 1
+
+
+def speedups(out: dict[str, dict[str, Any]], timer_window: int) -> dict[str, dict[str, float]]:
+    """Each kvblocks run's speed ratios against the vLLM run of the same round."""
     base = out["vllm"]
     base_ns = base["kv_total_ns"] + base["request_hash_ns"]
-    ovh = args.timer_window
-    cmp: dict[str, Any] = {"digests_agree": len({r["digest"] for r in out.values()}) == 1}
+    ratios: dict[str, dict[str, float]] = {}
     for name, r in out.items():
         if name == "vllm":
             continue
         r_ns = r["kv_total_ns"] + r["request_hash_ns"]
-        cmp[name] = {
+        ratios[name] = {
             "kv_speedup": round(base["kv_total_ns"] / max(1, r["kv_total_ns"]), 2),
             "hash_speedup": round(base["request_hash_ns"] / max(1, r["request_hash_ns"]), 2),
             "kv_plus_hash_speedup": round(base_ns / max(1, r_ns), 2),
             # The same ratio with what an empty timing window reads (timer_window_ns,
             # measured before the runs) taken out of both sides once per timed call.
             "kv_plus_hash_speedup_net_of_timer": round(
-                (base_ns - base["timed_calls"] * ovh) / max(1, r_ns - r["timed_calls"] * ovh), 2
+                (base_ns - base["timed_calls"] * timer_window)
+                / max(1, r_ns - r["timed_calls"] * timer_window),
+                2,
             ),
         }
-        print(
-            f"{name}: KV+hash {cmp[name]['kv_plus_hash_speedup']}x faster than vLLM "
-            f"(KV {cmp[name]['kv_speedup']}x, hash {cmp[name]['hash_speedup']}x; "
-            f"{cmp[name]['kv_plus_hash_speedup_net_of_timer']}x net of timer overhead)",
-            file=sys.stderr,
-        )
-    print(f"digests agree: {cmp['digests_agree']}", file=sys.stderr)
-    print(json.dumps({"runs": out, "compare": cmp}, separators=(",", ":")), flush=True)
-    return 0 if cmp["digests_agree"] else 1
+    return ratios
 
 
 if __name__ == "__main__":

@@ -579,8 +579,9 @@ def replay(trace: Trace, backend: Backend, options: ReplayOptions | None = None)
                 slot.prefill_done = True
                 k = slot.num_out
                 if append_batch is None:
+                    tok = slot.outputs[k]  # outside the timed window, as driver_vllm.py
                     t0 = pc()
-                    req.append_output_token_ids(slot.outputs[k])
+                    req.append_output_token_ids(tok)
                     append_ns += pc() - t0
                     hash_calls += 1
                 slot.num_out = k + 1
