@@ -48,7 +48,12 @@ LAYOUTS: list[list[tuple[int, int | None]]] = [
 
 
 class Engine:
-    """What the driver needs from a real manager; subclasses adapt kvblocks and vLLM."""
+    """What the driver needs from a real manager; subclasses adapt kvblocks and vLLM.
+
+    Calls that both managers take with vLLM's names and shapes live here, on ``self.mgr``.
+    """
+
+    mgr: Any
 
     def make_request(self, rid: str, tokens: list[int], salt: str | None, lora: int | None) -> Any:
         raise NotImplementedError
@@ -60,13 +65,14 @@ class Engine:
     def allocate_slots(
         self, req: Any, num_new: int, num_hit: int, handle: Any, lookahead: int
     ) -> list[list[int]] | None:
-        raise NotImplementedError
+        out = self.mgr.allocate_slots(req, num_new, num_hit, handle, num_lookahead_tokens=lookahead)
+        return None if out is None else [list(ids) for ids in out.get_block_ids()]
 
     def free(self, req: Any) -> None:
-        raise NotImplementedError
+        self.mgr.free(req)
 
     def block_ids(self, rid: str) -> list[list[int]]:
-        raise NotImplementedError
+        return [list(ids) for ids in self.mgr.get_block_ids(rid)]
 
     def free_queue(self) -> list[int]:
         raise NotImplementedError
@@ -75,13 +81,13 @@ class Engine:
         raise NotImplementedError
 
     def evict(self, ids: set[int]) -> None:
-        raise NotImplementedError
+        self.mgr.evict_blocks(ids)
 
     def reset(self) -> bool:
-        raise NotImplementedError
+        return bool(self.mgr.reset_prefix_cache())
 
     def usage(self) -> float:
-        raise NotImplementedError
+        return float(self.mgr.usage)
 
 
 class Driver:
@@ -307,32 +313,11 @@ class VllmEngine(Engine):
         blocks, hit = self.mgr.get_computed_blocks(req)[:2]
         return blocks, [list(ids) for ids in blocks.get_block_ids()], hit
 
-    def allocate_slots(
-        self, req: Any, num_new: int, num_hit: int, handle: Any, lookahead: int
-    ) -> list[list[int]] | None:
-        out = self.mgr.allocate_slots(req, num_new, num_hit, handle, num_lookahead_tokens=lookahead)
-        return None if out is None else [list(ids) for ids in out.get_block_ids()]
-
-    def free(self, req: Any) -> None:
-        self.mgr.free(req)
-
-    def block_ids(self, rid: str) -> list[list[int]]:
-        return [list(ids) for ids in self.mgr.get_block_ids(rid)]
-
     def free_queue(self) -> list[int]:
         return [b.block_id for b in self.mgr.block_pool.free_block_queue.get_all_free_blocks()]
 
     def ref_cnt(self, block: int) -> int:
         return int(self.mgr.block_pool.blocks[block].ref_cnt)
-
-    def evict(self, ids: set[int]) -> None:
-        self.mgr.evict_blocks(ids)
-
-    def reset(self) -> bool:
-        return bool(self.mgr.reset_prefix_cache())
-
-    def usage(self) -> float:
-        return float(self.mgr.usage)
 
 
 @pytest.mark.vllm
@@ -389,32 +374,11 @@ class KbEngine(Engine):
         blocks, hit = self.mgr.get_computed_blocks(req)
         return blocks, [list(ids) for ids in blocks.get_block_ids()], hit
 
-    def allocate_slots(
-        self, req: Any, num_new: int, num_hit: int, handle: Any, lookahead: int
-    ) -> list[list[int]] | None:
-        out = self.mgr.allocate_slots(req, num_new, num_hit, handle, num_lookahead_tokens=lookahead)
-        return None if out is None else [list(ids) for ids in out.get_block_ids()]
-
-    def free(self, req: Any) -> None:
-        self.mgr.free(req)
-
-    def block_ids(self, rid: str) -> list[list[int]]:
-        return [list(ids) for ids in self.mgr.get_block_ids(rid)]
-
     def free_queue(self) -> list[int]:
         return list(self.mgr.block_pool.get_free_block_ids())
 
     def ref_cnt(self, block: int) -> int:
         return int(self.mgr.block_pool.get_ref_cnt(block))
-
-    def evict(self, ids: set[int]) -> None:
-        self.mgr.evict_blocks(ids)
-
-    def reset(self) -> bool:
-        return bool(self.mgr.reset_prefix_cache())
-
-    def usage(self) -> float:
-        return float(self.mgr.usage)
 
 
 class ManagerMachine(RuleBasedStateMachine):
