@@ -90,14 +90,35 @@ fn write_event(w: &mut MsgpackWriter<'_>, event: &KvCacheEvent, format: WireForm
         KvCacheEvent::BlockStored(e) => write_stored(w, e, format),
         KvCacheEvent::BlockRemoved(e) => write_removed(w, e, format),
         KvCacheEvent::AllBlocksCleared => {
-            match format {
-                WireFormat::Map => {
-                    w.map_len(1);
-                    w.str("type");
-                }
-                WireFormat::Array => w.array_len(1),
-            }
-            w.str("AllBlocksCleared");
+            begin(w, format, |w| w.map_len(1), 1, "AllBlocksCleared");
+        }
+    }
+}
+
+/// Writes an event's head: the map form's header (`map_header`) and `type` key, or the
+/// array form's length; then the tag.
+fn begin(
+    w: &mut MsgpackWriter<'_>,
+    format: WireFormat,
+    map_header: impl FnOnce(&mut MsgpackWriter<'_>),
+    array_len: usize,
+    tag: &str,
+) {
+    match format {
+        WireFormat::Map => {
+            map_header(w);
+            w.str("type");
+        }
+        WireFormat::Array => w.array_len(array_len),
+    }
+    w.str(tag);
+}
+
+/// Writes the array form's trailing `None` fields (the map form omits them).
+fn end(w: &mut MsgpackWriter<'_>, format: WireFormat, trailing_none: usize) {
+    if format == WireFormat::Array {
+        for _ in 0..trailing_none {
+            w.nil();
         }
     }
 }
@@ -111,20 +132,20 @@ fn key(w: &mut MsgpackWriter<'_>, format: WireFormat, name: &str) {
 }
 
 fn write_stored(w: &mut MsgpackWriter<'_>, e: &BlockStored, format: WireFormat) {
-    match format {
-        WireFormat::Map => {
-            // type + 7 fields without defaults + group_idx (never None in kvblocks). The
-            // struct has 16 entries with the tag, so msgspec always writes a map16 header.
-            let n = 9
-                + u16::from(e.extra_keys.is_some())
-                + u16::from(e.kv_cache_spec_kind.is_some())
-                + u16::from(e.kv_cache_spec_sliding_window.is_some());
-            w.map16_len(n);
-            w.str("type");
-        }
-        WireFormat::Array => w.array_len(12 + STORED_TRAILING_NONE),
-    }
-    w.str("BlockStored");
+    // Map form: type + 7 fields without defaults + group_idx (never None in kvblocks). The
+    // struct has 16 entries with the tag, so msgspec always writes a map16 header.
+    let map_len = 9
+        + u16::from(e.extra_keys.is_some())
+        + u16::from(e.kv_cache_spec_kind.is_some())
+        + u16::from(e.kv_cache_spec_sliding_window.is_some());
+    let array_len = 12 + STORED_TRAILING_NONE;
+    begin(
+        w,
+        format,
+        |w| w.map16_len(map_len),
+        array_len,
+        "BlockStored",
+    );
     key(w, format, "block_hashes");
     w.uint_array(&e.block_hashes);
     key(w, format, "parent_block_hash");
@@ -163,33 +184,24 @@ fn write_stored(w: &mut MsgpackWriter<'_>, e: &BlockStored, format: WireFormat) 
         key(w, format, "kv_cache_spec_sliding_window");
         w.opt(e.kv_cache_spec_sliding_window, |w, v| w.uint(v.into()));
     }
-    if format == WireFormat::Array {
-        for _ in 0..STORED_TRAILING_NONE {
-            w.nil();
-        }
-    }
+    end(w, format, STORED_TRAILING_NONE);
 }
 
 fn write_removed(w: &mut MsgpackWriter<'_>, e: &BlockRemoved, format: WireFormat) {
-    match format {
-        WireFormat::Map => {
-            w.map_len(4);
-            w.str("type");
-        }
-        WireFormat::Array => w.array_len(4 + REMOVED_TRAILING_NONE),
-    }
-    w.str("BlockRemoved");
+    begin(
+        w,
+        format,
+        |w| w.map_len(4),
+        4 + REMOVED_TRAILING_NONE,
+        "BlockRemoved",
+    );
     key(w, format, "block_hashes");
     w.uint_array(&e.block_hashes);
     key(w, format, "medium");
     w.str(e.medium);
     key(w, format, "group_idx");
     w.uint(e.group_idx.into());
-    if format == WireFormat::Array {
-        for _ in 0..REMOVED_TRAILING_NONE {
-            w.nil();
-        }
-    }
+    end(w, format, REMOVED_TRAILING_NONE);
 }
 
 #[cfg(test)]
