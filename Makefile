@@ -11,7 +11,8 @@ WHEELS ?= $(HOME)/.cache/kvblocks-wheels
 DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy \
 	prometheus_client torch
 
-.PHONY: venv deps dev test test-rust test-python lint fmt bench simulate oracle test-vllm
+.PHONY: venv deps dev test test-rust test-python lint fmt bench simulate oracle test-vllm \
+	vllm-scheduler-tests
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -69,3 +70,8 @@ test-vllm: deps
 		--target $(ORACLE_SITE) pytest iniconfig pluggy hypothesis sortedcontainers
 	cd tests && PYTHONPATH=$(ORACLE_SITE) $(VREF)/bin/python -m pytest -q -p no:cacheprovider \
 		-c ../pyproject.toml --rootdir .. $(VLLM_TESTS)
+
+# vLLM 0.33.0's own scheduler tests (from its sdist, unedited), stock and with
+# kvblocks.vllm.install() active; lists the tests that pass stock but not on kvblocks.
+vllm-scheduler-tests: deps
+	$(VREF)/bin/python tools/vllm_tests.py all --build

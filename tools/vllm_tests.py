@@ -1,0 +1,306 @@
+"""Run vLLM 0.33.0's own scheduler tests, stock or on kvblocks, and compare the outcomes.
+
+    python tools/vllm_tests.py fetch             # vLLM's tests/ from its sdist into .vllm-tests/
+    python tools/vllm_tests.py run               # stock vLLM -> .vllm-tests/results/stock.*
+    python tools/vllm_tests.py run --kvblocks    # install() active -> results/kvblocks.*
+    python tools/vllm_tests.py run --kvblocks --build   # a fresh wheel into the site first
+    python tools/vllm_tests.py compare           # tests that pass stock but not on kvblocks
+    python tools/vllm_tests.py all               # fetch if missing, both runs, compare
+
+The tests run unedited in the oracle venv (`make oracle`, .venv-vllm-oracle). kvblocks and
+pytest come from a site folder put first on PYTHONPATH (default .oracle-site.harness), never
+from the venv itself. `run` writes junit xml and a plain `OUTCOME NODEID` list per run;
+`compare` (and `run --compare`) exits 1 when any test that passes on stock fails on kvblocks.
+
+The vLLM sdist cannot be built here, so pip is only asked to unpack it: `pip download
+--no-binary :all: --no-deps --no-clean --no-build-isolation` fails at "Preparing metadata"
+and leaves the unpacked sdist in its temporary folder, from which tests/ is copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_VERSION = "0.33.0"
+DEFAULT_FILES = ("tests/v1/core/test_scheduler.py", "tests/v1/core/test_async_scheduler.py")
+WHEELS = Path.home() / ".cache" / "kvblocks-wheels"
+PYTEST_DEPS = ("pytest", "iniconfig", "pluggy", "packaging")
+
+# facebook/opt-125m's published config.json (the tests name the model; no hub here).
+OPT_125M_CONFIG = {
+    "_name_or_path": "facebook/opt-125m",
+    "activation_dropout": 0.0,
+    "activation_function": "relu",
+    "architectures": ["OPTForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 2,
+    "do_layer_norm_before": True,
+    "dropout": 0.1,
+    "eos_token_id": 2,
+    "ffn_dim": 3072,
+    "hidden_size": 768,
+    "init_std": 0.02,
+    "layerdrop": 0.0,
+    "max_position_embeddings": 2048,
+    "model_type": "opt",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "pad_token_id": 1,
+    "prefix": "</s>",
+    "torch_dtype": "float16",
+    "transformers_version": "4.21.0.dev0",
+    "use_cache": True,
+    "vocab_size": 50272,
+    "word_embed_proj_dim": 768,
+}
+
+# vLLM 0.33.0's pyproject.toml [tool.pytest.ini_options] markers, used when the fetched
+# copy of its pyproject.toml is missing.
+VLLM_MARKERS = [
+    "slow_test",
+    "skip_global_cleanup",
+    "core_model: enable this model test in each PR instead of only nightly",
+    "hybrid_model: models that contain mamba layers (including pure SSM and hybrid architectures)",
+    "cpu_model: enable this model test in CPU tests",
+    "cpu_test: mark test as CPU-only test",
+    "split: run this test as part of a split",
+    "distributed: run this test only in distributed GPU tests",
+    "optional: optional tests that are automatically skipped, include --optional to run them",
+]
+
+
+def log(msg: str) -> None:
+    print(f"[vllm_tests] {msg}", file=sys.stderr, flush=True)
+
+
+def fetch(dest: Path, python: Path, force: bool = False) -> None:
+    """Unpack vLLM's sdist with pip and copy its tests/ (and pyproject.toml) into dest."""
+    if (dest / "tests" / "v1" / "core" / "test_scheduler.py").exists() and not force:
+        log(f"{dest}/tests already there (fetch --force to replace)")
+        return
+    with tempfile.TemporaryDirectory(prefix="vllm-sdist-") as tmp:
+        env = dict(os.environ, TMPDIR=tmp, PIP_NO_INPUT="1")
+        cmd = [
+            str(python), "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+            "--no-clean", "--no-build-isolation", f"vllm=={VLLM_VERSION}",
+            "-d", str(Path(tmp) / "dl"),
+        ]  # fmt: skip
+        log("pip download (expected to stop at 'Preparing metadata'): " + " ".join(cmd[1:]))
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        srcs = sorted(Path(tmp).glob("pip-*/vllm_*/tests"))
+        if not srcs:
+            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+            raise SystemExit("no unpacked vLLM sdist found in pip's temporary folder")
+        src = srcs[0].parent
+        if (src / "PKG-INFO").exists() and f"Version: {VLLM_VERSION}" not in (
+            src / "PKG-INFO"
+        ).read_text(errors="replace"):
+            raise SystemExit(f"unpacked sdist at {src} is not vLLM {VLLM_VERSION}")
+        dest.mkdir(parents=True, exist_ok=True)
+        if (dest / "tests").exists():
+            shutil.rmtree(dest / "tests")
+        shutil.copytree(src / "tests", dest / "tests")
+        shutil.copy2(src / "pyproject.toml", dest / "vllm-pyproject.toml")
+        log(f"copied tests/ of vLLM {VLLM_VERSION} into {dest}")
+
+
+def markers(dest: Path) -> list[str]:
+    pyproject = dest / "vllm-pyproject.toml"
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        return VLLM_MARKERS
+    if pyproject.exists():
+        with pyproject.open("rb") as f:
+            ini = tomllib.load(f).get("tool", {}).get("pytest", {}).get("ini_options", {})
+        if ini.get("markers"):
+            return list(ini["markers"])
+    return VLLM_MARKERS
+
+
+def prepare(dest: Path, python: Path, site: Path) -> None:
+    """The local model config, pytest.ini with vLLM's markers, einops, pytest in the site."""
+    cfg = dest / "facebook" / "opt-125m" / "config.json"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(json.dumps(OPT_125M_CONFIG, indent=2) + "\n")
+    lines = ["[pytest]", "markers ="] + [f"    {m}" for m in markers(dest)]
+    (dest / "pytest.ini").write_text("\n".join(lines) + "\n")
+    missing = [
+        m
+        for m in ("einops", "tblib")
+        if subprocess.run([str(python), "-c", f"import {m}"], capture_output=True).returncode
+    ]
+    if missing:
+        log(f"installing {' '.join(missing)} into the oracle venv")
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *missing], check=True)
+    site.mkdir(parents=True, exist_ok=True)
+    if not (site / "pytest").exists():
+        log(f"installing pytest into {site}")
+        base = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(site)]
+        local = subprocess.run([*base, "--no-index", "--find-links", str(WHEELS), *PYTEST_DEPS])
+        if local.returncode:
+            subprocess.run([*base, *PYTEST_DEPS], check=True)
+
+
+def build(site: Path, python: Path) -> None:
+    """A fresh release wheel of this tree, installed into the site (not the venv)."""
+    wheels = site.with_name(site.name + "-wheels")
+    shutil.rmtree(wheels, ignore_errors=True)
+    maturin = ROOT / ".venv" / "bin" / "maturin"
+    subprocess.run(
+        [str(maturin), "build", "--release", "-q", "-o", str(wheels)], cwd=ROOT, check=True
+    )
+    for old in list(site.glob("kvblocks")) + list(site.glob("kvblocks-*.dist-info")):
+        shutil.rmtree(old)
+    whl = sorted(wheels.glob("kvblocks-*.whl"))[-1]
+    pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(site)]
+    subprocess.run([*pip, str(whl)], check=True)
+
+
+def outcomes(xml_path: Path) -> dict[str, str]:
+    """nodeid -> passed / failed / error / skipped, from a junit xml report."""
+    out: dict[str, str] = {}
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        classname = case.get("classname", "")
+        parts = classname.split(".")
+        # classname is the dotted module path (plus class names); turn it back into a path.
+        for i in range(len(parts), 0, -1):
+            if parts[i - 1].startswith("test_") or i == 1:
+                mod = "/".join(parts[:i]) + ".py"
+                rest = parts[i:]
+                break
+        nodeid = "::".join([mod, *rest, case.get("name", "")])
+        kinds = {child.tag for child in case}
+        if "failure" in kinds:
+            out[nodeid] = "failed"
+        elif "error" in kinds:
+            out[nodeid] = "error"
+        elif "skipped" in kinds:
+            out[nodeid] = "skipped"
+        else:
+            out[nodeid] = "passed"
+    return out
+
+
+def summary(results: dict[str, str]) -> str:
+    by_file: dict[str, dict[str, int]] = {}
+    for nodeid, outcome in results.items():
+        counts = by_file.setdefault(nodeid.split("::")[0], {})
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return "\n".join(
+        f"  {f}: {c.get('passed', 0)} of {sum(c.values())} passed "
+        + " ".join(f"{k}={v}" for k, v in sorted(c.items()) if k != "passed")
+        for f, c in sorted(by_file.items())
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    dest: Path = args.dest
+    if not (dest / "tests").exists():
+        fetch(dest, args.python)
+    prepare(dest, args.python, args.site)
+    if args.kvblocks and (args.build or not (args.site / "kvblocks").exists()):
+        build(args.site, args.python)
+    name = "kvblocks" if args.kvblocks else "stock"
+    results = dest / "results"
+    results.mkdir(exist_ok=True)
+    xml_path = results / f"{name}.xml"
+    env = dict(os.environ)
+    env.update(
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join([str(args.site), str(ROOT / "tools")]),
+    )
+    cmd = [str(args.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "pytest.ini"]
+    cmd += ["--rootdir", ".", f"--junitxml={xml_path}", "-o", "junit_family=xunit1"]
+    if args.kvblocks:
+        cmd += ["-p", "kvblocks_vllm_pytest"]
+    cmd += [*args.pytest_args, *(args.files or DEFAULT_FILES)]
+    log(f"{name}: {' '.join(cmd[1:])}")
+    with (results / f"{name}.log").open("w") as logf:
+        proc = subprocess.run(cmd, cwd=dest, env=env, stdout=logf, stderr=subprocess.STDOUT)
+    tail = (results / f"{name}.log").read_text(errors="replace").splitlines()[-3:]
+    print("\n".join(tail))
+    if not xml_path.exists():
+        log(f"pytest wrote no report (exit {proc.returncode}); see {results / name}.log")
+        return 2
+    res = outcomes(xml_path)
+    (results / f"{name}.txt").write_text(
+        "".join(f"{outcome} {nodeid}\n" for nodeid, outcome in sorted(res.items()))
+    )
+    print(f"{name}:\n{summary(res)}")
+    if args.compare:
+        return compare(dest)
+    return 0
+
+
+def compare(dest: Path) -> int:
+    """List the tests that pass on stock vLLM and do not pass with kvblocks installed."""
+    results = dest / "results"
+    runs = {}
+    for name in ("stock", "kvblocks"):
+        path = results / f"{name}.xml"
+        if not path.exists():
+            flag = " --kvblocks" if name == "kvblocks" else ""
+            raise SystemExit(f"no {path}: run `tools/vllm_tests.py run{flag}` first")
+        runs[name] = outcomes(path)
+    stock, kvb = runs["stock"], runs["kvblocks"]
+    regressed = sorted(t for t, o in stock.items() if o == "passed" and kvb.get(t) != "passed")
+    gained = sorted(t for t, o in kvb.items() if o == "passed" and stock.get(t) != "passed")
+    print(f"stock:\n{summary(stock)}\nkvblocks:\n{summary(kvb)}")
+    for t in gained:
+        print(f"passes only with kvblocks: {t}")
+    for t in regressed:
+        print(f"REGRESSED ({kvb.get(t, 'missing')}): {t}")
+    n_stock = sum(o == "passed" for o in stock.values())
+    print(f"{n_stock - len(regressed)} of {n_stock} stock-passing tests pass with kvblocks")
+    return 1 if regressed else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("command", choices=["fetch", "run", "compare", "all"])
+    p.add_argument("--kvblocks", action="store_true", help="run with kvblocks.vllm.install()")
+    p.add_argument("--build", action="store_true", help="build a fresh kvblocks wheel first")
+    p.add_argument("--compare", action="store_true", help="after `run`, compare the runs")
+    p.add_argument("--force", action="store_true", help="fetch again even if present")
+    p.add_argument("--dest", type=Path, default=ROOT / ".vllm-tests")
+    p.add_argument("--site", type=Path, default=ROOT / ".oracle-site.harness")
+    p.add_argument(
+        "--python",
+        type=Path,
+        default=Path(os.environ.get("VREF", ROOT / ".venv-vllm-oracle")) / "bin" / "python",
+        help="the oracle venv's python (default $VREF/bin/python or .venv-vllm-oracle)",
+    )
+    p.add_argument("--files", nargs="*", help=f"test files (default: {' '.join(DEFAULT_FILES)})")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: passed to pytest")
+    args = p.parse_args()
+    args.dest, args.site = args.dest.resolve(), args.site.resolve()
+    args.pytest_args = [a for a in args.pytest_args if a != "--"]
+    if args.command == "fetch":
+        fetch(args.dest, args.python, force=args.force)
+        return 0
+    if args.command == "compare":
+        return compare(args.dest)
+    if args.command == "run":
+        return run(args)
+    fetch(args.dest, args.python, force=args.force)
+    args.kvblocks, args.compare = False, False
+    rc = run(args)
+    args.kvblocks = True
+    rc = max(rc, run(args))
+    return max(rc, compare(args.dest))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
