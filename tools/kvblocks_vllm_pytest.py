@@ -4,14 +4,22 @@ Loaded by `tools/vllm_tests.py --kvblocks` as `-p kvblocks_vllm_pytest` (tools/ 
 PYTHONPATH). vLLM's test modules import `get_request_block_hasher` and `Scheduler` by name
 when they are imported, so install() runs before any conftest or test module is loaded:
 `pytest_load_initial_conftests` is called for `-p` plugins before the initial conftests.
+
+By default the install is strict (`fallback=False`): a configuration kvblocks refuses
+fails its test instead of quietly running on vLLM's own manager. With
+`KVBLOCKS_VLLM_TESTS_FALLBACK=1` it falls back as a deployment would, and the terminal
+summary counts the fallbacks.
 """
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from typing import Any
 
 import pytest
 
+FALLBACK = os.environ.get("KVBLOCKS_VLLM_TESTS_FALLBACK", "") == "1"
 _installed: list[str] = []
 
 
@@ -19,21 +27,33 @@ _installed: list[str] = []
 def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> None:
     import kvblocks.vllm
 
-    kvblocks.vllm.install()
+    kvblocks.vllm.install(fallback=FALLBACK)
     _installed.append(kvblocks.__file__ or "?")
 
 
 def pytest_report_header(config: Any) -> str:
     import kvblocks.vllm
     import vllm.v1.core.kv_cache_utils as kcu
-    import vllm.v1.core.sched.scheduler as sched
+    import vllm.v1.engine.core as core
 
-    manager = sched.KVCacheManager is kvblocks.vllm.KVCacheManager
-    hasher = getattr(kcu.get_request_block_hasher, "__module__", "").startswith("kvblocks")
+    hashers = {
+        m.__name__: getattr(m.get_request_block_hasher, "__module__", "?") for m in (kcu, core)
+    }
     return (
-        f"kvblocks.vllm.install() active: manager={manager} hasher={hasher} "
-        f"({_installed[0] if _installed else 'not installed'})"
+        f"kvblocks.vllm.install(fallback={FALLBACK}) active: {kvblocks.vllm.installed()}; "
+        f"hashers: {hashers}; kvblocks from {_installed[0] if _installed else '?'}"
     )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    import kvblocks.vllm
+
+    fallbacks = Counter(kvblocks.vllm.fallbacks)
+    terminalreporter.write_line(
+        f"kvblocks: {sum(fallbacks.values())} manager(s) fell back to vLLM's own"
+    )
+    for reason, n in fallbacks.most_common():
+        terminalreporter.write_line(f"  {n} x {reason}")
 
 
 def pytest_unconfigure(config: Any) -> None:
