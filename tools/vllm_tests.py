@@ -4,13 +4,16 @@
     python tools/vllm_tests.py run               # stock vLLM -> .vllm-tests/results/stock.*
     python tools/vllm_tests.py run --kvblocks    # install() active -> results/kvblocks.*
     python tools/vllm_tests.py run --kvblocks --build   # a fresh wheel into the site first
+    python tools/vllm_tests.py run --kvblocks --tree    # python/ of this tree, no wheel
     python tools/vllm_tests.py compare           # tests that pass stock but not on kvblocks
     python tools/vllm_tests.py all               # fetch if missing, both runs, compare
 
 The tests run unedited in the oracle venv (`make oracle`, .venv-vllm-oracle). kvblocks and
 pytest come from a site folder put first on PYTHONPATH (default .oracle-site.harness), never
 from the venv itself. `run` writes junit xml and a plain `OUTCOME NODEID` list per run;
-`compare` (and `run --compare`) exits 1 when any test that passes on stock fails on kvblocks.
+`compare` (and `run --compare`) exits 1 when any test that passes on stock fails on kvblocks,
+and writes those tests grouped by cause, with the head of a traceback each, to
+.vllm-tests/failures.md.
 
 The vLLM sdist cannot be built here, so pip is only asked to unpack it: `pip download
 --no-binary :all: --no-deps --no-clean --no-build-isolation` fails at "Preparing metadata"
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -166,29 +170,50 @@ def build(site: Path, python: Path) -> None:
     subprocess.run([*pip, str(whl)], check=True)
 
 
-def outcomes(xml_path: Path) -> dict[str, str]:
-    """nodeid -> passed / failed / error / skipped, from a junit xml report."""
-    out: dict[str, str] = {}
+def cases(xml_path: Path) -> dict[str, tuple[str, str]]:
+    """nodeid -> (passed / failed / error / skipped, failure text), from a junit xml report."""
+    out: dict[str, tuple[str, str]] = {}
     for case in ET.parse(xml_path).getroot().iter("testcase"):
-        classname = case.get("classname", "")
-        parts = classname.split(".")
+        parts = case.get("classname", "").split(".")
         # classname is the dotted module path (plus class names); turn it back into a path.
-        for i in range(len(parts), 0, -1):
-            if parts[i - 1].startswith("test_") or i == 1:
-                mod = "/".join(parts[:i]) + ".py"
-                rest = parts[i:]
-                break
-        nodeid = "::".join([mod, *rest, case.get("name", "")])
-        kinds = {child.tag for child in case}
-        if "failure" in kinds:
-            out[nodeid] = "failed"
-        elif "error" in kinds:
-            out[nodeid] = "error"
-        elif "skipped" in kinds:
-            out[nodeid] = "skipped"
-        else:
-            out[nodeid] = "passed"
+        i = next((i for i in range(len(parts), 0, -1) if parts[i - 1].startswith("test_")), 1)
+        nodeid = "::".join(["/".join(parts[:i]) + ".py", *parts[i:], case.get("name", "")])
+        outcome, text = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed"}.get(child.tag, child.tag)
+                text = (child.text or child.get("message") or "").strip()
+                if outcome != "skipped":
+                    break
+        out[nodeid] = (outcome, text)
     return out
+
+
+def outcomes(xml_path: Path) -> dict[str, str]:
+    return {nodeid: outcome for nodeid, (outcome, _) in cases(xml_path).items()}
+
+
+def cause(text: str) -> str:
+    """The exception a failure ended on: its last `E   Name: message` line."""
+    lines = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
+    named = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Exit)\b", ln)]
+    pick = (named or lines or text.splitlines()[-1:] or ["?"])[-1]
+    return pick[:200]
+
+
+def write_failures(path: Path, regressed: list[str], kvb: dict[str, tuple[str, str]]) -> None:
+    """The regressed tests grouped by cause, with the head of the first traceback each."""
+    groups: dict[str, list[str]] = {}
+    for t in regressed:
+        groups.setdefault(cause(kvb.get(t, ("missing", "not run"))[1]), []).append(t)
+    md = [f"# vLLM scheduler tests that pass stock and fail with kvblocks: {len(regressed)}", ""]
+    for n, (why, tests) in enumerate(sorted(groups.items(), key=lambda g: -len(g[1])), 1):
+        md += [f"## {n}. {why} ({len(tests)} tests)", ""]
+        md += [f"- `{t}`" for t in tests] + ["", "```"]
+        tb = kvb.get(tests[0], ("", ""))[1].splitlines()
+        head = tb[:25] + (["..."] if len(tb) > 40 else []) + tb[max(25, len(tb) - 15) :]
+        md += [*head, "```", ""]
+    path.write_text("\n".join(md))
 
 
 def summary(results: dict[str, str]) -> str:
@@ -208,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     if not (dest / "tests").exists():
         fetch(dest, args.python)
     prepare(dest, args.python, args.site)
-    if args.kvblocks and (args.build or not (args.site / "kvblocks").exists()):
+    if args.kvblocks and not args.tree and (args.build or not (args.site / "kvblocks").exists()):
         build(args.site, args.python)
     name = "kvblocks" if args.kvblocks else "stock"
     results = dest / "results"
@@ -219,7 +244,9 @@ def run(args: argparse.Namespace) -> int:
         VLLM_TARGET_DEVICE="cpu",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
-        PYTHONPATH=os.pathsep.join([str(args.site), str(ROOT / "tools")]),
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "python")] * args.tree + [str(args.site), str(ROOT / "tools")]
+        ),
         KVBLOCKS_VLLM_TESTS_FALLBACK="1" if args.fallback else "0",
     )
     cmd = [str(args.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "pytest.ini"]
@@ -255,8 +282,9 @@ def compare(dest: Path) -> int:
         if not path.exists():
             flag = " --kvblocks" if name == "kvblocks" else ""
             raise SystemExit(f"no {path}: run `tools/vllm_tests.py run{flag}` first")
-        runs[name] = outcomes(path)
-    stock, kvb = runs["stock"], runs["kvblocks"]
+        runs[name] = cases(path)
+    stock = {t: o for t, (o, _) in runs["stock"].items()}
+    kvb = {t: o for t, (o, _) in runs["kvblocks"].items()}
     regressed = sorted(t for t, o in stock.items() if o == "passed" and kvb.get(t) != "passed")
     gained = sorted(t for t, o in kvb.items() if o == "passed" and stock.get(t) != "passed")
     print(f"stock:\n{summary(stock)}\nkvblocks:\n{summary(kvb)}")
@@ -266,6 +294,9 @@ def compare(dest: Path) -> int:
         print(f"REGRESSED ({kvb.get(t, 'missing')}): {t}")
     n_stock = sum(o == "passed" for o in stock.values())
     print(f"{n_stock - len(regressed)} of {n_stock} stock-passing tests pass with kvblocks")
+    if regressed:
+        write_failures(dest / "failures.md", regressed, runs["kvblocks"])
+        print(f"grouped by cause in {dest / 'failures.md'}")
     return 1 if regressed else 0
 
 
@@ -274,6 +305,12 @@ def main() -> int:
     p.add_argument("command", choices=["fetch", "run", "compare", "all"])
     p.add_argument("--kvblocks", action="store_true", help="run with kvblocks.vllm.install()")
     p.add_argument("--build", action="store_true", help="build a fresh kvblocks wheel first")
+    p.add_argument(
+        "--tree",
+        action="store_true",
+        help="kvblocks from python/ of this tree (its extension as `make dev` last built it) "
+        "instead of a wheel in the site",
+    )
     p.add_argument("--compare", action="store_true", help="after `run`, compare the runs")
     p.add_argument("--force", action="store_true", help="fetch again even if present")
     p.add_argument(
