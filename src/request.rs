@@ -3,12 +3,13 @@
 //!
 //! `block_hashes` grows as vLLM's does: the constructor hashes every full block of the
 //! prompt, and each `append_output_token_ids` hashes the blocks it completes, chaining from
-//! the last hash. Hence `block_hashes().len() == num_tokens() / hash_block_size`.
+//! the last hash. Hence `block_hashes().len() == (num_tokens() - L) / hash_block_size`,
+//! `L` being the hasher's `num_hash_lookahead_tokens` (usually 0).
 
 use crate::error::{KvError, Result};
 use crate::hashing::{
-    effective_parent, mm_resume_index, to_event_extra_keys, with_scratch, BlockHashView,
-    BlockHasher, KeySources, LoraRequest, MmFeature, PromptEmbeds,
+    effective_parent, mm_resume_index, to_event_extra_keys, BlockHashView, BlockHasher, KeySources,
+    LoraRequest, MmFeature, PromptEmbeds,
 };
 use crate::managers::SlotHint;
 use crate::types::{BlockHash, KeyValue};
@@ -88,6 +89,11 @@ impl Request {
                     all_token_ids.len()
                 )));
             }
+        }
+        if all_token_ids.is_empty() {
+            return Err(KvError::InvalidArgument(
+                "a request needs at least one prompt token (or prompt embedding)".into(),
+            ));
         }
         MmFeature::validate_all(&options.mm_features, all_token_ids.len())?;
         let mut req = Self {
@@ -189,44 +195,20 @@ impl Request {
             lora: options.lora.as_ref(),
             mm_features: &options.mm_features,
             cache_salt: options.cache_salt.as_deref(),
-            prompt_embeds: options.prompt_embeds.as_ref(),
+            prompt_embeds: options.prompt_embeds.as_ref().map(PromptEmbeds::as_view),
         }
     }
 
     /// vLLM's `request_block_hasher`: hashes every newly completed full block.
     fn update_block_hashes(&mut self) {
         let Some(hasher) = self.hasher else { return };
-        let (hbs, algo) = (hasher.hash_block_size(), hasher.algo());
-        let start = self.block_hashes.len() * hbs;
-        if start + hbs > self.all_token_ids.len() {
+        let Some(span) = hasher.pending_tokens(self.block_hashes.len(), self.num_tokens()) else {
             return;
-        }
+        };
+        let parent = effective_parent(hasher.algo(), self.block_hashes.last());
         let src = Self::key_sources(&self.options);
-        let mm = src.mm_features;
-        let mut mm_idx = 0;
-        if start > 0 && mm.last().is_some_and(|f| f.end() > start) {
-            mm_idx = mm_resume_index(mm, start);
-        }
-        let mut parent = effective_parent(algo, self.block_hashes.last());
-        let blocks = self.all_token_ids[start..].chunks_exact(hbs);
-        let out = &mut self.block_hashes;
-        out.reserve(blocks.len());
-        with_scratch(|s| {
-            if src.is_empty() {
-                for block in blocks {
-                    parent = s.hash_block::<[KeyValue]>(algo, &parent, block, None);
-                    out.push(parent);
-                }
-                return;
-            }
-            for (i, block) in blocks.enumerate() {
-                let b0 = start + i * hbs;
-                let (keys, next) = src.block_keys(b0, b0 + hbs, mm_idx);
-                mm_idx = next;
-                parent = s.hash_block(algo, &parent, block, keys.as_ref());
-                out.push(parent);
-            }
-        });
+        let tokens = &self.all_token_ids[span.clone()];
+        hasher.hash_new_blocks(parent, span.start, tokens, &src, &mut self.block_hashes);
     }
 
     /// The tagged extra keys of token range `[start, end)`, as hashed (None if none).

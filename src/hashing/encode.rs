@@ -51,6 +51,36 @@ impl ExtraKeys for [KeyValue] {
     }
 }
 
+/// vLLM's lookahead extra keys `(E, *next_tokens)`: the block's own keys `E` (`None` when
+/// it has none) followed by the `num_hash_lookahead_tokens` tokens after the block.
+pub(crate) struct LookaheadKeys<'k, K: ?Sized> {
+    /// `E`, the keys of the block and its lookahead tokens.
+    pub(crate) keys: Option<&'k K>,
+    /// The tokens after the block.
+    pub(crate) tokens: &'k [u32],
+}
+
+impl<K: ExtraKeys + ?Sized> ExtraKeys for LookaheadKeys<'_, K> {
+    fn count(&self) -> usize {
+        1 + self.tokens.len()
+    }
+
+    fn write_items<E: Encoder>(&self, e: &mut E) {
+        match self.keys {
+            None => e.none(),
+            Some(keys) => {
+                let n = keys.count();
+                e.tuple_begin(n);
+                keys.write_items(e);
+                e.tuple_end(n);
+            }
+        }
+        for &t in self.tokens {
+            e.int(i64::from(t));
+        }
+    }
+}
+
 /// Writes one value tree.
 pub(crate) fn write_value<E: Encoder>(e: &mut E, v: &KeyValue) {
     match v {

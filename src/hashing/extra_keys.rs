@@ -125,10 +125,44 @@ impl PromptEmbeds {
     /// `sha256(tensor_data(prompt_embeds[start:end]))`; the slice is clipped to the prompt
     /// as Python slicing is.
     pub fn block_digest(&self, start: usize, end: usize) -> [u8; 32] {
+        self.as_view().block_digest(start, end)
+    }
+
+    /// The embeddings, borrowed.
+    pub fn as_view(&self) -> PromptEmbedsView<'_> {
+        PromptEmbedsView {
+            data: &self.data,
+            bytes_per_token: self.bytes_per_token,
+            first_row: 0,
+        }
+    }
+}
+
+/// Rows of prompt embeddings borrowed from their owner (a [`PromptEmbeds`], or the rows a
+/// binding copied out of a tensor): `bytes_per_token` raw bytes per prompt position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptEmbedsView<'a> {
+    /// Row-major embeddings of rows `first_row..`, `bytes_per_token` bytes per row; the
+    /// rows end where the prompt does, or past every row a digest is asked for.
+    pub data: &'a [u8],
+    /// Bytes of one token's embedding.
+    pub bytes_per_token: usize,
+    /// The prompt position of the first row of `data` (no digest starts before it).
+    pub first_row: usize,
+}
+
+impl PromptEmbedsView<'_> {
+    /// `sha256(tensor_data(prompt_embeds[start:end]))`; the slice is clipped to the rows
+    /// held, as Python slicing clips to the prompt.
+    pub fn block_digest(&self, start: usize, end: usize) -> [u8; 32] {
         let n = self.data.len();
-        let lo = start.saturating_mul(self.bytes_per_token).min(n);
-        let hi = end.saturating_mul(self.bytes_per_token).min(n).max(lo);
-        Sha256::digest(&self.data[lo..hi]).into()
+        let row = |i: usize| {
+            i.saturating_sub(self.first_row)
+                .saturating_mul(self.bytes_per_token)
+                .min(n)
+        };
+        let (lo, hi) = (row(start), row(end));
+        Sha256::digest(&self.data[lo..hi.max(lo)]).into()
     }
 }
 
@@ -142,7 +176,7 @@ pub(crate) struct KeySources<'a> {
     /// `cache_salt` (an empty salt adds no key).
     pub cache_salt: Option<&'a str>,
     /// Prompt embeddings.
-    pub prompt_embeds: Option<&'a PromptEmbeds>,
+    pub prompt_embeds: Option<PromptEmbedsView<'a>>,
 }
 
 /// One block's extra keys, borrowed from the request (nothing allocated).
@@ -435,5 +469,14 @@ mod tests {
         assert_eq!(pe.block_digest(2, 4), want);
         let empty: [u8; 32] = Sha256::digest([]).into();
         assert_eq!(pe.block_digest(4, 6), empty);
+        // A view of rows 1.. digests the same rows by their prompt positions.
+        let tail = PromptEmbedsView {
+            data: &pe.data[4..],
+            bytes_per_token: 4,
+            first_row: 1,
+        };
+        assert_eq!(tail.block_digest(2, 4), want);
+        assert_eq!(tail.block_digest(1, 3), pe.block_digest(1, 3));
+        assert_eq!(tail.block_digest(4, 6), empty);
     }
 }

@@ -15,6 +15,7 @@
 
 mod cbor;
 mod cbor_tokens;
+mod chain;
 mod encode;
 mod extra_keys;
 mod pickle;
@@ -33,7 +34,7 @@ use encode::{encode_block, encode_str, ExtraKeys};
 use pickle::{Pickle, Shared};
 
 pub(crate) use extra_keys::{mm_resume_index, KeySources};
-pub use extra_keys::{to_event_extra_keys, LoraRequest, MmFeature, PromptEmbeds};
+pub use extra_keys::{to_event_extra_keys, LoraRequest, MmFeature, PromptEmbeds, PromptEmbedsView};
 pub use view::BlockHashView;
 
 /// vLLM's `prefix_caching_hash_algo`: how a block's hash input is serialized and digested.
@@ -242,12 +243,16 @@ fn random_hex_32() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// vLLM's `get_request_block_hasher(hash_block_size, F)`: the hash granularity and
-/// algorithm a [`crate::request::Request`] hashes its full blocks with.
+/// vLLM's `get_request_block_hasher(hash_block_size, F, num_hash_lookahead_tokens)`: the
+/// hash granularity, algorithm and lookahead a [`crate::request::Request`] hashes its full
+/// blocks with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockHasher {
     hash_block_size: usize,
     algo: HashAlgo,
+    /// NOTE 2: with `L > 0` a block's hash also covers the `L` tokens after it, so it is
+    /// emitted only once they exist (vLLM's drafter lookahead).
+    lookahead: usize,
 }
 
 impl BlockHasher {
@@ -261,7 +266,23 @@ impl BlockHasher {
         Ok(Self {
             hash_block_size,
             algo,
+            lookahead: 0,
         })
+    }
+
+    /// The same hasher with `num_hash_lookahead_tokens` tokens of lookahead: block `i`'s
+    /// hash is emitted once the `L` tokens after it exist, and its extra keys become
+    /// `(E, *next_L_tokens)` where `E` are the keys of the block and those tokens.
+    pub fn with_lookahead(self, num_hash_lookahead_tokens: usize) -> Self {
+        Self {
+            lookahead: num_hash_lookahead_tokens,
+            ..self
+        }
+    }
+
+    /// vLLM's `num_hash_lookahead_tokens` (0: none).
+    pub fn num_hash_lookahead_tokens(&self) -> usize {
+        self.lookahead
     }
 
     /// Tokens per hashed block.
