@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias, final, overload
 
 from typing_extensions import Self
@@ -553,6 +553,29 @@ class BlockHasher:
     def hash_block_size(self) -> int: ...
     @property
     def algo(self) -> str: ...
+
+@final
+class RequestBlockHasher:
+    """vLLM's request block hasher: `hasher(request)` gives the hashes of the full blocks a
+    vLLM `Request` completed since its last call (see `kvblocks.vllm`)."""
+
+    def __new__(
+        cls,
+        hash_block_size: int,
+        algo: str,
+        num_hash_lookahead_tokens: int = 0,
+        *,
+        none_hash_from: object | None = None,
+        tensor_data: Callable[[Any], Any] | None = None,
+    ) -> RequestBlockHasher: ...
+    @property
+    def hash_block_size(self) -> int: ...
+    @property
+    def algo(self) -> str: ...
+    @property
+    def num_hash_lookahead_tokens(self) -> int: ...
+    def __call__(self, request: Any, /) -> list[bytes]:
+        """The new hashes of `request` (vLLM's `Request`, read in place), as `bytes`."""
 
 # --- request -------------------------------------------------------------------------------
 

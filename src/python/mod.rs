@@ -12,6 +12,7 @@ mod manager;
 mod pool;
 mod publish;
 mod request;
+mod request_hasher;
 mod spec;
 
 /// The `kvblocks._core` extension module.
@@ -27,5 +28,6 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     config::register(m)?;
     manager::register(m)?;
     request::register(m)?;
+    request_hasher::register(m)?;
     Ok(())
 }

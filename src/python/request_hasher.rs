@@ -1,0 +1,341 @@
+//! `RequestBlockHasher`: vLLM's `request_block_hasher` closure on the core's hash chain.
+//!
+//! vLLM's `Request` calls its hasher with itself from `__init__` and from every
+//! `append_output_token_ids`, and extends `request.block_hashes` with what it returns.
+//! This class reads that request in place (duck-typed: `_all_token_ids`, `block_hashes`,
+//! `lora_request`, `cache_salt`, `mm_features`, `prompt_embeds`), converts only the tokens
+//! of the new blocks, hashes them with the core ([`BlockHasher::hash_new_blocks`]) and
+//! returns the new hashes as `bytes`. Which blocks are due and what keys each gets are the
+//! core's rules; this file only reads and converts.
+
+use std::ops::Range;
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PySlice, PyString};
+use pyo3::{ffi, intern};
+
+use super::hashing::parse_algo;
+use super::ids::extract_u32s;
+use crate::hashing::{
+    none_hash, BlockHasher, KeySources, LoraRequest, MmFeature, PromptEmbedsView,
+};
+use crate::types::BlockHash;
+
+/// Spans at least this many tokens are hashed with the GIL released.
+const RELEASE_GIL_TOKENS: usize = 512;
+
+/// vLLM's `get_request_block_hasher(hash_block_size, caching_hash_fn,
+/// num_hash_lookahead_tokens)` result: call it with a vLLM `Request` to get the hashes of
+/// the full blocks the request completed since its last call.
+#[pyclass(name = "RequestBlockHasher", module = "kvblocks._core", frozen)]
+pub(crate) struct PyRequestBlockHasher {
+    hasher: BlockHasher,
+    /// An object whose `NONE_HASH` attribute is the parent of a first block (vLLM's
+    /// `kv_cache_utils` module, read per call: `init_none_hash` may change it).
+    none_hash_from: Option<Py<PyAny>>,
+    /// vLLM's `tensor_data`: a tensor to a buffer of its raw bytes.
+    tensor_data: Option<Py<PyAny>>,
+}
+
+/// The values of `list[span]` as `u32`: exact ints are read with no new reference per
+/// item; anything else goes through PyO3's conversion of the slice, which raises the right
+/// error.
+fn list_u32s(list: &Bound<'_, PyList>, span: Range<usize>) -> PyResult<Vec<u32>> {
+    let mut out = Vec::with_capacity(span.len());
+    for i in span.clone() {
+        // SAFETY: `list` is a live list and `i < len(list)` (the span was computed from its
+        // length just before, with no Python code run since); nothing in this loop runs
+        // Python code (exact ints convert without `__index__`), and the module is built for
+        // the limited API, which has a GIL, so the list cannot change while it is read.
+        let v = unsafe {
+            let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
+            if item.is_null() || ffi::PyLong_CheckExact(item) == 0 {
+                -1
+            } else {
+                ffi::PyLong_AsSsize_t(item)
+            }
+        };
+        if !(0..=u32::MAX as ffi::Py_ssize_t).contains(&v) {
+            let _ = PyErr::take(list.py());
+            let slice = list.get_slice(span.start, span.end);
+            return extract_u32s(&slice, "token ids");
+        }
+        out.push(v as u32);
+    }
+    Ok(out)
+}
+
+/// `request.lora_request` as the core's adapter (None when falsy, as vLLM's `if not`).
+fn lora_of(request: &Bound<'_, PyAny>) -> PyResult<Option<LoraRequest>> {
+    let py = request.py();
+    let lora = request.getattr(intern!(py, "lora_request"))?;
+    if !lora.is_truthy()? {
+        return Ok(None);
+    }
+    let name = lora
+        .getattr(intern!(py, "lora_name"))?
+        .extract::<String>()?;
+    let path = lora
+        .getattr(intern!(py, "lora_path"))?
+        .extract::<String>()?;
+    // The id is not hashed; vLLM's own LoRARequest has validated it.
+    Ok(Some(LoraRequest { name, path, id: 0 }))
+}
+
+/// `request.mm_features` as `(identifier, offset, length)` items; empty when no feature
+/// ends after `start` (then none can overlap a block from `start` on).
+fn mm_features_of(request: &Bound<'_, PyAny>, start: usize) -> PyResult<Vec<MmFeature>> {
+    let py = request.py();
+    let features = request.getattr(intern!(py, "mm_features"))?;
+    if !features.is_truthy()? {
+        return Ok(Vec::new());
+    }
+    let position = |f: &Bound<'_, PyAny>, i: usize| -> PyResult<(usize, usize)> {
+        let pos = f.getattr(intern!(py, "mm_position"))?;
+        let offset = pos.getattr(intern!(py, "offset"))?.extract::<usize>();
+        let length = pos.getattr(intern!(py, "length"))?.extract::<usize>();
+        match (offset, length) {
+            (Ok(o), Ok(l)) => Ok((o, l)),
+            _ => Err(PyValueError::new_err(format!(
+                "request.mm_features[{i}].mm_position: offset and length must be ints >= 0"
+            ))),
+        }
+    };
+    let n = features.len()?;
+    let (o, l) = position(&features.get_item(n - 1)?, n - 1)?;
+    if o.saturating_add(l) <= start {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::with_capacity(n);
+    for (i, f) in features.try_iter()?.enumerate() {
+        let f = f?;
+        let (offset, length) = position(&f, i)?;
+        let identifier = f.getattr(intern!(py, "identifier"))?;
+        let identifier = identifier.downcast::<PyString>().map_err(|_| {
+            PyTypeError::new_err(format!("request.mm_features[{i}].identifier must be a str"))
+        })?;
+        out.push(MmFeature {
+            identifier: identifier.to_str()?.to_owned(),
+            offset,
+            length,
+        });
+    }
+    Ok(out)
+}
+
+/// The rows of `request.prompt_embeds` that the new blocks hash, as vLLM's `tensor_data`
+/// gives their bytes (the limited API has no buffer protocol before 3.11: the rows are
+/// copied, and only those).
+struct Embeds {
+    rows: Option<Py<PyBytes>>,
+    bytes_per_token: usize,
+    first_row: usize,
+}
+
+impl Embeds {
+    fn view<'a>(&'a self, py: Python<'a>) -> PromptEmbedsView<'a> {
+        PromptEmbedsView {
+            data: self.rows.as_ref().map_or(&[], |b| b.as_bytes(py)),
+            bytes_per_token: self.bytes_per_token,
+            first_row: self.first_row,
+        }
+    }
+}
+
+impl PyRequestBlockHasher {
+    /// vLLM's NONE_HASH: `none_hash_from.NONE_HASH` read now, or kvblocks' own.
+    fn none_hash(&self, py: Python<'_>) -> PyResult<BlockHash> {
+        let Some(src) = &self.none_hash_from else {
+            return Ok(none_hash(self.hasher.algo()));
+        };
+        let value = src
+            .bind(py)
+            .getattr(intern!(py, "NONE_HASH"))
+            .map_err(|_| {
+                PyRuntimeError::new_err(
+                    "vLLM's NONE_HASH is not set: call vllm.v1.core.kv_cache_utils.init_none_hash \
+                 (vLLM's engine core does) before hashing requests",
+                )
+            })?;
+        let bytes = value
+            .downcast::<PyBytes>()
+            .map_err(|_| PyTypeError::new_err("NONE_HASH must be bytes"))?;
+        Ok(BlockHash::from_slice(bytes.as_bytes())?)
+    }
+
+    /// The parent of the first new block: the request's last hash, or NONE_HASH when it has
+    /// none (or it is empty, which vLLM treats alike).
+    fn parent(&self, hashes: &Bound<'_, PyAny>, num_hashes: usize) -> PyResult<BlockHash> {
+        let py = hashes.py();
+        if num_hashes > 0 {
+            let last = hashes.get_item(num_hashes - 1)?;
+            let last = last
+                .downcast::<PyBytes>()
+                .map_err(|_| PyTypeError::new_err("request.block_hashes must hold bytes"))?;
+            if !last.as_bytes().is_empty() {
+                return Ok(BlockHash::from_slice(last.as_bytes())?);
+            }
+        }
+        self.none_hash(py)
+    }
+
+    /// `request.prompt_embeds`: the rows of `span` (clipped to the prompt); none are read
+    /// when the span lies past the prompt.
+    fn embeds_of(
+        &self,
+        request: &Bound<'_, PyAny>,
+        span: &Range<usize>,
+    ) -> PyResult<Option<Embeds>> {
+        let py = request.py();
+        let pe = request.getattr(intern!(py, "prompt_embeds"))?;
+        if pe.is_none() {
+            return Ok(None);
+        }
+        let rows = pe.len()?;
+        if span.start >= rows {
+            // Every new block's slice of the embeddings is empty.
+            return Ok(Some(Embeds {
+                rows: None,
+                bytes_per_token: 0,
+                first_row: span.start,
+            }));
+        }
+        let Some(tensor_data) = &self.tensor_data else {
+            return Err(PyValueError::new_err(
+                "this hasher was made without tensor_data and cannot hash prompt_embeds",
+            ));
+        };
+        let data = tensor_data.bind(py).call1((pe,))?;
+        let nbytes = data.len()?;
+        if nbytes % rows != 0 {
+            return Err(PyValueError::new_err(format!(
+                "tensor_data(prompt_embeds) gave {nbytes} bytes, not {rows} rows"
+            )));
+        }
+        let bytes_per_token = nbytes / rows;
+        let (lo, hi) = (span.start, span.end.min(rows));
+        let slice = PySlice::new(
+            py,
+            (lo * bytes_per_token) as isize,
+            (hi * bytes_per_token) as isize,
+            1,
+        );
+        let rows = data
+            .get_item(slice)?
+            .call_method0(intern!(py, "tobytes"))?
+            .downcast_into::<PyBytes>()
+            .map_err(|_| PyTypeError::new_err("tensor_data(...)[a:b].tobytes() must be bytes"))?;
+        Ok(Some(Embeds {
+            rows: Some(rows.unbind()),
+            bytes_per_token,
+            first_row: lo,
+        }))
+    }
+}
+
+#[pymethods]
+impl PyRequestBlockHasher {
+    #[new]
+    #[pyo3(signature = (hash_block_size, algo, num_hash_lookahead_tokens=0, *,
+                        none_hash_from=None, tensor_data=None))]
+    fn new(
+        hash_block_size: i64,
+        algo: &str,
+        num_hash_lookahead_tokens: i64,
+        none_hash_from: Option<Py<PyAny>>,
+        tensor_data: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let algo = parse_algo(algo)?;
+        let lookahead = usize::try_from(num_hash_lookahead_tokens).map_err(|_| {
+            PyValueError::new_err(format!(
+                "num_hash_lookahead_tokens must be >= 0, got {num_hash_lookahead_tokens}"
+            ))
+        })?;
+        let size = usize::try_from(hash_block_size).unwrap_or(0);
+        Ok(Self {
+            hasher: BlockHasher::new(size, algo)?.with_lookahead(lookahead),
+            none_hash_from,
+            tensor_data,
+        })
+    }
+
+    /// Tokens per hashed block.
+    #[getter]
+    fn hash_block_size(&self) -> usize {
+        self.hasher.hash_block_size()
+    }
+
+    /// vLLM's algorithm name.
+    #[getter]
+    fn algo(&self) -> &'static str {
+        self.hasher.algo().name()
+    }
+
+    /// Tokens after a block that its hash covers (0: none).
+    #[getter]
+    fn num_hash_lookahead_tokens(&self) -> usize {
+        self.hasher.num_hash_lookahead_tokens()
+    }
+
+    /// The hashes of the full blocks `request` completed since its last call, as `bytes`.
+    fn __call__<'py>(&self, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let py = request.py();
+        let tokens = match request.getattr(intern!(py, "_all_token_ids")) {
+            Ok(t) => t,
+            Err(_) => request.getattr(intern!(py, "all_token_ids"))?,
+        };
+        let hashes = request.getattr(intern!(py, "block_hashes"))?;
+        let num_hashes = hashes.len()?;
+        let Some(span) = self.hasher.pending_tokens(num_hashes, tokens.len()?) else {
+            return Ok(PyList::empty(py));
+        };
+        let parent = self.parent(&hashes, num_hashes)?;
+        let lora = lora_of(request)?;
+        let salt = request.getattr(intern!(py, "cache_salt"))?;
+        let salt = if salt.is_none() {
+            None
+        } else {
+            Some(salt.extract::<String>()?)
+        };
+        let mm = mm_features_of(request, span.start)?;
+        let embeds = self.embeds_of(request, &span)?;
+        let tokens = match tokens.downcast::<PyList>() {
+            Ok(list) => list_u32s(list, span.clone())?,
+            Err(_) => {
+                let slice = PySlice::new(py, span.start as isize, span.end as isize, 1);
+                extract_u32s(&tokens.get_item(slice)?, "token ids")?
+            }
+        };
+        let src = KeySources {
+            lora: lora.as_ref(),
+            mm_features: &mm,
+            cache_salt: salt.as_deref(),
+            prompt_embeds: embeds.as_ref().map(|e| e.view(py)),
+        };
+        let hasher = self.hasher;
+        let mut out = Vec::new();
+        if tokens.len() >= RELEASE_GIL_TOKENS {
+            py.allow_threads(|| {
+                hasher.hash_new_blocks(parent, span.start, &tokens, &src, &mut out)
+            });
+        } else {
+            hasher.hash_new_blocks(parent, span.start, &tokens, &src, &mut out);
+        }
+        PyList::new(py, out.iter().map(|h| PyBytes::new(py, h.as_bytes())))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "RequestBlockHasher(hash_block_size={}, algo={:?}, num_hash_lookahead_tokens={})",
+            self.hasher.hash_block_size(),
+            self.hasher.algo().name(),
+            self.hasher.num_hash_lookahead_tokens()
+        )
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyRequestBlockHasher>()?;
+    Ok(())
+}
