@@ -68,6 +68,10 @@ test-vllm: deps
 	$(VREF)/bin/python -m pip install -q --no-deps --target $(ORACLE_SITE) dist/kvblocks-*.whl
 	$(VREF)/bin/python -m pip install -q --no-deps --no-index --find-links $(WHEELS) \
 		--target $(ORACLE_SITE) pytest iniconfig pluggy hypothesis sortedcontainers
+	# vLLM's xxhash algorithms need `xxhash`; without it their comparisons skip.
+	$(VREF)/bin/python -m pip download -q --no-deps -d $(WHEELS) xxhash 2>/dev/null; \
+		$(VREF)/bin/python -m pip install -q --no-deps --no-index --find-links $(WHEELS) \
+		--target $(ORACLE_SITE) xxhash || echo "no xxhash wheel: xxhash comparisons skip"
 	cd tests && PYTHONPATH=$(ORACLE_SITE) $(VREF)/bin/python -m pytest -q -p no:cacheprovider \
 		-c ../pyproject.toml --rootdir .. $(VLLM_TESTS)
 

@@ -8,3 +8,25 @@
 or, for a deployment without code, `KVBLOCKS_VLLM=1` in the environment of every vLLM
 process (the `vllm.general_plugins` entry point calls `install()`).
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "get_request_block_hasher": "kvblocks.vllm._hashing",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvblocks.vllm' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "get_request_block_hasher",
+]
