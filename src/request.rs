@@ -196,6 +196,7 @@ impl Request {
             mm_features: &options.mm_features,
             cache_salt: options.cache_salt.as_deref(),
             prompt_embeds: options.prompt_embeds.as_ref().map(PromptEmbeds::as_view),
+            objs: None,
         }
     }
 

@@ -178,6 +178,26 @@ def test_matches_vllm(algo: str, lookahead: int, extras: str) -> None:
 
 
 @pytest.mark.parametrize("algo", ALGO_PARAMS)
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_one_string_object_twice_in_a_block(algo: str, lookahead: int) -> None:
+    """Pickle writes a str object repeated within a block as a memo reference: a LoRA
+    whose name object is its path object, one identifier object for two items in a block
+    (as vLLM's tests write `["image", "image"]`), equal but distinct objects apart."""
+    same = "image"
+    other = "".join(["ima", "ge"])
+    assert other == same and other is not same
+    rng = random.Random(algo)
+    cases = [
+        Extras(lora=LoRARequest(lora_name="same", lora_int_id=1, lora_path="same")),
+        Extras(mm=[(same, 2, 3), (same, 6, 2), (other, 9, 3), (same, 20, 4)]),
+        Extras(cache_salt=same, mm=[(same, 0, 2), (other, 2, 2)]),
+        Extras(lora=LoRARequest(lora_name=same, lora_int_id=1, lora_path=other)),
+    ]
+    for extras in cases:
+        check_same(algo, 16, lookahead, tokens(rng, 40), outputs(rng, 20), extras)
+
+
+@pytest.mark.parametrize("algo", ALGO_PARAMS)
 def test_long_prompt_releases_and_matches(algo: str) -> None:
     """Prompts long enough to hash with the GIL released, and a long batch append."""
     rng = random.Random(algo)

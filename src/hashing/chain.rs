@@ -231,18 +231,21 @@ mod tests {
                 mm_features: &[],
                 cache_salt: None,
                 prompt_embeds: None,
+                objs: None,
             },
             KeySources {
                 lora: Some(&lora),
                 mm_features: &feats,
                 cache_salt: Some("salt"),
                 prompt_embeds: None,
+                objs: None,
             },
             KeySources {
                 lora: None,
                 mm_features: &feats[1..],
                 cache_salt: None,
                 prompt_embeds: Some(embeds.as_view()),
+                objs: None,
             },
         ];
         for algo in HashAlgo::ALL {
@@ -270,6 +273,7 @@ mod tests {
             mm_features: &[],
             cache_salt: None,
             prompt_embeds: None,
+            objs: None,
         };
         for algo in HashAlgo::ALL {
             let h = BlockHasher::new(2, algo).unwrap();

@@ -21,6 +21,13 @@ pub(crate) trait Encoder {
     fn int(&mut self, v: i64);
     /// Python `str`.
     fn str(&mut self, s: &str);
+    /// Python `str` that is one object with every other `str` written with the same `obj`
+    /// in this stream (`None`: an object of its own). Only pickle tells them apart: it
+    /// memoizes by identity and writes a repeated object as a memo reference.
+    fn str_obj(&mut self, s: &str, obj: Option<u32>) {
+        let _ = obj;
+        self.str(s);
+    }
     /// Python `bytes`.
     fn bytes(&mut self, b: &[u8]);
     /// Starts a tuple of `n` items; the items follow, then [`Encoder::tuple_end`].

@@ -166,6 +166,23 @@ impl PromptEmbedsView<'_> {
     }
 }
 
+/// Which of a request's key strings are one Python object: a number per string, equal
+/// numbers for one object. Pickle (vLLM's `sha256` and `xxhash`) writes an object repeated
+/// within a block as a memo reference, so a LoRA whose name object is its path object, or
+/// one identifier object shared by two multimodal items of a block, hashes differently
+/// from equal but distinct strings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StrObjects {
+    /// The LoRA adapter's name.
+    pub lora_name: u32,
+    /// The LoRA adapter's path.
+    pub lora_path: u32,
+    /// The cache salt.
+    pub cache_salt: u32,
+    /// Each multimodal feature's identifier, by feature index.
+    pub mm: Vec<u32>,
+}
+
 /// Where a request's extra keys come from (borrowed from the request).
 #[derive(Clone, Copy)]
 pub(crate) struct KeySources<'a> {
@@ -177,6 +194,8 @@ pub(crate) struct KeySources<'a> {
     pub cache_salt: Option<&'a str>,
     /// Prompt embeddings.
     pub prompt_embeds: Option<PromptEmbedsView<'a>>,
+    /// Which key strings are one object (None: each is its own).
+    pub objs: Option<&'a StrObjects>,
 }
 
 /// One block's extra keys, borrowed from the request (nothing allocated).
@@ -184,6 +203,9 @@ pub(crate) struct BlockKeys<'a> {
     lora: Option<&'a LoraRequest>,
     /// The features overlapping the block, in order.
     mm: &'a [MmFeature],
+    /// The index of `mm[0]` among the request's features.
+    mm_first: usize,
+    objs: Option<&'a StrObjects>,
     /// The block's first token (mm offsets are relative to it).
     start: usize,
     salt: Option<&'a str>,
@@ -210,7 +232,9 @@ impl<'a> KeySources<'a> {
         let (mm, next) = mm_scan(self.mm_features, start, end, mm_idx);
         let keys = BlockKeys {
             lora: self.lora,
+            mm_first: mm.start,
             mm: &self.mm_features[mm],
+            objs: self.objs,
             start,
             salt: self.cache_salt.filter(|s| start == 0 && !s.is_empty()),
             embeds: self.prompt_embeds.map(|p| p.block_digest(start, end)),
@@ -308,24 +332,26 @@ impl ExtraKeys for BlockKeys<'_> {
     }
 
     fn write_items<E: Encoder>(&self, e: &mut E) {
+        let objs = self.objs;
         if let Some(l) = self.lora {
             e.tuple_begin(3);
             e.str(LORA);
-            e.str(&l.name);
-            e.str(&l.path);
+            e.str_obj(&l.name, objs.map(|o| o.lora_name));
+            e.str_obj(&l.path, objs.map(|o| o.lora_path));
             e.tuple_end(3);
         }
-        for f in self.mm {
+        for (i, f) in self.mm.iter().enumerate() {
             e.tuple_begin(3);
             e.str(MM);
-            e.str(&f.identifier);
+            let obj = objs.and_then(|o| o.mm.get(self.mm_first + i).copied());
+            e.str_obj(&f.identifier, obj);
             e.int(self.mm_offset(f));
             e.tuple_end(3);
         }
         if let Some(salt) = self.salt {
             e.tuple_begin(2);
             e.str(CACHE_SALT);
-            e.str(salt);
+            e.str_obj(salt, objs.map(|o| o.cache_salt));
             e.tuple_end(2);
         }
         if let Some(d) = &self.embeds {
@@ -384,6 +410,7 @@ mod tests {
             mm_features: &feats,
             cache_salt: Some("s"),
             prompt_embeds: None,
+            objs: None,
         };
         let lora_key = KeyValue::Tuple(vec![s("lora"), s("L"), s("/p")]);
         let mm = |id: &str, off: i64| KeyValue::Tuple(vec![s("mm"), s(id), KeyValue::Int(off)]);
@@ -409,6 +436,7 @@ mod tests {
             mm_features: &feats,
             cache_salt: Some(""),
             prompt_embeds: None,
+            objs: None,
         };
         assert!(src.block_keys(0, 4, 0).0.is_none());
         // Block [8,12) ends the feature: the next block resumes past it.

@@ -34,7 +34,9 @@ use encode::{encode_block, encode_str, ExtraKeys};
 use pickle::{Pickle, Shared};
 
 pub(crate) use extra_keys::{mm_resume_index, KeySources};
-pub use extra_keys::{to_event_extra_keys, LoraRequest, MmFeature, PromptEmbeds, PromptEmbedsView};
+pub use extra_keys::{
+    to_event_extra_keys, LoraRequest, MmFeature, PromptEmbeds, PromptEmbedsView, StrObjects,
+};
 pub use view::BlockHashView;
 
 /// vLLM's `prefix_caching_hash_algo`: how a block's hash input is serialized and digested.

@@ -18,11 +18,12 @@
 //! the objects CPython shares as shared: the interned tag literals `"lora"`, `"mm"`,
 //! `"cache_salt"`, `"prompt_embeds"`, the empty `str`, one-character `str`s below U+0100,
 //! the empty `bytes` and one-byte `bytes` (CPython singletons). Every other value is a
-//! distinct object. Known limit: two distinct-but-equal Python objects that CPython
-//! happens to share (e.g. the same non-interned identifier string object used twice in
-//! one block, or an identifier-like string literal repeated in user code), or one tuple
-//! object repeated in one block, pickle differently in CPython. vLLM's own extra keys never
-//! repeat a non-interned object within a block.
+//! distinct object, unless the caller numbers `str` objects (`Encoder::str_obj`: a binding
+//! that reads Python objects knows which are one object, e.g. a LoRA whose name is its
+//! path, or one identifier string shared by two multimodal items of a block). Known
+//! limit: without such numbers, one Python `str` object repeated in a block (an
+//! identifier-like literal repeated in user code, say), or one tuple object repeated in
+//! one block, pickles differently in CPython.
 
 use super::encode::Encoder;
 
@@ -85,6 +86,8 @@ pub(crate) enum Shared {
     Str(u32),
     /// A `bytes` of length 0 (`u16::MAX`) or one byte.
     Bytes(u16),
+    /// A `str` object the caller numbered (see `Encoder::str_obj`).
+    Obj(u32),
 }
 
 /// The interned tag literals of vLLM's extra keys.
@@ -293,8 +296,13 @@ impl Encoder for Pickle<'_> {
     }
 
     fn str(&mut self, s: &str) {
+        self.str_obj(s, None);
+    }
+
+    fn str_obj(&mut self, s: &str, obj: Option<u32>) {
         self.save_start();
-        let shared = shared_str(s);
+        // NOTE 3: a CPython singleton is one object whatever the caller numbered it.
+        let shared = shared_str(s).or(obj.map(Shared::Obj));
         if self.memo_get(shared) {
             return;
         }
@@ -378,6 +386,38 @@ mod tests {
 
     fn s(x: &str) -> KeyValue {
         KeyValue::Str(x.into())
+    }
+
+    #[test]
+    fn numbered_strs_repeat_as_memo_references() {
+        // x = "abc"; y = "".join(["ab", "c"]); pickle.dumps((x, y, x), protocol=5)
+        let (mut buf, mut memo) = (Vec::new(), Vec::new());
+        let mut e = Pickle::new(&mut buf, &mut memo);
+        e.begin();
+        e.tuple_begin(3);
+        e.str_obj("abc", Some(0));
+        e.str_obj("abc", Some(1));
+        e.str_obj("abc", Some(0));
+        e.tuple_end(3);
+        assert_eq!(
+            hex(e.finish()),
+            "80059511000000000000008c03616263948c0361626394680087942e"
+        );
+        // Unnumbered strs are distinct objects; singletons are shared whatever the number.
+        e.begin();
+        e.tuple_begin(3);
+        e.str_obj("a", Some(5));
+        e.str_obj("a", None);
+        e.str("abc");
+        e.tuple_end(3);
+        let single = hex(e.finish());
+        e.begin();
+        e.tuple_begin(3);
+        e.str("a");
+        e.str("a");
+        e.str("abc");
+        e.tuple_end(3);
+        assert_eq!(single, hex(e.finish()));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use pyo3::{ffi, intern};
 use super::hashing::parse_algo;
 use super::ids::extract_u32s;
 use crate::hashing::{
-    none_hash, BlockHasher, KeySources, LoraRequest, MmFeature, PromptEmbedsView,
+    none_hash, BlockHasher, KeySources, LoraRequest, MmFeature, PromptEmbedsView, StrObjects,
 };
 use crate::types::BlockHash;
 
@@ -66,26 +66,88 @@ fn list_u32s(list: &Bound<'_, PyList>, span: Range<usize>) -> PyResult<Vec<u32>>
     Ok(out)
 }
 
+/// The key strings of a request as Python objects, in [`StrObjects`] order (LoRA name,
+/// LoRA path, cache salt, then each multimodal identifier), kept alive while their
+/// identities are compared.
+#[derive(Default)]
+struct KeyStrs<'py> {
+    objects: Vec<Option<Bound<'py, PyAny>>>,
+}
+
+impl<'py> KeyStrs<'py> {
+    /// Which of the strings are one object; None when none repeats (the common case).
+    fn numbers(&self) -> Option<StrObjects> {
+        let first = |i: usize| -> u32 {
+            let Some(obj) = &self.objects[i] else {
+                return i as u32;
+            };
+            let same = self.objects[..i]
+                .iter()
+                .position(|o| o.as_ref().is_some_and(|o| o.is(obj)));
+            same.unwrap_or(i) as u32
+        };
+        let numbers: Vec<u32> = (0..self.objects.len()).map(first).collect();
+        if numbers.iter().enumerate().all(|(i, &n)| n as usize == i) {
+            return None;
+        }
+        Some(StrObjects {
+            lora_name: numbers[0],
+            lora_path: numbers[1],
+            cache_salt: numbers[2],
+            mm: numbers[3..].to_vec(),
+        })
+    }
+}
+
+fn str_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    let s = obj
+        .downcast::<PyString>()
+        .map_err(|_| PyTypeError::new_err(format!("{what} must be a str")))?;
+    Ok(s.to_str()?.to_owned())
+}
+
 /// `request.lora_request` as the core's adapter (None when falsy, as vLLM's `if not`).
-fn lora_of(request: &Bound<'_, PyAny>) -> PyResult<Option<LoraRequest>> {
+fn lora_of<'py>(
+    request: &Bound<'py, PyAny>,
+    strs: &mut KeyStrs<'py>,
+) -> PyResult<Option<LoraRequest>> {
     let py = request.py();
     let lora = request.getattr(intern!(py, "lora_request"))?;
     if !lora.is_truthy()? {
+        strs.objects.extend([None, None]);
         return Ok(None);
     }
-    let name = lora
-        .getattr(intern!(py, "lora_name"))?
-        .extract::<String>()?;
-    let path = lora
-        .getattr(intern!(py, "lora_path"))?
-        .extract::<String>()?;
-    // The id is not hashed; vLLM's own LoRARequest has validated it.
-    Ok(Some(LoraRequest { name, path, id: 0 }))
+    let name = lora.getattr(intern!(py, "lora_name"))?;
+    let path = lora.getattr(intern!(py, "lora_path"))?;
+    let adapter = LoraRequest {
+        name: str_of(&name, "lora_request.lora_name")?,
+        path: str_of(&path, "lora_request.lora_path")?,
+        // The id is not hashed; vLLM's own LoRARequest has validated it.
+        id: 0,
+    };
+    strs.objects.extend([Some(name), Some(path)]);
+    Ok(Some(adapter))
+}
+
+/// `request.cache_salt`.
+fn salt_of<'py>(request: &Bound<'py, PyAny>, strs: &mut KeyStrs<'py>) -> PyResult<Option<String>> {
+    let salt = request.getattr(intern!(request.py(), "cache_salt"))?;
+    if salt.is_none() {
+        strs.objects.push(None);
+        return Ok(None);
+    }
+    let text = str_of(&salt, "request.cache_salt")?;
+    strs.objects.push(Some(salt));
+    Ok(Some(text))
 }
 
 /// `request.mm_features` as `(identifier, offset, length)` items; empty when no feature
 /// ends after `start` (then none can overlap a block from `start` on).
-fn mm_features_of(request: &Bound<'_, PyAny>, start: usize) -> PyResult<Vec<MmFeature>> {
+fn mm_features_of<'py>(
+    request: &Bound<'py, PyAny>,
+    start: usize,
+    strs: &mut KeyStrs<'py>,
+) -> PyResult<Vec<MmFeature>> {
     let py = request.py();
     let features = request.getattr(intern!(py, "mm_features"))?;
     if !features.is_truthy()? {
@@ -112,14 +174,12 @@ fn mm_features_of(request: &Bound<'_, PyAny>, start: usize) -> PyResult<Vec<MmFe
         let f = f?;
         let (offset, length) = position(&f, i)?;
         let identifier = f.getattr(intern!(py, "identifier"))?;
-        let identifier = identifier.downcast::<PyString>().map_err(|_| {
-            PyTypeError::new_err(format!("request.mm_features[{i}].identifier must be a str"))
-        })?;
         out.push(MmFeature {
-            identifier: identifier.to_str()?.to_owned(),
+            identifier: str_of(&identifier, &format!("request.mm_features[{i}].identifier"))?,
             offset,
             length,
         });
+        strs.objects.push(Some(identifier));
     }
     Ok(out)
 }
@@ -291,14 +351,11 @@ impl PyRequestBlockHasher {
             return Ok(PyList::empty(py));
         };
         let parent = self.parent(&hashes, num_hashes)?;
-        let lora = lora_of(request)?;
-        let salt = request.getattr(intern!(py, "cache_salt"))?;
-        let salt = if salt.is_none() {
-            None
-        } else {
-            Some(salt.extract::<String>()?)
-        };
-        let mm = mm_features_of(request, span.start)?;
+        let mut strs = KeyStrs::default();
+        let lora = lora_of(request, &mut strs)?;
+        let salt = salt_of(request, &mut strs)?;
+        let mm = mm_features_of(request, span.start, &mut strs)?;
+        let objs = strs.numbers();
         let embeds = self.embeds_of(request, &span)?;
         let tokens = match tokens.downcast::<PyList>() {
             Ok(list) => list_u32s(list, span.clone())?,
@@ -312,6 +369,7 @@ impl PyRequestBlockHasher {
             mm_features: &mm,
             cache_salt: salt.as_deref(),
             prompt_embeds: embeds.as_ref().map(|e| e.view(py)),
+            objs: objs.as_ref(),
         };
         let hasher = self.hasher;
         let mut out = Vec::new();
