@@ -13,6 +13,7 @@ use crate::managers::{
 };
 use crate::pool::BlockPool;
 use crate::types::{BlockHash, BlockId, GroupId};
+use crate::zeroing::ZeroingLog;
 
 /// Which coordinator vLLM would pick (`get_kv_cache_coordinator`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +33,17 @@ struct SpecGroup {
     is_full: bool,
     is_mamba: bool,
     use_eagle: bool,
+}
+
+/// A prefix-cache lookup's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheHit {
+    /// The hit blocks, one list per group.
+    pub blocks: Vec<Vec<BlockId>>,
+    /// The hit length in tokens, the same for every group.
+    pub hit_length: usize,
+    /// Tokens a single spec group hit past `hit_length` (hybrid; 0 otherwise).
+    pub num_uncached: usize,
 }
 
 /// How a coordinator is built (besides the groups).
@@ -55,6 +67,8 @@ pub struct CoordinatorOptions {
     pub hash_block_size: usize,
     /// `prefix_cache_retention_interval` (`None` = dense).
     pub retention_interval: Option<usize>,
+    /// Record new blocks for zeroing (vLLM's `needs_kv_cache_zeroing`).
+    pub record_new_block_ids: bool,
 }
 
 /// vLLM 0.33's `KVCacheCoordinator` family.
@@ -72,6 +86,7 @@ pub struct Coordinator {
     /// Hybrid only: spec groups, full attention first.
     spec_groups: Vec<SpecGroup>,
     retention: Retention,
+    zeroing: ZeroingLog,
 }
 
 impl Coordinator {
@@ -173,7 +188,11 @@ impl Coordinator {
                 &mut pool,
             )?);
         }
+        let zeroing = ZeroingLog::new(managers.iter().map(|m| {
+            opts.record_new_block_ids && !matches!(m.params().kind, AttentionKind::Mamba { .. })
+        }));
         let mut me = Self {
+            zeroing,
             kind,
             pool,
             managers,
@@ -263,9 +282,17 @@ impl Coordinator {
         hashes: &[BlockHash],
         max_length: usize,
     ) -> Result<(Vec<Vec<BlockId>>, usize)> {
+        self.find_cache_hit(hashes, max_length)
+            .map(|hit| (hit.blocks, hit.hit_length))
+    }
+
+    /// [`find_longest_cache_hit`](Self::find_longest_cache_hit), with the uncached
+    /// common prefix: how far the longest single spec group's hit reached past the
+    /// reconciled one (hybrid only; vLLM's `num_uncached_common_prefix_tokens`).
+    pub fn find_cache_hit(&self, hashes: &[BlockHash], max_length: usize) -> Result<CacheHit> {
         let n = self.managers.len();
-        match self.kind {
-            CoordinatorKind::NoPrefixCache => Ok((vec![Vec::new(); n], 0)),
+        let (blocks, hit_length) = match self.kind {
+            CoordinatorKind::NoPrefixCache => (vec![Vec::new(); n], 0),
             CoordinatorKind::Unitary => {
                 let m = &self.managers[0];
                 let query = HitQuery {
@@ -278,25 +305,85 @@ impl Coordinator {
                 };
                 let mut out = vec![Vec::new()];
                 let hit = m.find_longest_cache_hit(&query, &self.pool, &mut out)?;
-                Ok((out, hit))
+                (out, hit)
             }
-            CoordinatorKind::Hybrid => self.find_hybrid(hashes, max_length),
+            CoordinatorKind::Hybrid => return self.find_hybrid(hashes, max_length),
+        };
+        Ok(CacheHit {
+            blocks,
+            hit_length,
+            num_uncached: 0,
+        })
+    }
+
+    /// Each spec group's own longest hit, none reconciled with the others (vLLM's
+    /// `find_longest_cache_hit_per_group`): blocks and hit length per group.
+    pub fn find_cache_hit_per_group(
+        &self,
+        hashes: &[BlockHash],
+        max_length: usize,
+    ) -> Result<(Vec<Vec<BlockId>>, Vec<usize>)> {
+        if self.kind != CoordinatorKind::Hybrid {
+            let hit = self.find_cache_hit(hashes, max_length)?;
+            let lengths = vec![hit.hit_length; self.managers.len()];
+            return Ok((hit.blocks, lengths));
         }
+        let n = self.managers.len();
+        let mut blocks = vec![Vec::new(); n];
+        let mut lengths = vec![0usize; n];
+        for sg in &self.spec_groups {
+            let m = &self.managers[sg.group_ids[0] as usize];
+            let limit = if sg.use_eagle && !sg.is_mamba {
+                (max_length + m.block_size()).min(hashes.len() * self.hash_block_size)
+            } else {
+                max_length
+            };
+            let query = HitQuery {
+                hashes,
+                hash_block_size: self.hash_block_size,
+                max_length: limit,
+                groups: &sg.group_ids,
+                drop_eagle: sg.use_eagle,
+                alignment: self.scheduler_block_size,
+            };
+            let mut out = vec![Vec::new(); sg.group_ids.len()];
+            let found = m.find_longest_cache_hit(&query, &self.pool, &mut out)?;
+            for (&gid, list) in sg.group_ids.iter().zip(out) {
+                blocks[gid as usize] = list;
+                lengths[gid as usize] = found;
+            }
+        }
+        Ok((blocks, lengths))
+    }
+
+    /// The group whose hit is the local prefix for a KV connector: the first spec
+    /// group's first group, if that spec group is full attention (hybrid only).
+    pub fn full_attention_group_id(&self) -> Option<usize> {
+        match self.kind {
+            CoordinatorKind::Hybrid => self
+                .spec_groups
+                .first()
+                .filter(|sg| sg.is_full)
+                .map(|sg| sg.group_ids[0] as usize),
+            _ => None,
+        }
+    }
+
+    /// Whether this is the hybrid coordinator (several groups, prefix caching on).
+    pub fn is_hybrid(&self) -> bool {
+        self.kind == CoordinatorKind::Hybrid
     }
 
     /// The hybrid fixed point: every spec group either accepts the candidate length or
     /// lowers it; repeat until nothing lowers it (one pass for full + one other).
-    fn find_hybrid(
-        &self,
-        hashes: &[BlockHash],
-        max_length: usize,
-    ) -> Result<(Vec<Vec<BlockId>>, usize)> {
+    fn find_hybrid(&self, hashes: &[BlockHash], max_length: usize) -> Result<CacheHit> {
         let n = self.managers.len();
         let mut blocks: Vec<Option<Vec<BlockId>>> = vec![None; n];
         let mut lengths = vec![0usize; n];
         let simple = self.spec_groups.len() == 2 && self.spec_groups[0].is_full;
         let mut verified = vec![false; self.spec_groups.len()];
         let mut hit_length = max_length;
+        let mut longest = 0usize;
         loop {
             let mut curr = hit_length;
             for (idx, sg) in self.spec_groups.iter().enumerate() {
@@ -332,6 +419,7 @@ impl Coordinator {
                     blocks[gid as usize] = Some(list);
                     lengths[gid as usize] = found;
                 }
+                longest = longest.max(curr);
             }
             if curr >= hit_length {
                 break;
@@ -349,10 +437,11 @@ impl Coordinator {
                 }
             }
         }
-        Ok((
-            blocks.into_iter().map(Option::unwrap_or_default).collect(),
+        Ok(CacheHit {
+            blocks: blocks.into_iter().map(Option::unwrap_or_default).collect(),
             hit_length,
-        ))
+            num_uncached: longest.saturating_sub(hit_length),
+        })
     }
 
     /// Blocks an allocation would take off the free queue, summed over groups (signed:
@@ -408,6 +497,7 @@ impl Coordinator {
         hits: Option<&[Vec<BlockId>]>,
         num_local_computed: usize,
         num_external_computed: usize,
+        skip_zeroing_groups: &[usize],
     ) -> Result<()> {
         if rbs.iter().any(|rb| rb.num_cached.is_some()) {
             return Ok(());
@@ -423,14 +513,48 @@ impl Coordinator {
             )?;
         }
         if num_external_computed > 0 {
-            for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
+            for (g, (m, rb)) in self.managers.iter().zip(rbs.iter_mut()).enumerate() {
+                let start = rb.table.len();
                 m.allocate_external_computed_blocks(
                     rb,
                     num_local_computed,
                     num_external_computed,
                     &mut self.pool,
                 )?;
+                if !skip_zeroing_groups.contains(&g) {
+                    self.zeroing.record(g, &rb.table[start..]);
+                }
             }
+        }
+        Ok(())
+    }
+
+    /// The blocks allocated since the last call that the worker must zero, group after
+    /// group (empty unless zeroing was asked for).
+    pub fn take_new_block_ids(&mut self) -> Vec<BlockId> {
+        self.zeroing.take()
+    }
+
+    /// Records the request's blocks from `start_token` on for zeroing again (blocks a
+    /// failed async load left unwritten); `start_token` must be block aligned in every
+    /// recording group.
+    pub fn record_blocks_for_zeroing(
+        &mut self,
+        rbs: &[RequestBlocks],
+        start_token: usize,
+    ) -> Result<()> {
+        for (g, (m, rb)) in self.managers.iter().zip(rbs).enumerate() {
+            if !self.zeroing.records(g) {
+                continue;
+            }
+            if !start_token.is_multiple_of(m.block_size()) {
+                return Err(KvError::InvalidArgument(format!(
+                    "start_token {start_token} is not aligned to group {g}'s block size {}",
+                    m.block_size()
+                )));
+            }
+            let start = (start_token / m.block_size()).min(rb.table.len());
+            self.zeroing.record(g, &rb.table[start..]);
         }
         Ok(())
     }
@@ -444,13 +568,16 @@ impl Coordinator {
         num_tokens_main_model: usize,
         num_encoder_tokens: usize,
     ) -> Result<()> {
-        for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
+        for (g, (m, rb)) in self.managers.iter().zip(rbs.iter_mut()).enumerate() {
             let n = if matches!(m.params().kind, AttentionKind::CrossAttention) {
                 num_encoder_tokens
             } else {
                 num_tokens
             };
+            let start = rb.table.len();
             m.allocate_new_blocks(rb, n, num_tokens_main_model, &mut self.pool)?;
+            self.zeroing
+                .record(g, &rb.table[start.min(rb.table.len())..]);
         }
         Ok(())
     }
@@ -530,6 +657,16 @@ impl Coordinator {
             m.free(rb, &mut self.pool)?;
         }
         Ok(())
+    }
+
+    /// Forgets the request in every group and returns its blocks (group after group,
+    /// each in allocation order) without freeing them.
+    pub fn pop_blocks_for_free(&mut self, rbs: &mut [RequestBlocks]) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
+            m.pop_blocks_for_free(rb, &mut out);
+        }
+        out
     }
 
     /// Frees the blocks outside every group's attention window.

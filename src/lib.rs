@@ -18,6 +18,7 @@ pub mod pool;
 pub mod request;
 pub mod spec;
 pub mod types;
+pub mod zeroing;
 
 #[cfg(feature = "python")]
 mod python;

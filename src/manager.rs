@@ -57,6 +57,11 @@ pub struct ManagerOptions {
     pub log_stats: bool,
     /// Record KV cache events.
     pub enable_kv_cache_events: bool,
+    /// Blocks kept free when admitting a waiting or preempted request while others are
+    /// scheduled (vLLM's `int(watermark * num_blocks)`).
+    pub watermark_blocks: usize,
+    /// Record new blocks for worker-side zeroing (vLLM's `needs_kv_cache_zeroing`).
+    pub record_new_block_ids: bool,
 }
 
 impl ManagerOptions {
@@ -71,6 +76,8 @@ impl ManagerOptions {
             use_eagle: false,
             log_stats: false,
             enable_kv_cache_events: false,
+            watermark_blocks: 0,
+            record_new_block_ids: false,
         }
     }
 }
@@ -94,6 +101,13 @@ pub struct AllocateArgs<'a> {
     pub num_encoder_tokens: usize,
     /// Admit only if the whole sequence fits (SWA / chunked caps applied).
     pub full_sequence_must_fit: bool,
+    /// Free blocks this allocation must leave to other in-flight sequences.
+    pub reserved_blocks: usize,
+    /// Whether other requests are already scheduled this step (the watermark applies
+    /// only then).
+    pub has_scheduled_reqs: bool,
+    /// Groups whose KV-connector blocks an async load writes: not recorded for zeroing.
+    pub skip_zeroing_groups: &'a [usize],
 }
 
 impl AllocateArgs<'_> {
@@ -108,6 +122,9 @@ impl AllocateArgs<'_> {
             delay_cache_blocks: false,
             num_encoder_tokens: 0,
             full_sequence_must_fit: false,
+            reserved_blocks: 0,
+            has_scheduled_reqs: true,
+            skip_zeroing_groups: &[],
         }
     }
 }
@@ -152,6 +169,27 @@ impl PrefixCacheStats {
     }
 }
 
+/// A prefix-cache lookup of a request (vLLM's `get_computed_blocks` triple).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lookup {
+    /// The hit blocks, one list per group.
+    pub blocks: Vec<Vec<BlockId>>,
+    /// Tokens hit.
+    pub num_hit_tokens: usize,
+    /// The end of a shared prefix a sparse-retention group has not cached yet, or 0.
+    pub shared_prefix_boundary: usize,
+}
+
+impl Lookup {
+    fn none(num_groups: usize) -> Self {
+        Self {
+            blocks: vec![Vec::new(); num_groups],
+            num_hit_tokens: 0,
+            shared_prefix_boundary: 0,
+        }
+    }
+}
+
 /// vLLM 0.33's `KVCacheManager`.
 #[derive(Debug, Clone)]
 pub struct KvCacheManager {
@@ -159,6 +197,7 @@ pub struct KvCacheManager {
     max_model_len: usize,
     enable_caching: bool,
     log_stats: bool,
+    watermark_blocks: usize,
     stats: PrefixCacheStats,
     num_groups: usize,
     /// Request id -> slot; a slot's tables are `slots[slot * num_groups..][..num_groups]`.
@@ -222,6 +261,7 @@ impl KvCacheManager {
                 scheduler_block_size,
                 hash_block_size: opts.hash_block_size,
                 retention_interval,
+                record_new_block_ids: opts.record_new_block_ids,
             },
         )?;
         Ok(Self {
@@ -229,6 +269,7 @@ impl KvCacheManager {
             max_model_len: opts.max_model_len,
             enable_caching: opts.enable_caching,
             log_stats: opts.log_stats,
+            watermark_blocks: opts.watermark_blocks,
             stats: PrefixCacheStats::default(),
             num_groups,
             requests: FxHashMap::default(),
@@ -245,6 +286,12 @@ impl KvCacheManager {
         self.num_groups
     }
 
+    /// Blocks kept free for admissions while others are scheduled.
+    #[inline]
+    pub fn watermark_blocks(&self) -> usize {
+        self.watermark_blocks
+    }
+
     /// The coordinator.
     #[inline]
     pub fn coordinator(&self) -> &Coordinator {
@@ -255,6 +302,13 @@ impl KvCacheManager {
     #[inline]
     pub fn pool(&self) -> &BlockPool {
         self.coord.pool()
+    }
+
+    /// The shared block pool, to change directly (vLLM's callers reach the pool through
+    /// the manager).
+    #[inline]
+    pub fn pool_mut(&mut self) -> &mut BlockPool {
+        self.coord.pool_mut()
     }
 
     /// `pool.get_usage()`.
@@ -344,13 +398,108 @@ impl KvCacheManager {
         &self,
         request: &R,
     ) -> Result<(Vec<Vec<BlockId>>, usize)> {
+        self.get_computed_blocks_capped(request, None)
+    }
+
+    /// [`get_computed_blocks`](Self::get_computed_blocks) with the hit capped at
+    /// `max_cache_hit_length` tokens (`None`: `num_tokens - 1`).
+    pub fn get_computed_blocks_capped<R: RequestView>(
+        &self,
+        request: &R,
+        max_cache_hit_length: Option<usize>,
+    ) -> Result<(Vec<Vec<BlockId>>, usize)> {
+        self.lookup(request, max_cache_hit_length)
+            .map(|l| (l.blocks, l.num_hit_tokens))
+    }
+
+    /// vLLM 0.33's `get_computed_blocks`: the hit, and the block-aligned end of a shared
+    /// prefix that a sparse-retention group has not cached yet (0 if none).
+    pub fn lookup<R: RequestView>(
+        &self,
+        request: &R,
+        max_cache_hit_length: Option<usize>,
+    ) -> Result<Lookup> {
         self.check_hash_block_size(request)?;
         if !self.lookup_enabled(request) {
-            return Ok((vec![Vec::new(); self.num_groups], 0));
+            return Ok(Lookup::none(self.num_groups));
         }
-        let max = request.num_tokens().saturating_sub(1);
+        let max = max_cache_hit_length.unwrap_or(request.num_tokens().saturating_sub(1));
+        let hit = self.coord.find_cache_hit(request.block_hashes(), max)?;
+        let boundary = if hit.num_uncached > 0 {
+            hit.hit_length + hit.num_uncached
+        } else {
+            0
+        };
+        Ok(Lookup {
+            blocks: hit.blocks,
+            num_hit_tokens: hit.hit_length,
+            shared_prefix_boundary: boundary,
+        })
+    }
+
+    /// vLLM 0.33's `get_computed_blocks_for_connector`: for a hybrid model with Mamba
+    /// layers and a full-attention group, that group's own hit is the local prefix (the
+    /// connector supplies the rest), unless another group hit deeper (its full-attention
+    /// blocks were evicted: then the reconciled `lookup`). The flag says whether a
+    /// lagging group stops short of the local prefix. Other models: `lookup`, `false`.
+    pub fn lookup_for_connector<R: RequestView>(
+        &self,
+        request: &R,
+        max_cache_hit_length: Option<usize>,
+    ) -> Result<(Lookup, bool)> {
+        let has_mamba = self
+            .coord
+            .managers()
+            .iter()
+            .any(|m| matches!(m.params().kind, AttentionKind::Mamba { .. }));
+        let fa = match self.coord.full_attention_group_id() {
+            Some(fa) if has_mamba => fa,
+            _ => return Ok((self.lookup(request, max_cache_hit_length)?, false)),
+        };
+        self.check_hash_block_size(request)?;
+        if !self.lookup_enabled(request) {
+            return Ok((Lookup::none(self.num_groups), false));
+        }
+        let max = max_cache_hit_length.unwrap_or(request.num_tokens().saturating_sub(1));
+        let (blocks, hits) = self
+            .coord
+            .find_cache_hit_per_group(request.block_hashes(), max)?;
+        if hits.iter().any(|&h| h > hits[fa]) {
+            return Ok((self.lookup(request, max_cache_hit_length)?, false));
+        }
+        let diverged = hits.iter().any(|&h| h < hits[fa]);
+        let lookup = Lookup {
+            blocks,
+            num_hit_tokens: hits[fa],
+            shared_prefix_boundary: 0,
+        };
+        Ok((lookup, diverged))
+    }
+
+    /// Each spec group's own longest hit of `hashes` (vLLM's
+    /// `coordinator.find_longest_cache_hit_per_group`).
+    pub fn find_cache_hit_per_group(
+        &self,
+        hashes: &[BlockHash],
+        max_cache_hit_length: usize,
+    ) -> Result<(Vec<Vec<BlockId>>, Vec<usize>)> {
         self.coord
-            .find_longest_cache_hit(request.block_hashes(), max)
+            .find_cache_hit_per_group(hashes, max_cache_hit_length)
+    }
+
+    /// Rejects a request longer than the model's context (`max_model_len`): kvblocks'
+    /// own API checks it before `allocate_slots`; vLLM's scheduler never sends one, and
+    /// vLLM's manager clamps silently, so `kvblocks.vllm` does not.
+    pub fn check_length<R: RequestView>(&self, request: &R) -> Result<()> {
+        if request.num_tokens() > self.max_model_len {
+            return Err(KvError::InvalidArgument(format!(
+                "request {:?} has {} tokens, more than max_model_len {}",
+                request.request_id(),
+                request.num_tokens(),
+                self.max_model_len
+            )));
+        }
+        Ok(())
     }
 
     /// Gives the request slots for `args.num_new_tokens` more tokens (and the lookahead),
@@ -384,6 +533,12 @@ impl KvCacheManager {
         let hits = self.validate_allocate(slot, local, args)?;
         let g = self.num_groups;
         let total = (local + args.num_external_computed_tokens).min(self.max_model_len);
+        let watermark = if args.has_scheduled_reqs && request.awaiting_admission() {
+            self.watermark_blocks as isize
+        } else {
+            0
+        };
+        let free = self.coord.pool().num_free_blocks() as isize;
         if args.full_sequence_must_fit {
             let full = request.num_tokens().min(self.max_model_len);
             let need = self.coord.get_num_blocks_to_allocate(
@@ -395,7 +550,7 @@ impl KvCacheManager {
                 total,
                 true,
             );
-            if need > self.coord.pool().num_free_blocks() as isize {
+            if need + watermark > free {
                 return Ok(false);
             }
         }
@@ -415,7 +570,9 @@ impl KvCacheManager {
             local + args.num_external_computed_tokens,
             false,
         );
-        if need > self.coord.pool().num_free_blocks() as isize {
+        let available =
+            self.coord.pool().num_free_blocks() as isize - args.reserved_blocks as isize;
+        if need + watermark > available {
             return Ok(false);
         }
         let s = match slot {
@@ -429,6 +586,7 @@ impl KvCacheManager {
                 hits,
                 local,
                 args.num_external_computed_tokens,
+                args.skip_zeroing_groups,
             )?;
         }
         let mut starts = [0usize; 8];
@@ -547,14 +705,58 @@ impl KvCacheManager {
     /// Frees the request's blocks in every group (tail first). Unknown requests and
     /// repeated frees are no-ops.
     pub fn free(&mut self, request_id: &str) -> Result<()> {
-        let Some(s) = self.requests.remove(request_id) else {
+        let Some(s) = self.release_slot(request_id) else {
             return Ok(());
         };
         let g = self.num_groups;
-        let result = self.coord.free(&mut self.slots[s * g..(s + 1) * g]);
+        self.coord.free(&mut self.slots[s * g..(s + 1) * g])
+    }
+
+    /// Removes the request from the slot table and returns its slot, whose tables the
+    /// caller empties before anything else can reuse it.
+    fn release_slot(&mut self, request_id: &str) -> Option<usize> {
+        let s = self.requests.remove(request_id)?;
         self.slot_tokens[s] = 0;
         self.free_slots.push(s);
-        result
+        Some(s)
+    }
+
+    /// Forgets the request and returns its blocks without freeing them: group after
+    /// group, each in allocation order without leading nulls (vLLM's
+    /// `pop_blocks_for_free`). The caller frees them later, in reverse order. Empty for
+    /// an unknown request.
+    pub fn pop_blocks_for_free(&mut self, request_id: &str) -> Vec<BlockId> {
+        let Some(s) = self.release_slot(request_id) else {
+            return Vec::new();
+        };
+        let g = self.num_groups;
+        self.coord
+            .pop_blocks_for_free(&mut self.slots[s * g..(s + 1) * g])
+    }
+
+    /// The prefix tokens of the request that its cached blocks cover (vLLM's
+    /// `estimate_cached_tokens`): per prefix-cached group the most tokens a block's
+    /// cache key covers, the least of those over the groups. Cross-attention groups
+    /// are not prefix cached; 0 for an unknown request.
+    pub fn estimate_cached_tokens(&self, request_id: &str) -> usize {
+        let Some(&s) = self.requests.get(request_id) else {
+            return 0;
+        };
+        let pool = self.coord.pool();
+        self.coord
+            .managers()
+            .iter()
+            .zip(self.tables(s))
+            .filter(|(m, _)| !matches!(m.params().kind, AttentionKind::CrossAttention))
+            .map(|(_, rb)| {
+                rb.table
+                    .iter()
+                    .filter_map(|&b| pool.block_hash_num_tokens(b).ok().flatten())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .min()
+            .unwrap_or(0)
     }
 
     /// The request's block table per group (empty lists for an unknown request).
@@ -574,7 +776,9 @@ impl KvCacheManager {
     }
 
     /// Caches the request's full blocks up to `num_computed_tokens` (after a delayed
-    /// P/D load). A no-op with caching off.
+    /// P/D load). A no-op with caching off. For a request the manager holds no blocks
+    /// for: `UnknownRequest` if it has a full block to cache (vLLM raises `KeyError`
+    /// there), else a silent no-op, as vLLM (its scheduler calls it so).
     pub fn cache_blocks<R: RequestView>(
         &mut self,
         request: &R,
@@ -585,12 +789,46 @@ impl KvCacheManager {
         }
         self.check_hash_block_size(request)?;
         let g = self.num_groups;
-        let s = self.slot_or_insert(request);
+        let Some(s) = self.slot_of(request) else {
+            let hashes = request.block_hashes().len();
+            let hash_bs = self.coord.pool().hash_block_size();
+            let would_cache = self.coord.managers().iter().any(|m| {
+                !matches!(m.params().kind, AttentionKind::CrossAttention)
+                    && m.num_full_blocks(num_computed_tokens, hashes, hash_bs) > 0
+            });
+            return if would_cache {
+                Err(KvError::UnknownRequest(request.request_id().to_owned()))
+            } else {
+                Ok(())
+            };
+        };
         self.coord.cache_blocks(
             &mut self.slots[s * g..(s + 1) * g],
             request,
             num_computed_tokens,
         )
+    }
+
+    /// The blocks allocated since the last call that the worker must zero (vLLM's
+    /// `take_new_block_ids`; empty unless `record_new_block_ids`).
+    pub fn take_new_block_ids(&mut self) -> Vec<BlockId> {
+        self.coord.take_new_block_ids()
+    }
+
+    /// Records the request's blocks from `start_token` on for zeroing again (vLLM's
+    /// `record_blocks_for_zeroing`, after a failed async KV load). A no-op for an
+    /// unknown request.
+    pub fn record_blocks_for_zeroing(
+        &mut self,
+        request_id: &str,
+        start_token: usize,
+    ) -> Result<()> {
+        let Some(&s) = self.requests.get(request_id) else {
+            return Ok(());
+        };
+        let g = self.num_groups;
+        self.coord
+            .record_blocks_for_zeroing(&self.slots[s * g..(s + 1) * g], start_token)
     }
 
     /// Per-step hook (align-mode Mamba defers hits on blocks cached during a step).
@@ -649,6 +887,76 @@ impl KvCacheManager {
     /// `log_stats`).
     pub fn make_prefix_cache_stats(&mut self) -> Option<PrefixCacheStats> {
         self.log_stats.then(|| std::mem::take(&mut self.stats))
+    }
+
+    /// The ids of the requests holding a slot (in no particular order).
+    pub fn request_ids(&self) -> impl Iterator<Item = &str> + '_ {
+        self.requests.keys().map(String::as_str)
+    }
+
+    /// Leading cached entries of the request's table in `group` (vLLM's
+    /// `num_cached_block[request_id]`), or `None` if the group does not know the
+    /// request yet.
+    pub fn num_cached_blocks(&self, request_id: &str, group: usize) -> Option<usize> {
+        let &s = self.requests.get(request_id)?;
+        self.tables(s).get(group)?.num_cached
+    }
+
+    /// The blocks an allocation would take from the pool (vLLM's
+    /// `coordinator.get_num_blocks_to_allocate`, a dry run: nothing changes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn get_num_blocks_to_allocate(
+        &self,
+        request_id: &str,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        hits: Option<&[Vec<BlockId>]>,
+        num_encoder_tokens: usize,
+        total_computed_tokens: usize,
+        apply_admission_cap: bool,
+    ) -> Result<isize> {
+        if let Some(h) = hits {
+            if h.len() != self.num_groups {
+                return Err(KvError::InvalidArgument(format!(
+                    "new_computed_blocks has {} groups, the manager has {}",
+                    h.len(),
+                    self.num_groups
+                )));
+            }
+        }
+        let slot = self.requests.get(request_id).copied();
+        Ok(self.coord.get_num_blocks_to_allocate(
+            self.tables_or_empty(slot),
+            num_tokens,
+            num_tokens_main_model,
+            hits,
+            num_encoder_tokens,
+            total_computed_tokens,
+            apply_admission_cap,
+        ))
+    }
+
+    /// Frees the request's blocks that no token from `processed_computed_tokens` on
+    /// attends to (outside a sliding window, say), replacing them with nulls.
+    pub fn remove_skipped_blocks(
+        &mut self,
+        request_id: &str,
+        processed_computed_tokens: usize,
+    ) -> Result<()> {
+        let Some(&s) = self.requests.get(request_id) else {
+            return Ok(());
+        };
+        let g = self.num_groups;
+        self.coord.remove_skipped_blocks(
+            &mut self.slots[s * g..(s + 1) * g],
+            processed_computed_tokens,
+        )
+    }
+
+    /// The stats recorded since the last `make_prefix_cache_stats` (`None` without
+    /// `log_stats`).
+    pub fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        self.log_stats.then_some(self.stats)
     }
 
     /// Number of requests holding a slot.

@@ -463,12 +463,12 @@ TABLE: list[tuple[str, Callable[[World], Any], type[Exception]]] = [
         TypeError,
     ),
     (
-        "BlockPoolView.get_ref_cnt: unknown id",
+        "KVCacheManager.block_pool.get_ref_cnt: unknown id",
         lambda w: w.mgr.block_pool.get_ref_cnt(99),
         ValueError,
     ),
     (
-        "BlockPoolView.get_block_hash: negative",
+        "KVCacheManager.block_pool.get_block_hash: negative",
         lambda w: w.mgr.block_pool.get_block_hash(-1),
         OverflowError,
     ),
@@ -564,27 +564,33 @@ def test_freeing_a_request_twice_changes_nothing_the_second_time() -> None:
     assert world.digest() == after_first
 
 
-def test_prompt_beyond_max_model_len_is_capped_as_vllm() -> None:
-    """vLLM's manager caps the slots at max_model_len (its scheduler rejects such
-    prompts before); kvblocks does the same and stays consistent."""
+def test_prompt_beyond_max_model_len_is_refused() -> None:
+    """kvblocks' own API refuses to allocate for a request longer than max_model_len
+    (vLLM's scheduler never sends one; `kvblocks.vllm` clamps as vLLM's manager does)."""
     mgr = kb.KVCacheManager(config(full()), 8 * BS, BS)
     req = kb.Request("long", list(range(20 * BS)), kb.BlockHasher(BS))
-    new = mgr.allocate_slots(req, req.num_tokens)
-    assert new is not None
-    assert [len(ids) for ids in new.get_block_ids()] == [8]
-    assert (
-        mgr.get_computed_blocks(kb.Request("again", list(range(20 * BS)), kb.BlockHasher(BS)))[1]
-        == 8 * BS
-    )
-    mgr.free(req)
+    with pytest.raises(ValueError, match="max_model_len"):
+        mgr.allocate_slots(req, req.num_tokens)
+    with pytest.raises(ValueError, match="max_model_len"):
+        mgr.allocate_slots_batch([req], [1])
     assert mgr.block_pool.get_num_free_blocks() == 15
+    assert mgr.get_block_ids("long") == ([],)
+    short = kb.Request("short", list(range(8 * BS)), kb.BlockHasher(BS))
+    assert mgr.allocate_slots(short, short.num_tokens) is not None
 
 
-def test_empty_prompt_holds_only_what_it_asks_for() -> None:
+def test_empty_prompt_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one prompt token"):
+        kb.Request("empty", [], kb.BlockHasher(BS))
+
+
+def test_cache_blocks_of_an_unknown_request() -> None:
+    """vLLM raises KeyError when there is a full block to cache for a request it holds
+    no blocks for, and does nothing when there is none."""
     mgr = kb.KVCacheManager(config(full()), 64, BS)
-    req = kb.Request("empty", [], kb.BlockHasher(BS))
-    assert mgr.get_computed_blocks(req)[1] == 0
-    new = mgr.allocate_slots(req, 1)
-    assert new is not None and [len(ids) for ids in new.get_block_ids()] == [1]
-    mgr.free(req)
+    req = kb.Request("stranger", list(range(2 * BS)), kb.BlockHasher(BS))
+    with pytest.raises(KeyError):
+        mgr.cache_blocks(req, 2 * BS)
+    mgr.cache_blocks(req, BS - 1)
     assert mgr.block_pool.get_num_free_blocks() == 15
+    assert mgr.get_block_ids("stranger") == ([],)

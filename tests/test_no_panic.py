@@ -321,6 +321,20 @@ def calls() -> list[Call]:
         ("take_events", []),
         ("record_prefix_cache_stats", [fresh_request(), 4]),
         ("make_prefix_cache_stats", []),
+        ("find_cache_hit", [fresh_request(), 8]),
+        ("get_computed_blocks_for_connector", [fresh_request(), 8]),
+        ("find_longest_cache_hit_per_group", [[b"\x01" * 32], 16]),
+        ("pop_blocks_for_free", [fresh_request()]),
+        ("estimate_cached_tokens", [fresh_request()]),
+        ("get_blocks", ["r"]),
+        ("take_new_block_ids", []),
+        ("record_blocks_for_zeroing", ["r", 0]),
+        ("block_objects", [[1, 2]]),
+        ("kv_cache_blocks", [[[1, 2]]]),
+        ("request_ids", []),
+        ("num_cached_blocks", ["r", 0]),
+        ("get_num_blocks_to_allocate", ["r", 32, [[]], 0, 0, 32, False]),
+        ("remove_skipped_blocks", ["r", 16]),
     ]
     manager_calls: list[Call] = [
         (f"KVCacheManager.{name}", fresh_manager, getattr(kb.KVCacheManager, name), args)
@@ -328,9 +342,9 @@ def calls() -> list[Call]:
     ]
     view_calls: list[Call] = [
         (
-            f"BlockPoolView.{name}",
+            f"KVCacheManager.block_pool.{name}",
             lambda: fresh_manager().block_pool,
-            getattr(kb.BlockPoolView, name),
+            getattr(kb.BlockPool, name),
             args,
         )
         for name, args in [
@@ -360,6 +374,15 @@ def calls() -> list[Call]:
         ),
         ("KVCacheBlocks", None, kb.KVCacheBlocks, [[[1, 2], [3]]]),
         ("KVCacheBlocks.get_block_ids", None, kb.KVCacheBlocks([[1], []]).get_block_ids, [True]),
+        *[
+            (
+                f"KVCacheBlocks.{name}",
+                None,
+                getattr(fresh_manager().kv_cache_blocks([[1, 2]]), name),
+                [],
+            )
+            for name in ("get_unhashed_block_ids", "get_unhashed_block_ids_all_groups", "new_empty")
+        ],
         ("PrefixCacheStats", None, kb.PrefixCacheStats, []),
         ("PrefixCacheStats.record", None, kb.PrefixCacheStats().record, [10, 4, False]),
         *[
@@ -446,8 +469,6 @@ def state(target: Any) -> object:
         return manager_state(target)
     if isinstance(target, kb.EventSink):
         return (target.closed, target.pending, target.stale, target.stats())
-    if isinstance(target, kb.BlockPoolView):
-        return (target.get_free_block_ids(), target.get_usage())
     return request_state(target)
 
 
@@ -475,7 +496,7 @@ def test_no_panic_reaches_python(
 
 
 SETTABLE = {"Request": fresh_request, "PrefixCacheStats": kb.PrefixCacheStats}
-NOT_CONSTRUCTIBLE = {"KVCacheSpec", "AttentionSpec", "BlockPoolView"}
+NOT_CONSTRUCTIBLE = {"KVCacheSpec", "AttentionSpec", "KVCacheBlock"}
 
 
 def test_every_public_callable_is_swept() -> None:

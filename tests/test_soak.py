@@ -97,7 +97,7 @@ def manager_workload() -> tuple[Callable[[], None], list[object]]:
     mgr = kb.KVCacheManager(
         kb.KVCacheConfig(600, [], groups), 256, BS, log_stats=True, enable_kv_cache_events=True
     )
-    filler = kb.Request("filler", list(range(150 * BS)), kb.BlockHasher(BS))
+    filler = kb.Request("filler", list(range(16 * BS)), kb.BlockHasher(BS))
     assert mgr.allocate_slots(filler, filler.num_tokens) is not None
     tokens = list(range(5000, 5000 + 6 * BS + 1))
 

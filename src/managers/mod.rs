@@ -214,6 +214,11 @@ pub trait RequestView: StoredBlockSource {
     fn hash_block_size(&self) -> Option<usize> {
         None
     }
+    /// Whether the request is waiting for admission (vLLM's status `WAITING` or
+    /// `PREEMPTED`): only such requests keep the admission watermark free.
+    fn awaiting_admission(&self) -> bool {
+        false
+    }
     /// The request's memo of its manager slot, if it keeps one: saves the manager a
     /// hash of the id and a table probe on every call.
     fn slot_hint(&self) -> Option<&SlotHint> {
@@ -269,6 +274,16 @@ impl Clone for SlotHint {
             slot: AtomicUsize::new(self.slot()),
         }
     }
+}
+
+/// The blocks a request's table holds a reference to: all but its leading nulls.
+fn held_blocks(rb: &RequestBlocks) -> &[BlockId] {
+    let start = rb
+        .table
+        .iter()
+        .position(|&b| b != NULL_BLOCK_ID)
+        .unwrap_or(rb.table.len());
+    &rb.table[start..]
 }
 
 /// One request's table in one group (vLLM's `req_to_blocks[rid]` and
@@ -708,14 +723,17 @@ impl SingleTypeManager {
     /// Frees the request's table: leading nulls are dropped, the rest is freed tail
     /// first.
     pub fn free(&self, rb: &mut RequestBlocks, pool: &mut BlockPool) -> Result<()> {
-        let start = rb
-            .table
-            .iter()
-            .position(|&b| b != NULL_BLOCK_ID)
-            .unwrap_or(rb.table.len());
-        pool.free_blocks(rb.table[start..].iter().rev().copied())?;
+        pool.free_blocks(held_blocks(rb).iter().rev().copied())?;
         rb.clear();
         Ok(())
+    }
+
+    /// Forgets the request and appends its blocks to `out` in allocation order, leading
+    /// nulls dropped, without freeing them (vLLM's `pop_blocks_for_free`: the caller
+    /// frees them later, in reverse).
+    pub fn pop_blocks_for_free(&self, rb: &mut RequestBlocks, out: &mut Vec<BlockId>) {
+        out.extend_from_slice(held_blocks(rb));
+        rb.clear();
     }
 
     /// Frees the blocks whose tokens the next token no longer attends to, replacing them

@@ -169,6 +169,14 @@ impl BlockPool {
         Ok(self.hash_of[block as usize])
     }
 
+    /// The tokens the cache key of `block` covers (vLLM's `block_hash_num_tokens`), if
+    /// it is cached.
+    pub fn block_hash_num_tokens(&self, block: BlockId) -> Result<Option<usize>> {
+        self.check_id(block)?;
+        let i = block as usize;
+        Ok(self.hash_of[i].map(|_| self.hash_tokens[i] as usize))
+    }
+
     /// Number of distinct (hash, group) keys in the prefix cache.
     pub fn num_cached_keys(&self) -> usize {
         self.map.len()

@@ -4,13 +4,16 @@
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::manager::{AllocateArgs, KvCacheManager, ManagerOptions, PrefixCacheStats};
-use crate::managers::ManagerParams;
+use crate::managers::{ManagerParams, RequestView};
 use crate::python::config::PyKVCacheConfig;
 use crate::python::events::events_to_py;
 use crate::python::ids::{extract_u32s, IdObjects};
+use crate::python::pool::PyBlockPool;
 use crate::python::request::{request_list, PyRequest};
+use crate::python::vllm_request::{request_id, AnyRequest, Reads, RequestMemos, VllmRequest};
 use crate::types::BlockId;
 
 /// Prompts at least this long are looked up with the GIL released.
@@ -28,34 +31,124 @@ where
     PyTuple::new(py, lists)
 }
 
-/// vLLM's `KVCacheBlocks`, holding block ids per group.
-#[pyclass(name = "KVCacheBlocks", module = "kvblocks._core", frozen, eq)]
-#[derive(PartialEq)]
+/// vLLM's `KVCacheBlocks`, holding block ids per group. Block objects (`.blocks`) are
+/// made only when asked for, by the manager that returned the ids.
+#[pyclass(name = "KVCacheBlocks", module = "kvblocks._core", frozen)]
 pub(crate) struct PyKVCacheBlocks {
     blocks: Vec<Vec<BlockId>>,
+    owner: Option<Py<PyKVCacheManager>>,
+}
+
+impl PyKVCacheBlocks {
+    fn selected(&self, group_ids: Option<Vec<usize>>) -> PyResult<Vec<&[BlockId]>> {
+        match group_ids {
+            None => Ok(self.blocks.iter().map(Vec::as_slice).collect()),
+            Some(ids) => ids
+                .into_iter()
+                .map(|g| {
+                    self.blocks.get(g).map(Vec::as_slice).ok_or_else(|| {
+                        PyValueError::new_err(format!(
+                            "group id {g} out of range for {} groups",
+                            self.blocks.len()
+                        ))
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    fn owner<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyKVCacheManager>> {
+        match &self.owner {
+            Some(o) => Ok(o.bind(py)),
+            None => Err(PyValueError::new_err(
+                "these KVCacheBlocks were built from ids, not returned by a manager: they \
+                 have no block objects",
+            )),
+        }
+    }
 }
 
 #[pymethods]
 impl PyKVCacheBlocks {
     #[new]
     fn new(blocks: Vec<Vec<BlockId>>) -> Self {
-        Self { blocks }
+        Self {
+            blocks,
+            owner: None,
+        }
     }
 
-    /// Block ids per group; with `allow_none`, `None` when every group is empty.
-    #[pyo3(signature = (allow_none=false))]
+    /// Block ids per group (of `group_ids` only, if given); with `allow_none`, `None`
+    /// when every selected group is empty.
+    #[pyo3(signature = (allow_none=false, *, group_ids=None))]
     fn get_block_ids<'py>(
         &self,
         py: Python<'py>,
         allow_none: bool,
+        group_ids: Option<Vec<usize>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        if allow_none && self.blocks.iter().all(Vec::is_empty) {
+        let groups = self.selected(group_ids)?;
+        if allow_none && groups.iter().all(|g| g.is_empty()) {
             return Ok(None);
         }
-        ids_tuple(py, &self.blocks).map(Some)
+        ids_tuple(py, groups).map(Some)
     }
 
-    fn __add__(&self, other: &Self) -> PyResult<Self> {
+    /// The block objects per group (vLLM's `KVCacheBlock`s: one object per block for
+    /// the manager's lifetime).
+    #[getter]
+    fn blocks<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        if self.blocks.iter().all(Vec::is_empty) {
+            return PyTuple::new(py, self.blocks.iter().map(|_| PyTuple::empty(py)));
+        }
+        let owner = self.owner(py)?;
+        let lists = self
+            .blocks
+            .iter()
+            .map(|g| PyKVCacheManager::block_objects(owner, g))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(py, lists)
+    }
+
+    /// Ids of group 0's blocks that are not cached (one group only, as vLLM).
+    fn get_unhashed_block_ids(&self, py: Python<'_>) -> PyResult<Vec<BlockId>> {
+        if self.blocks.len() != 1 {
+            return Err(PyValueError::new_err("Only one group is supported"));
+        }
+        self.get_unhashed_block_ids_all_groups(py)
+            .map(|mut g| g.pop().unwrap_or_default())
+    }
+
+    /// Per group, the ids of blocks that are not cached, without nulls.
+    fn get_unhashed_block_ids_all_groups(&self, py: Python<'_>) -> PyResult<Vec<Vec<BlockId>>> {
+        if self.blocks.iter().all(Vec::is_empty) {
+            return Ok(vec![Vec::new(); self.blocks.len()]);
+        }
+        let owner = self.owner(py)?.borrow();
+        let pool = owner.inner.pool();
+        self.blocks
+            .iter()
+            .map(|g| {
+                let mut out = Vec::new();
+                for &b in g.iter().filter(|&&b| b != 0) {
+                    if pool.block_hash(b)?.is_none() {
+                        out.push(b);
+                    }
+                }
+                Ok(out)
+            })
+            .collect()
+    }
+
+    /// A `KVCacheBlocks` with as many groups and no blocks.
+    fn new_empty(&self) -> Self {
+        Self {
+            blocks: vec![Vec::new(); self.blocks.len()],
+            owner: None,
+        }
+    }
+
+    fn __add__(&self, py: Python<'_>, other: &Self) -> PyResult<Self> {
         if self.blocks.len() != other.blocks.len() {
             return Err(PyValueError::new_err(
                 "cannot add KVCacheBlocks with different numbers of groups",
@@ -68,11 +161,87 @@ impl PyKVCacheBlocks {
                 .zip(&other.blocks)
                 .map(|(a, b)| [a.as_slice(), b.as_slice()].concat())
                 .collect(),
+            owner: self
+                .owner
+                .as_ref()
+                .or(other.owner.as_ref())
+                .map(|o| o.clone_ref(py)),
         })
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .downcast::<Self>()
+            .is_ok_and(|o| o.get().blocks == self.blocks)
+    }
+
+    fn __len__(&self) -> usize {
+        self.blocks.len()
     }
 
     fn __repr__(&self) -> String {
         format!("KVCacheBlocks({:?})", self.blocks)
+    }
+}
+
+/// vLLM's `KVCacheBlock`: one block of the manager's pool, read live (its ref count and
+/// hash change as the pool does). One object per block id for the manager's lifetime.
+#[pyclass(name = "KVCacheBlock", module = "kvblocks._core", frozen)]
+pub(crate) struct PyKVCacheBlock {
+    #[pyo3(get)]
+    block_id: BlockId,
+    owner: Py<PyKVCacheManager>,
+}
+
+#[pymethods]
+impl PyKVCacheBlock {
+    /// Requests holding the block (0 for the null block).
+    #[getter]
+    fn ref_cnt(&self, py: Python<'_>) -> PyResult<u32> {
+        Ok(self.owner.borrow(py).inner.pool().ref_cnt(self.block_id)?)
+    }
+
+    /// vLLM's `BlockHashWithGroupId` (the hash, then the group id as 4 big-endian bytes),
+    /// or `None` if the block is not cached.
+    #[getter]
+    fn block_hash<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let key = self
+            .owner
+            .borrow(py)
+            .inner
+            .pool()
+            .block_hash(self.block_id)?;
+        Ok(key.map(|k| {
+            let mut bytes = k.hash.as_bytes().to_vec();
+            bytes.extend_from_slice(&k.group.to_be_bytes());
+            PyBytes::new(py, &bytes)
+        }))
+    }
+
+    /// The tokens the block's cache key covers, or `None` if it is not cached.
+    #[getter]
+    fn block_hash_num_tokens(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+        Ok(self
+            .owner
+            .borrow(py)
+            .inner
+            .pool()
+            .block_hash_num_tokens(self.block_id)?)
+    }
+
+    /// Whether this is the null block (id 0), which is never pooled.
+    #[getter]
+    fn is_null(&self) -> bool {
+        self.block_id == 0
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.owner)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let rc = self.ref_cnt(py).unwrap_or_default();
+        format!("KVCacheBlock(block_id={}, ref_cnt={rc})", self.block_id)
     }
 }
 
@@ -105,11 +274,15 @@ impl PrefixCacheStats {
     }
 }
 
-/// vLLM 0.33's `KVCacheManager`.
-#[pyclass(name = "KVCacheManager", module = "kvblocks._core")]
+/// vLLM 0.33's `KVCacheManager`. Its calls take kvblocks' `Request` or vLLM's own,
+/// read in place. `subclass`: `kvblocks.vllm.KVCacheManager` adds vLLM's Python-level
+/// attributes on top.
+#[pyclass(name = "KVCacheManager", module = "kvblocks._core", subclass)]
 pub(crate) struct PyKVCacheManager {
     inner: KvCacheManager,
     id_objects: IdObjects,
+    /// What has been converted of each vLLM request.
+    memos: RequestMemos,
     /// The blocks one allocation added (reused by every call).
     added: AddedBlocks,
     /// The `KVCacheBlocks` with every group empty, shared as vLLM's
@@ -118,6 +291,8 @@ pub(crate) struct PyKVCacheManager {
     /// `allocate_slots_batch`'s entry for a request that got no new block: one empty
     /// tuple per group.
     no_new_blocks: Py<PyTuple>,
+    /// The block objects handed out so far, by block id (made on first request).
+    block_objects: Vec<Option<Py<PyKVCacheBlock>>>,
 }
 
 /// The blocks one `allocate_slots_with` call added: every group's ids back to back.
@@ -170,7 +345,8 @@ impl PyKVCacheManager {
     #[pyo3(signature = (kv_cache_config, max_model_len, hash_block_size, *,
                         scheduler_block_size=None, max_in_flight_tokens=None,
                         enable_caching=true, use_eagle=false, log_stats=false,
-                        enable_kv_cache_events=false))]
+                        enable_kv_cache_events=false, watermark=0.0,
+                        record_new_block_ids=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -183,8 +359,15 @@ impl PyKVCacheManager {
         use_eagle: bool,
         log_stats: bool,
         enable_kv_cache_events: bool,
+        watermark: f64,
+        record_new_block_ids: bool,
     ) -> PyResult<Self> {
         let cfg = &kv_cache_config.inner;
+        if !(watermark >= 0.0 && watermark.is_finite()) {
+            return Err(PyValueError::new_err(format!(
+                "watermark must be a finite number >= 0, got {watermark}"
+            )));
+        }
         let groups = ManagerParams::from_config(cfg)?;
         let opts = ManagerOptions {
             max_model_len,
@@ -195,6 +378,8 @@ impl PyKVCacheManager {
             use_eagle,
             log_stats,
             enable_kv_cache_events,
+            watermark_blocks: (watermark * cfg.num_blocks as f64) as usize,
+            record_new_block_ids,
         };
         let retention = cfg.prefix_cache_retention_interval.map(|n| n as usize);
         let inner = KvCacheManager::new(groups, cfg.num_blocks, retention, opts)?;
@@ -203,6 +388,7 @@ impl PyKVCacheManager {
             py,
             PyKVCacheBlocks {
                 blocks: vec![Vec::new(); g],
+                owner: None,
             },
         )?;
         let empty = PyTuple::empty(py);
@@ -213,37 +399,119 @@ impl PyKVCacheManager {
             added: AddedBlocks::default(),
             empty_blocks,
             no_new_blocks,
+            memos: RequestMemos::default(),
+            block_objects: Vec::new(),
         })
     }
 
-    /// `(KVCacheBlocks, num_hit_tokens)`: the request's prefix-cache hit.
+    /// `(KVCacheBlocks, num_hit_tokens)`: the request's prefix-cache hit, at most
+    /// `max_cache_hit_length` tokens (default `num_tokens - 1`).
+    #[pyo3(signature = (request, max_cache_hit_length=None))]
     fn get_computed_blocks(
-        &self,
-        py: Python<'_>,
-        request: PyRef<'_, PyRequest>,
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        max_cache_hit_length: Option<usize>,
     ) -> PyResult<(Py<PyKVCacheBlocks>, usize)> {
-        let req = &request.inner;
-        let (blocks, hit) = if req.block_hashes().len() >= RELEASE_GIL_HASHES {
-            py.allow_threads(|| self.inner.get_computed_blocks(req))?
-        } else {
-            self.inner.get_computed_blocks(req)?
+        let py = slf.py();
+        let reads = Reads {
+            lookup: true,
+            ..Reads::default()
         };
-        if blocks.iter().all(Vec::is_empty) {
-            return Ok((self.empty_blocks.clone_ref(py), hit));
-        }
-        Ok((Py::new(py, PyKVCacheBlocks { blocks })?, hit))
+        let (blocks, hit) = slf.borrow_mut().with_request(request, reads, |mgr, req| {
+            if req.block_hashes().len() >= RELEASE_GIL_HASHES {
+                py.allow_threads(|| mgr.get_computed_blocks_capped(req, max_cache_hit_length))
+            } else {
+                mgr.get_computed_blocks_capped(req, max_cache_hit_length)
+            }
+        })?;
+        Ok((Self::blocks_of(slf, blocks)?, hit))
     }
 
-    /// Slots for new tokens; `None` when they do not fit.
+    /// vLLM 0.33's `get_computed_blocks` triple: `(KVCacheBlocks, num_hit_tokens,
+    /// shared_prefix_boundary)`.
+    #[pyo3(signature = (request, max_cache_hit_length=None))]
+    fn find_cache_hit(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        max_cache_hit_length: Option<usize>,
+    ) -> PyResult<(Py<PyKVCacheBlocks>, usize, usize)> {
+        let py = slf.py();
+        let reads = Reads {
+            lookup: true,
+            ..Reads::default()
+        };
+        let l = slf.borrow_mut().with_request(request, reads, |mgr, req| {
+            if req.block_hashes().len() >= RELEASE_GIL_HASHES {
+                py.allow_threads(|| mgr.lookup(req, max_cache_hit_length))
+            } else {
+                mgr.lookup(req, max_cache_hit_length)
+            }
+        })?;
+        Ok((
+            Self::blocks_of(slf, l.blocks)?,
+            l.num_hit_tokens,
+            l.shared_prefix_boundary,
+        ))
+    }
+
+    /// vLLM 0.33's `get_computed_blocks_for_connector`: the triple and whether a lagging
+    /// group stops short of the local (full-attention) prefix.
+    #[pyo3(signature = (request, max_cache_hit_length=None))]
+    fn get_computed_blocks_for_connector(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        max_cache_hit_length: Option<usize>,
+    ) -> PyResult<(Py<PyKVCacheBlocks>, usize, usize, bool)> {
+        let reads = Reads {
+            lookup: true,
+            ..Reads::default()
+        };
+        let (l, diverged) = slf.borrow_mut().with_request(request, reads, |mgr, req| {
+            mgr.lookup_for_connector(req, max_cache_hit_length)
+        })?;
+        Ok((
+            Self::blocks_of(slf, l.blocks)?,
+            l.num_hit_tokens,
+            l.shared_prefix_boundary,
+            diverged,
+        ))
+    }
+
+    /// Each spec group's own longest hit of `block_hashes` (vLLM's
+    /// `find_longest_cache_hit_per_group`): block ids and hit length per group.
+    fn find_longest_cache_hit_per_group(
+        &self,
+        block_hashes: Vec<Vec<u8>>,
+        max_cache_hit_length: usize,
+    ) -> PyResult<(Vec<Vec<BlockId>>, Vec<usize>)> {
+        let hashes = block_hashes
+            .iter()
+            .map(|h| crate::types::BlockHash::from_slice(h))
+            .collect::<crate::error::Result<Vec<_>>>()?;
+        Ok(self
+            .inner
+            .find_cache_hit_per_group(&hashes, max_cache_hit_length)?)
+    }
+
+    /// The first group of the first spec group, if that is full attention (hybrid
+    /// models; vLLM's `coordinator.full_attention_group_id`).
+    #[getter]
+    fn full_attention_group_id(&self) -> Option<usize> {
+        self.inner.coordinator().full_attention_group_id()
+    }
+
+    /// Slots for new tokens; `None` when they do not fit. `skip_zeroing_group_ids`: groups
+    /// whose KV-connector blocks are not recorded for zeroing.
     #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens=0,
                         new_computed_blocks=None, num_lookahead_tokens=0,
                         num_external_computed_tokens=0, delay_cache_blocks=false,
-                        num_encoder_tokens=0, full_sequence_must_fit=false))]
+                        num_encoder_tokens=0, full_sequence_must_fit=false,
+                        reserved_blocks=0, has_scheduled_reqs=true,
+                        skip_zeroing_group_ids=None))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots(
-        &mut self,
-        py: Python<'_>,
-        request: PyRef<'_, PyRequest>,
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
         num_new_tokens: usize,
         num_new_computed_tokens: usize,
         new_computed_blocks: Option<&Bound<'_, PyAny>>,
@@ -252,7 +520,18 @@ impl PyKVCacheManager {
         delay_cache_blocks: bool,
         num_encoder_tokens: usize,
         full_sequence_must_fit: bool,
+        reserved_blocks: usize,
+        has_scheduled_reqs: bool,
+        skip_zeroing_group_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Py<PyKVCacheBlocks>>> {
+        let skip_zeroing_groups = match skip_zeroing_group_ids {
+            Some(ids) => ids
+                .try_iter()?
+                .map(|g| g?.extract::<usize>())
+                .collect::<PyResult<Vec<_>>>()?,
+            None => Vec::new(),
+        };
+        let py = slf.py();
         let hits = hits_of(new_computed_blocks)?;
         let args = AllocateArgs {
             num_new_tokens,
@@ -263,20 +542,45 @@ impl PyKVCacheManager {
             delay_cache_blocks,
             num_encoder_tokens,
             full_sequence_must_fit,
+            reserved_blocks,
+            has_scheduled_reqs,
+            skip_zeroing_groups: &skip_zeroing_groups,
         };
-        self.added.clear();
-        let added = &mut self.added;
-        if !self
-            .inner
-            .allocate_slots_with(&request.inner, &args, |_, ids| added.push(ids))?
-        {
+        let mut this = slf.borrow_mut();
+        if let Ok(r) = request.downcast::<PyRequest>() {
+            this.inner.check_length(&r.borrow().inner)?;
+        }
+        let reads = Reads {
+            events: this.inner.pool().events_enabled(),
+            status: has_scheduled_reqs && this.inner.watermark_blocks() > 0,
+            lookup: false,
+        };
+        this.added.clear();
+        let this = &mut *this;
+        let added = &mut this.added;
+        let fitted = Self::with_request_parts(
+            &mut this.inner,
+            &mut this.memos,
+            request,
+            reads,
+            |mgr, req| mgr.allocate_slots_with(req, &args, |_, ids| added.push(ids)),
+        )?;
+        if !fitted {
             return Ok(None);
         }
-        if self.added.is_empty() {
-            return Ok(Some(self.empty_blocks.clone_ref(py)));
+        if this.added.is_empty() {
+            return Ok(Some(this.empty_blocks.clone_ref(py)));
         }
-        let blocks = self.added.groups().map(<[BlockId]>::to_vec).collect();
-        Py::new(py, PyKVCacheBlocks { blocks }).map(Some)
+        let blocks = this.added.groups().map(<[BlockId]>::to_vec).collect();
+        let owner = slf.clone().unbind();
+        Py::new(
+            py,
+            PyKVCacheBlocks {
+                blocks,
+                owner: Some(owner),
+            },
+        )
+        .map(Some)
     }
 
     /// For each pair in order, the blocks `allocate_slots(req, n)` adds, as a tuple of
@@ -301,6 +605,9 @@ impl PyKVCacheManager {
             return Err(PyValueError::new_err(
                 "num_new_tokens must be greater than 0 for every request",
             ));
+        }
+        for req in &requests {
+            self.inner.check_length(&req.borrow().inner)?;
         }
         let no_new_blocks = self.no_new_blocks.bind(py);
         let mut out = Vec::with_capacity(requests.len());
@@ -331,8 +638,32 @@ impl PyKVCacheManager {
     }
 
     /// Frees the request's blocks (no-op for unknown or already freed requests).
-    fn free(&mut self, request: PyRef<'_, PyRequest>) -> PyResult<()> {
-        Ok(self.inner.free(request.inner.request_id())?)
+    fn free(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = Self::id_of(request)?;
+        self.memos.forget(&id);
+        Ok(self.inner.free(&id)?)
+    }
+
+    /// Forgets the request and returns its block ids (group after group, each in
+    /// allocation order, leading nulls dropped) without freeing them: the caller frees
+    /// them later, in reverse (vLLM's deferred frees).
+    fn pop_blocks_for_free(&mut self, request: &Bound<'_, PyAny>) -> PyResult<Vec<BlockId>> {
+        let id = Self::id_of(request)?;
+        self.memos.forget(&id);
+        Ok(self.inner.pop_blocks_for_free(&id))
+    }
+
+    /// The prefix tokens the request's cached blocks cover (vLLM's
+    /// `estimate_cached_tokens`).
+    fn estimate_cached_tokens(&self, request: &Bound<'_, PyAny>) -> PyResult<usize> {
+        Ok(self.inner.estimate_cached_tokens(&Self::id_of(request)?))
+    }
+
+    /// The request's blocks as a `KVCacheBlocks` (the shared empty one for a request
+    /// without blocks).
+    fn get_blocks(slf: &Bound<'_, Self>, request_id: &str) -> PyResult<Py<PyKVCacheBlocks>> {
+        let blocks = slf.borrow().inner.get_block_ids(request_id);
+        Self::blocks_of(slf, blocks)
     }
 
     /// The request's block ids per group (empty lists for an unknown request).
@@ -353,12 +684,29 @@ impl PyKVCacheManager {
     /// Caches the request's full blocks up to `num_computed_tokens`.
     fn cache_blocks(
         &mut self,
-        request: PyRef<'_, PyRequest>,
+        request: &Bound<'_, PyAny>,
         num_computed_tokens: usize,
     ) -> PyResult<()> {
+        let reads = Reads {
+            events: self.inner.pool().events_enabled(),
+            ..Reads::default()
+        };
+        self.with_request(request, reads, |mgr, req| {
+            mgr.cache_blocks(req, num_computed_tokens)
+        })
+    }
+
+    /// The blocks allocated since the last call that the worker must zero (empty unless
+    /// built with `record_new_block_ids`).
+    fn take_new_block_ids(&mut self) -> Vec<BlockId> {
+        self.inner.take_new_block_ids()
+    }
+
+    /// Records the request's blocks from `start_token` on for zeroing again.
+    fn record_blocks_for_zeroing(&mut self, request_id: &str, start_token: usize) -> PyResult<()> {
         Ok(self
             .inner
-            .cache_blocks(&request.inner, num_computed_tokens)?)
+            .record_blocks_for_zeroing(request_id, start_token)?)
     }
 
     /// Per-step hook.
@@ -392,9 +740,19 @@ impl PyKVCacheManager {
     }
 
     /// Records a prefix-cache lookup in the stats.
-    fn record_prefix_cache_stats(&mut self, request: PyRef<'_, PyRequest>, num_hits: usize) {
-        self.inner
-            .record_prefix_cache_stats(&request.inner, num_hits);
+    fn record_prefix_cache_stats(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        num_hits: usize,
+    ) -> PyResult<()> {
+        let reads = Reads {
+            lookup: true,
+            ..Reads::default()
+        };
+        self.with_request(request, reads, |mgr, req| {
+            mgr.record_prefix_cache_stats(req, num_hits);
+            Ok(())
+        })
     }
 
     /// The stats since the last call (`None` without `log_stats`).
@@ -414,59 +772,208 @@ impl PyKVCacheManager {
         self.inner.num_groups()
     }
 
-    /// A read-only view of the shared block pool.
-    #[getter]
-    fn block_pool(slf: Py<Self>) -> PyBlockPoolView {
-        PyBlockPoolView { mgr: slf }
-    }
-}
-
-/// A read-only view of a `KVCacheManager`'s block pool.
-#[pyclass(name = "BlockPoolView", module = "kvblocks._core", frozen)]
-pub(crate) struct PyBlockPoolView {
-    mgr: Py<PyKVCacheManager>,
-}
-
-#[pymethods]
-impl PyBlockPoolView {
-    /// Free blocks.
-    fn get_num_free_blocks(&self, py: Python<'_>) -> usize {
-        self.mgr.borrow(py).inner.pool().num_free_blocks()
+    /// The block objects (vLLM's `KVCacheBlock`) of the given ids: one object per block
+    /// id for the manager's lifetime.
+    #[pyo3(name = "block_objects")]
+    fn py_block_objects<'py>(
+        slf: &Bound<'py, Self>,
+        block_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        Self::block_objects(slf, &extract_u32s(block_ids, "block ids")?)
     }
 
-    /// `1 - free / (N - 1)`.
-    fn get_usage(&self, py: Python<'_>) -> f64 {
-        self.mgr.borrow(py).inner.pool().usage()
+    /// A `KVCacheBlocks` of this manager's blocks (ids per group), whose `.blocks` are
+    /// the manager's block objects.
+    fn kv_cache_blocks(
+        slf: &Bound<'_, Self>,
+        blocks: Vec<Vec<BlockId>>,
+    ) -> PyResult<Py<PyKVCacheBlocks>> {
+        Self::blocks_of(slf, blocks)
     }
 
-    /// The free queue from head (next allocated) to tail.
-    fn get_free_block_ids(&self, py: Python<'_>) -> Vec<BlockId> {
-        self.mgr.borrow(py).inner.pool().free_block_ids().collect()
+    /// The ids of the requests holding blocks.
+    fn request_ids(&self) -> Vec<String> {
+        self.inner.request_ids().map(str::to_owned).collect()
     }
 
-    /// The ref count of a block.
-    fn get_ref_cnt(&self, py: Python<'_>, block_id: BlockId) -> PyResult<u32> {
-        Ok(self.mgr.borrow(py).inner.pool().ref_cnt(block_id)?)
+    /// Leading cached entries of the request's table in `group_id` (vLLM's
+    /// `num_cached_block`), `None` if that group does not know the request.
+    fn num_cached_blocks(&self, request_id: &str, group_id: usize) -> Option<usize> {
+        self.inner.num_cached_blocks(request_id, group_id)
     }
 
-    /// The raw hash bytes of a cached block, or `None`.
-    fn get_block_hash<'py>(
+    /// Blocks an allocation would take (a dry run, vLLM's
+    /// `coordinator.get_num_blocks_to_allocate`).
+    #[pyo3(signature = (request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
+                        total_computed_tokens, num_tokens_main_model, apply_admission_cap=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn get_num_blocks_to_allocate(
         &self,
-        py: Python<'py>,
-        block_id: BlockId,
-    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let key = self.mgr.borrow(py).inner.pool().block_hash(block_id)?;
-        Ok(key.map(|k| PyBytes::new(py, k.hash.as_bytes())))
+        request_id: &str,
+        num_tokens: usize,
+        new_computed_blocks: Vec<Vec<BlockId>>,
+        num_encoder_tokens: usize,
+        total_computed_tokens: usize,
+        num_tokens_main_model: usize,
+        apply_admission_cap: bool,
+    ) -> PyResult<isize> {
+        let hits = (!new_computed_blocks.iter().all(Vec::is_empty))
+            .then_some(new_computed_blocks.as_slice());
+        Ok(self.inner.get_num_blocks_to_allocate(
+            request_id,
+            num_tokens,
+            num_tokens_main_model,
+            hits,
+            num_encoder_tokens,
+            total_computed_tokens,
+            apply_admission_cap,
+        )?)
     }
 
-    /// Pool size, null block included.
+    /// Frees the request's blocks outside every group's attention window for tokens
+    /// from `processed_computed_tokens` on.
+    fn remove_skipped_blocks(
+        &mut self,
+        request_id: &str,
+        processed_computed_tokens: usize,
+    ) -> PyResult<()> {
+        Ok(self
+            .inner
+            .remove_skipped_blocks(request_id, processed_computed_tokens)?)
+    }
+
+    /// The stats recorded since the last `make_prefix_cache_stats`, without resetting
+    /// them (`None` without `log_stats`).
     #[getter]
-    fn num_gpu_blocks(&self, py: Python<'_>) -> usize {
-        self.mgr.borrow(py).inner.pool().num_blocks()
+    fn current_prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        self.inner.prefix_cache_stats()
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for o in self.block_objects.iter().flatten() {
+            visit.call(o)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.block_objects.clear();
+    }
+
+    /// The manager's block pool, with the whole `BlockPool` API (changes made through
+    /// it are the manager's: vLLM's own callers reach the pool this way).
+    #[getter]
+    fn block_pool(slf: Py<Self>) -> PyBlockPool {
+        PyBlockPool::of_manager(slf)
     }
 }
 
 impl PyKVCacheManager {
+    /// The request's id, for kvblocks' `Request` or vLLM's.
+    fn id_of(request: &Bound<'_, PyAny>) -> PyResult<String> {
+        if let Ok(r) = request.downcast::<PyRequest>() {
+            return Ok(r.borrow().inner.request_id().to_owned());
+        }
+        Ok(request_id(request)?.to_str()?.to_owned())
+    }
+
+    /// Runs `f` on the core manager with `request` as a request view.
+    fn with_request<T>(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        reads: Reads,
+        f: impl FnOnce(&mut KvCacheManager, &AnyRequest<'_>) -> crate::error::Result<T>,
+    ) -> PyResult<T> {
+        Self::with_request_parts(&mut self.inner, &mut self.memos, request, reads, f)
+    }
+
+    /// [`with_request`](Self::with_request) on the manager's parts, so a caller can
+    /// hold other fields meanwhile.
+    fn with_request_parts<T>(
+        inner: &mut KvCacheManager,
+        memos: &mut RequestMemos,
+        request: &Bound<'_, PyAny>,
+        reads: Reads,
+        f: impl FnOnce(&mut KvCacheManager, &AnyRequest<'_>) -> crate::error::Result<T>,
+    ) -> PyResult<T> {
+        if let Ok(r) = request.downcast::<PyRequest>() {
+            let r = r.borrow();
+            return Ok(f(inner, &AnyRequest::Own(&r.inner))?);
+        }
+        let id = request_id(request)?;
+        let view = VllmRequest::read(request, id.to_str()?, memos, reads)?;
+        Ok(f(inner, &AnyRequest::Vllm(view))?)
+    }
+
+    /// `blocks` as a `KVCacheBlocks` owned by this manager (the shared empty one when
+    /// every group is empty).
+    fn blocks_of(
+        slf: &Bound<'_, Self>,
+        blocks: Vec<Vec<BlockId>>,
+    ) -> PyResult<Py<PyKVCacheBlocks>> {
+        let py = slf.py();
+        if blocks.iter().all(Vec::is_empty) {
+            return Ok(slf.borrow().empty_blocks.clone_ref(py));
+        }
+        Py::new(
+            py,
+            PyKVCacheBlocks {
+                blocks,
+                owner: Some(slf.clone().unbind()),
+            },
+        )
+    }
+
+    /// The block objects of `ids`, made on first request and kept for the manager's
+    /// lifetime.
+    pub(crate) fn block_objects<'py>(
+        slf: &Bound<'py, Self>,
+        ids: &[BlockId],
+    ) -> PyResult<Bound<'py, PyList>> {
+        let py = slf.py();
+        let mut this = slf.borrow_mut();
+        let n = this.inner.pool().num_blocks();
+        if this.block_objects.len() < n {
+            this.block_objects.resize_with(n, || None);
+        }
+        let mut out = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let Some(entry) = this.block_objects.get_mut(id as usize) else {
+                return Err(crate::error::KvError::BlockOutOfRange {
+                    block_id: id.into(),
+                    num_blocks: n,
+                }
+                .into());
+            };
+            let obj = match entry {
+                Some(o) => o.clone_ref(py),
+                None => {
+                    let o = Py::new(
+                        py,
+                        PyKVCacheBlock {
+                            block_id: id,
+                            owner: slf.clone().unbind(),
+                        },
+                    )?;
+                    *entry = Some(o.clone_ref(py));
+                    o
+                }
+            };
+            out.push(obj);
+        }
+        PyList::new(py, out)
+    }
+
+    /// The manager's pool.
+    pub(crate) fn core_pool(&self) -> &crate::pool::BlockPool {
+        self.inner.pool()
+    }
+
+    /// The manager's pool, to change.
+    pub(crate) fn core_pool_mut(&mut self) -> &mut crate::pool::BlockPool {
+        self.inner.pool_mut()
+    }
+
     /// The pending (annotated) events as core values, for the event publisher.
     pub(crate) fn take_core_events(&mut self) -> Vec<crate::pool::events::KvCacheEvent> {
         self.inner.take_events()
@@ -476,7 +983,7 @@ impl PyKVCacheManager {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyKVCacheManager>()?;
     m.add_class::<PyKVCacheBlocks>()?;
+    m.add_class::<PyKVCacheBlock>()?;
     m.add_class::<PrefixCacheStats>()?;
-    m.add_class::<PyBlockPoolView>()?;
     Ok(())
 }

@@ -14,6 +14,7 @@ mod publish;
 mod request;
 mod request_hasher;
 mod spec;
+mod vllm_request;
 
 /// The `kvblocks._core` extension module.
 #[pymodule(gil_used = false)]

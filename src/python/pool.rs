@@ -1,20 +1,64 @@
 //! Python bindings for the `pool` module: `kvblocks.BlockPool`, vLLM's `BlockPool` with
 //! blocks addressed by id.
 
+use std::ops::{Deref, DerefMut};
+
 use pyo3::prelude::*;
 
 use super::ids::{extract_u32s, IdObjects};
 use pyo3::types::{PyBytes, PyList};
 
 use super::events::events_to_py;
+use super::manager::PyKVCacheManager;
 use crate::pool::events::TokensOnly;
 use crate::pool::BlockPool;
 use crate::types::{BlockHash, BlockId, GroupId};
 
-/// vLLM's `BlockPool` over block ids (block 0 is the null block).
+/// Where a `BlockPool` object's pool lives: its own, or a manager's (`block_pool`).
+enum Home {
+    Own(Box<BlockPool>),
+    Manager(Py<PyKVCacheManager>),
+}
+
+/// A borrowed pool, from either home.
+enum PoolRef<'a, 'py> {
+    Own(&'a mut BlockPool),
+    Manager(PyRefMut<'py, PyKVCacheManager>),
+}
+
+impl Deref for PoolRef<'_, '_> {
+    type Target = BlockPool;
+    fn deref(&self) -> &BlockPool {
+        match self {
+            Self::Own(p) => p,
+            Self::Manager(m) => m.core_pool(),
+        }
+    }
+}
+
+impl DerefMut for PoolRef<'_, '_> {
+    fn deref_mut(&mut self) -> &mut BlockPool {
+        match self {
+            Self::Own(p) => p,
+            Self::Manager(m) => m.core_pool_mut(),
+        }
+    }
+}
+
+impl Home {
+    fn pool<'a, 'py>(&'a mut self, py: Python<'py>) -> PyResult<PoolRef<'a, 'py>> {
+        Ok(match self {
+            Self::Own(p) => PoolRef::Own(p),
+            Self::Manager(m) => PoolRef::Manager(m.bind(py).try_borrow_mut()?),
+        })
+    }
+}
+
+/// vLLM's `BlockPool` over block ids (block 0 is the null block). A manager's
+/// `block_pool` is one too, over the manager's own pool.
 #[pyclass(name = "BlockPool", module = "kvblocks._core")]
 pub(crate) struct PyBlockPool {
-    inner: BlockPool,
+    home: Home,
     /// Reused output buffer of `get_new_blocks` (no allocation per call).
     scratch: Vec<BlockId>,
     /// Shared int objects for the ids handed out.
@@ -38,12 +82,12 @@ impl PyBlockPool {
         enable_kv_cache_events: bool,
     ) -> PyResult<Self> {
         Ok(Self {
-            inner: BlockPool::new(
+            home: Home::Own(Box::new(BlockPool::new(
                 num_gpu_blocks,
                 enable_caching,
                 hash_block_size,
                 enable_kv_cache_events,
-            )?,
+            )?)),
             scratch: Vec::new(),
             id_objects: IdObjects::default(),
         })
@@ -51,47 +95,53 @@ impl PyBlockPool {
 
     /// Total blocks, null block included.
     #[getter]
-    fn num_gpu_blocks(&self) -> usize {
-        self.inner.num_blocks()
+    fn num_gpu_blocks(&mut self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.home.pool(py)?.num_blocks())
     }
 
     /// Whether prefix caching is on.
     #[getter]
-    fn enable_caching(&self) -> bool {
-        self.inner.enable_caching()
+    fn enable_caching(&mut self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.home.pool(py)?.enable_caching())
     }
 
     /// Tokens per hash block.
     #[getter]
-    fn hash_block_size(&self) -> usize {
-        self.inner.hash_block_size()
+    fn hash_block_size(&mut self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.home.pool(py)?.hash_block_size())
     }
 
     /// Whether events are recorded.
     #[getter]
-    fn enable_kv_cache_events(&self) -> bool {
-        self.inner.events_enabled()
+    fn enable_kv_cache_events(&mut self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.home.pool(py)?.events_enabled())
     }
 
     fn get_new_blocks<'py>(&mut self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyList>> {
         self.scratch.clear();
-        self.inner.get_new_blocks_into(n, &mut self.scratch)?;
+        self.home
+            .pool(py)?
+            .get_new_blocks_into(n, &mut self.scratch)?;
         self.id_objects.list(py, &self.scratch)
     }
 
-    fn free_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn free_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = extract_u32s(block_ids, "block ids")?;
-        Ok(self.inner.free_blocks(ids.iter().copied())?)
+        Ok(self.home.pool(py)?.free_blocks(ids.iter().copied())?)
     }
 
-    fn touch(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        Ok(self.inner.touch(&extract_u32s(block_ids, "block ids")?)?)
+    fn touch(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        Ok(self
+            .home
+            .pool(py)?
+            .touch(&extract_u32s(block_ids, "block ids")?)?)
     }
 
     #[pyo3(signature = (request_block_hashes, block_ids, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id, token_ids=None))]
     #[allow(clippy::too_many_arguments)]
     fn cache_full_blocks(
         &mut self,
+        py: Python<'_>,
         request_block_hashes: Vec<Bound<'_, PyAny>>,
         block_ids: &Bound<'_, PyAny>,
         num_cached_blocks: usize,
@@ -107,10 +157,10 @@ impl PyBlockPool {
         let block_ids = extract_u32s(block_ids, "block ids")?;
         // Tokens feed only `BlockStored` events: not read when events are off.
         let tokens = match token_ids {
-            Some(t) if self.inner.events_enabled() => extract_u32s(t, "token ids")?,
+            Some(t) if self.home.pool(py)?.events_enabled() => extract_u32s(t, "token ids")?,
             _ => Vec::new(),
         };
-        Ok(self.inner.cache_full_blocks(
+        Ok(self.home.pool(py)?.cache_full_blocks(
             &hashes,
             &block_ids,
             num_cached_blocks,
@@ -123,90 +173,98 @@ impl PyBlockPool {
     }
 
     fn get_cached_block(
-        &self,
+        &mut self,
+        py: Python<'_>,
         block_hash: &Bound<'_, PyAny>,
         kv_cache_group_ids: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Vec<BlockId>>> {
         let hash = extract_hash(block_hash)?;
         let groups: Vec<GroupId> = extract_u32s(kv_cache_group_ids, "group ids")?;
-        Ok(self.inner.get_cached_block(&hash, &groups))
+        Ok(self.home.pool(py)?.get_cached_block(&hash, &groups))
     }
 
-    fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn evict_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = block_ids
             .try_iter()?
             .map(|b| b?.extract::<BlockId>())
             .collect::<PyResult<Vec<_>>>()?;
-        Ok(self.inner.evict_blocks(&ids)?)
+        Ok(self.home.pool(py)?.evict_blocks(&ids)?)
     }
 
-    fn reset_prefix_cache(&mut self) -> bool {
-        self.inner.reset_prefix_cache()
+    fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.home.pool(py)?.reset_prefix_cache())
     }
 
-    fn get_num_free_blocks(&self) -> usize {
-        self.inner.num_free_blocks()
+    fn get_num_free_blocks(&mut self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.home.pool(py)?.num_free_blocks())
     }
 
-    fn get_usage(&self) -> f64 {
-        self.inner.usage()
+    fn get_usage(&mut self, py: Python<'_>) -> PyResult<f64> {
+        Ok(self.home.pool(py)?.usage())
     }
 
-    fn get_free_block_ids(&self) -> Vec<BlockId> {
-        self.inner.free_block_ids().collect()
+    fn get_free_block_ids(&mut self, py: Python<'_>) -> PyResult<Vec<BlockId>> {
+        Ok(self.home.pool(py)?.free_block_ids().collect())
     }
 
-    fn get_ref_cnt(&self, block_id: BlockId) -> PyResult<u32> {
-        Ok(self.inner.ref_cnt(block_id)?)
+    fn get_ref_cnt(&mut self, py: Python<'_>, block_id: BlockId) -> PyResult<u32> {
+        Ok(self.home.pool(py)?.ref_cnt(block_id)?)
     }
 
     fn get_block_hash<'py>(
-        &self,
+        &mut self,
         py: Python<'py>,
         block_id: BlockId,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         Ok(self
-            .inner
+            .home
+            .pool(py)?
             .block_hash(block_id)?
             .map(|key| PyBytes::new(py, key.hash.as_bytes())))
     }
 
     /// Checks the core's structural invariants; `RuntimeError` names the first violation.
-    fn check_invariants(&self) -> PyResult<()> {
-        self.inner
+    fn check_invariants(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.home
+            .pool(py)?
             .check_invariants()
             .map_err(pyo3::exceptions::PyRuntimeError::new_err)
     }
 
     fn take_events(&mut self, py: Python<'_>) -> PyResult<Vec<PyObject>> {
-        events_to_py(py, &self.inner.take_events())
+        events_to_py(py, &self.home.pool(py)?.take_events())
     }
 
-    fn __repr__(&self) -> String {
-        format!(
+    fn __repr__(&mut self, py: Python<'_>) -> PyResult<String> {
+        let p = self.home.pool(py)?;
+        Ok(format!(
             "BlockPool(num_gpu_blocks={}, enable_caching={}, hash_block_size={}, \
              enable_kv_cache_events={}, num_free_blocks={})",
-            self.inner.num_blocks(),
-            if self.inner.enable_caching() {
-                "True"
-            } else {
-                "False"
-            },
-            self.inner.hash_block_size(),
-            if self.inner.events_enabled() {
-                "True"
-            } else {
-                "False"
-            },
-            self.inner.num_free_blocks(),
-        )
+            p.num_blocks(),
+            if p.enable_caching() { "True" } else { "False" },
+            p.hash_block_size(),
+            if p.events_enabled() { "True" } else { "False" },
+            p.num_free_blocks(),
+        ))
     }
 }
 
 impl PyBlockPool {
     /// The pending events as core values, for the event publisher (no Python objects).
-    pub(crate) fn take_core_events(&mut self) -> Vec<crate::pool::events::KvCacheEvent> {
-        self.inner.take_events()
+    pub(crate) fn take_core_events(
+        &mut self,
+        py: Python<'_>,
+    ) -> PyResult<Vec<crate::pool::events::KvCacheEvent>> {
+        Ok(self.home.pool(py)?.take_events())
+    }
+
+    /// The pool of `manager`, as a `BlockPool` object.
+    pub(crate) fn of_manager(manager: Py<PyKVCacheManager>) -> Self {
+        Self {
+            home: Home::Manager(manager),
+            scratch: Vec::new(),
+            id_objects: IdObjects::default(),
+        }
     }
 }
 

@@ -219,7 +219,7 @@ impl PyEventSink {
         let events = if let Ok(mgr) = source.downcast::<PyKVCacheManager>() {
             mgr.try_borrow_mut()?.take_core_events()
         } else if let Ok(pool) = source.downcast::<PyBlockPool>() {
-            pool.try_borrow_mut()?.take_core_events()
+            pool.try_borrow_mut()?.take_core_events(source.py())?
         } else {
             return Err(PyTypeError::new_err(format!(
                 "publish_from takes a BlockPool or KVCacheManager, not {}",

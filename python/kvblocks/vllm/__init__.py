@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvblocks.vllm._install import ENV_SWITCH, fallbacks, install, installed, uninstall
+
 _LAZY = {
+    "KVCacheManager": "kvblocks.vllm._manager",
+    "BlockPool": "kvblocks.vllm._manager",
+    "UnsupportedConfigError": "kvblocks.vllm._config",
     "get_request_block_hasher": "kvblocks.vllm._hashing",
 }
 
@@ -28,5 +33,13 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ENV_SWITCH",
+    "BlockPool",
+    "KVCacheManager",
+    "UnsupportedConfigError",
+    "fallbacks",
     "get_request_block_hasher",
+    "install",
+    "installed",
+    "uninstall",
 ]

@@ -1,0 +1,465 @@
+"""`kvblocks.vllm.KVCacheManager`: vLLM 0.33.0's `KVCacheManager` on the kvblocks core.
+
+The scheduler's per-step calls (`allocate_slots`, `get_computed_blocks`, `free`,
+`get_blocks`, `cache_blocks`, ...) are the core's own methods, inherited: one boundary
+crossing per call, vLLM's `Request` read in place. What is here is vLLM's Python-level
+surface: its constructor, the coordinator and pool views its callers reach into, its
+event and stats classes, and the per-step `take_*` calls of features kvblocks refuses at
+construction (so they have nothing to hand over).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import kvblocks as kb
+from kvblocks._core import KVCacheBlock
+from kvblocks.vllm._config import UnsupportedConfigError, convert_config
+
+
+def _block_ids(blocks: Iterable[Any]) -> list[int]:
+    """Block ids of vLLM-style block objects (or of ids themselves)."""
+    return [b if isinstance(b, int) else b.block_id for b in blocks]
+
+
+class _FreeQueueView:
+    """vLLM's `free_block_queue`, as far as its callers read it."""
+
+    def __init__(self, pool: kb.BlockPool) -> None:
+        self._pool = pool
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._pool.get_num_free_blocks()
+
+    def get_all_free_blocks(self) -> list[int]:
+        return self._pool.get_free_block_ids()
+
+
+class BlockPool:
+    """vLLM's `BlockPool` surface over the manager's pool, taking and returning block
+    objects (`KVCacheBlock`) as vLLM's does; ids are accepted wherever blocks are."""
+
+    def __init__(self, manager: KVCacheManager) -> None:
+        self._manager = manager
+        self._pool: kb.BlockPool = kb.KVCacheManager.block_pool.__get__(manager)
+        self.num_gpu_blocks: int = self._pool.num_gpu_blocks
+        self.enable_caching: bool = self._pool.enable_caching
+        self.hash_block_size: int = self._pool.hash_block_size
+        self.enable_kv_cache_events: bool = self._pool.enable_kv_cache_events
+        self.free_block_queue = _FreeQueueView(self._pool)
+
+    @property
+    def blocks(self) -> list[KVCacheBlock]:
+        """Every block of the pool, the null block first."""
+        return self._manager.block_objects(list(range(self.num_gpu_blocks)))
+
+    @property
+    def null_block(self) -> KVCacheBlock:
+        return self._manager.block_objects([0])[0]
+
+    def get_num_free_blocks(self) -> int:
+        return self._pool.get_num_free_blocks()
+
+    def get_usage(self) -> float:
+        return self._pool.get_usage()
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        return self._manager.block_objects(self._pool.get_new_blocks(num_blocks))
+
+    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
+        self._pool.free_blocks(_block_ids(ordered_blocks))
+
+    def touch(self, blocks: Iterable[Any]) -> None:
+        self._pool.touch(_block_ids(blocks))
+
+    def get_cached_block(
+        self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
+    ) -> list[KVCacheBlock] | None:
+        ids = self._pool.get_cached_block(block_hash, list(kv_cache_group_ids))
+        return None if ids is None else self._manager.block_objects(ids)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        self._pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        return self._manager.reset_prefix_cache()
+
+    def take_events(self) -> list[Any]:
+        return _to_vllm_events(self._pool.take_events())
+
+
+class _RequestTables(Mapping[str, list[KVCacheBlock]]):
+    """vLLM's `req_to_blocks` of one group: request id -> its block objects."""
+
+    def __init__(self, manager: KVCacheManager, group_id: int) -> None:
+        self._manager = manager
+        self._group_id = group_id
+
+    def __getitem__(self, request_id: str) -> list[KVCacheBlock]:
+        if request_id not in self._manager.request_ids():
+            raise KeyError(request_id)
+        ids = kb.KVCacheManager.get_block_ids(self._manager, request_id)[self._group_id]
+        return self._manager.block_objects(ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._manager.request_ids())
+
+    def __len__(self) -> int:
+        return len(self._manager.request_ids())
+
+
+class _NumCachedBlocks(Mapping[str, int]):
+    """vLLM's `num_cached_block` of one group: request id -> leading cached blocks."""
+
+    def __init__(self, manager: KVCacheManager, group_id: int) -> None:
+        self._manager = manager
+        self._group_id = group_id
+
+    def __getitem__(self, request_id: str) -> int:
+        n = self._manager.num_cached_blocks(request_id, self._group_id)
+        if n is None:
+            raise KeyError(request_id)
+        return n
+
+    def _known(self) -> list[str]:
+        return [
+            r
+            for r in self._manager.request_ids()
+            if self._manager.num_cached_blocks(r, self._group_id) is not None
+        ]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._known())
+
+    def __len__(self) -> int:
+        return len(self._known())
+
+
+class SingleTypeManagerView:
+    """One group's manager as vLLM's callers read it (`block_size`, `kv_cache_spec`,
+    `req_to_blocks`, `num_cached_block`)."""
+
+    def __init__(self, manager: KVCacheManager, group_id: int, spec: Any, block_size: int):
+        self.kv_cache_group_id = group_id
+        self.kv_cache_spec = spec
+        self.block_size = block_size
+        self.block_pool = manager.block_pool
+        self.req_to_blocks = _RequestTables(manager, group_id)
+        self.num_cached_block = _NumCachedBlocks(manager, group_id)
+        self.new_block_ids: list[int] = []
+
+    def take_new_block_ids(self) -> list[int]:
+        return []
+
+
+def _registered_view(base: type, vllm_class: type) -> type:
+    """A subclass of `base` that vLLM's `vllm_class` (an ABC) counts as its own, so
+    callers' `isinstance` checks hold; it inherits none of vLLM's code."""
+    key = (base, vllm_class)
+    view = _VIEW_CLASSES.get(key)
+    if view is None:
+        view = type(f"{vllm_class.__name__}View", (base,), {})
+        vllm_class.register(view)  # type: ignore[attr-defined]
+        _VIEW_CLASSES[key] = view
+    return view
+
+
+_VIEW_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _manager_view(manager: KVCacheManager, group_id: int, spec: Any, dcp: int) -> Any:
+    from vllm.v1.core.single_type_kv_cache_manager import KVCacheSpecRegistry
+
+    cls = _registered_view(SingleTypeManagerView, KVCacheSpecRegistry.get_manager_class(spec, None))
+    block_size = spec.block_size * (dcp if spec.dcp_sharded else 1)
+    return cls(manager, group_id, spec, block_size)
+
+
+def _coordinator_view(manager: KVCacheManager, config: Any, dcp: int) -> CoordinatorView:
+    from vllm.v1.core import kv_cache_coordinator as kc
+
+    if not manager.enable_caching:
+        vllm_class: type = kc.KVCacheCoordinatorNoPrefixCache
+    elif len(config.kv_cache_groups) == 1:
+        vllm_class = kc.UnitaryKVCacheCoordinator
+    else:
+        vllm_class = kc.HybridKVCacheCoordinator
+    view: CoordinatorView = _registered_view(CoordinatorView, vllm_class)(manager, config, dcp)
+    return view
+
+
+class CoordinatorView:
+    """vLLM's coordinator as its callers read it: the groups' managers, the pool and the
+    dry-run `get_num_blocks_to_allocate`."""
+
+    enable_partial_hash_hits = False
+    num_reprefillable_tokens = 0
+    eagle_group_ids: tuple[int, ...] = ()
+
+    def __init__(self, manager: KVCacheManager, config: Any, dcp_world_size: int) -> None:
+        self._manager = manager
+        self.block_pool = manager.block_pool
+        self.single_type_managers = [
+            _manager_view(manager, i, g.kv_cache_spec, dcp_world_size)
+            for i, g in enumerate(config.kv_cache_groups)
+        ]
+        self.full_attention_group_id: int | None = manager.full_attention_group_id
+
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Sequence[bytes], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
+        """Each spec group's own longest hit: block objects and hit length per group."""
+        ids, lengths = self._manager.find_longest_cache_hit_per_group(
+            list(block_hashes), max_cache_hit_length
+        )
+        return tuple(self._manager.block_objects(g) for g in ids), tuple(lengths)
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[Sequence[Any]],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_local_computed_tokens: int = 0,
+        num_tokens_main_model: int | None = None,
+        apply_admission_cap: bool = False,
+        prefill_end: int | None = None,
+    ) -> int:
+        """A dry run of an allocation: the blocks it would take from the pool."""
+        return self._manager.get_num_blocks_to_allocate(
+            request_id,
+            num_tokens,
+            [_block_ids(g) for g in new_computed_blocks],
+            num_encoder_tokens,
+            total_computed_tokens,
+            num_tokens if num_tokens_main_model is None else num_tokens_main_model,
+            apply_admission_cap,
+        )
+
+    def new_step_starts(self) -> None:
+        self._manager.new_step_starts()
+
+
+def _to_vllm_events(events: Sequence[Any]) -> list[Any]:
+    """kvblocks' event objects as vLLM's `vllm.distributed.kv_events` classes."""
+    from vllm.distributed import kv_events
+
+    out = []
+    for e in events:
+        cls = getattr(kv_events, type(e).__name__)
+        fields = set(cls.__struct_fields__)
+        out.append(cls(**{f: getattr(e, f) for f in e.__struct_fields__ if f in fields}))
+    return out
+
+
+_STATS_FIELDS = (
+    "reset",
+    "requests",
+    "queries",
+    "hits",
+    "preempted_requests",
+    "preempted_queries",
+    "preempted_hits",
+)
+
+
+def _copy_stats(src: kb.PrefixCacheStats, dst: Any) -> None:
+    for f in _STATS_FIELDS:
+        setattr(dst, f, getattr(src, f))
+
+
+def _to_vllm_stats(stats: kb.PrefixCacheStats | None) -> Any:
+    """vLLM's `PrefixCacheStats` with the given counts (None for None)."""
+    from vllm.v1.metrics.stats import PrefixCacheStats
+
+    if stats is None:
+        return None
+    out = PrefixCacheStats()
+    _copy_stats(stats, out)
+    return out
+
+
+class KVCacheManager(kb.KVCacheManager):
+    """vLLM 0.33.0's `KVCacheManager`, built from vLLM's own `KVCacheConfig` with every
+    parameter the 0.33.0 scheduler passes, running on the kvblocks core.
+
+    A configuration kvblocks cannot serve raises `UnsupportedConfigError` (a
+    `NotImplementedError`) here, naming it.
+    """
+
+    def __new__(
+        cls,
+        kv_cache_config: Any,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+    ) -> KVCacheManager:
+        refused = {
+            "dcp_world_size > 1 (decode context parallel)": dcp_world_size > 1,
+            "pcp_world_size > 1 (prefill context parallel)": pcp_world_size > 1,
+            "a KV cache metrics collector": metrics_collector is not None,
+            "num_prefill_lookahead > 1 (multi-module MTP)": num_prefill_lookahead > 1,
+            "num_hash_lookahead_tokens > 0 in the manager": num_hash_lookahead_tokens > 0,
+        }
+        for what, hit in refused.items():
+            if hit:
+                raise UnsupportedConfigError(f"kvblocks does not support {what}")
+        if watermark < 0:
+            raise ValueError("watermark must be non-negative")
+        return super().__new__(
+            cls,
+            convert_config(kv_cache_config),
+            max_model_len,
+            hash_block_size,
+            scheduler_block_size=scheduler_block_size,
+            max_in_flight_tokens=max_in_flight_tokens,
+            enable_caching=enable_caching,
+            use_eagle=use_eagle,
+            log_stats=log_stats,
+            enable_kv_cache_events=enable_kv_cache_events,
+            watermark=watermark,
+            record_new_block_ids=kv_cache_config.needs_kv_cache_zeroing,
+        )
+
+    def __init__(
+        self,
+        kv_cache_config: Any,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+    ) -> None:
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.metrics_collector = metrics_collector
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids: tuple[int, ...] = ()
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.empty_kv_cache_blocks = self.get_blocks("")
+        self._vllm_block_pool = BlockPool(self)
+        self.coordinator = _coordinator_view(self, kv_cache_config, dcp_world_size)
+        self.prefix_cache_stats: Any = _to_vllm_stats(self.current_prefix_cache_stats)
+
+    @property
+    def block_pool(self) -> BlockPool:  # type: ignore[override]
+        """The pool, with vLLM's `BlockPool` surface (block objects in and out)."""
+        return self._vllm_block_pool
+
+    def _sync_stats(self) -> None:
+        """Copies the core's counts into the live `prefix_cache_stats` object (vLLM's
+        callers hold on to it between records)."""
+        stats = self.current_prefix_cache_stats
+        if stats is not None:
+            _copy_stats(stats, self.prefix_cache_stats)
+
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        super().record_prefix_cache_stats(request, num_hits)
+        self._sync_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        ok = super().reset_prefix_cache()
+        self._sync_stats()
+        return ok
+
+    def make_prefix_cache_stats(self) -> Any:
+        """The stats since the last call (vLLM's class), or None without `log_stats`."""
+        if super().make_prefix_cache_stats() is None:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = _to_vllm_stats(self.current_prefix_cache_stats)
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    #: `(blocks, num_hit_tokens, shared_prefix_boundary)`, as vLLM 0.33.
+    get_computed_blocks = kb.KVCacheManager.find_cache_hit  # type: ignore[assignment]
+
+    def pop_blocks_for_free(self, request: Any) -> list[KVCacheBlock]:  # type: ignore[override]
+        return self.block_objects(super().pop_blocks_for_free(request))
+
+    def take_events(self) -> list[Any]:
+        return _to_vllm_events(super().take_events())
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        """Block ids covering the computed tokens (cross-attention groups whole)."""
+        out = []
+        for group, ids in zip(
+            self.kv_cache_config.kv_cache_groups, self.get_block_ids(request_id), strict=True
+        ):
+            spec = group.kv_cache_spec
+            if type(spec).__name__ in ("CrossAttentionSpec", "MambaSpec"):
+                out.append(ids)
+            else:
+                out.append(ids[: -(-num_computed_tokens // spec.block_size)])
+        return tuple(out)
+
+    def create_kv_cache_blocks(self, blocks: Sequence[Sequence[Any]]) -> kb.KVCacheBlocks:
+        return self.kv_cache_blocks([_block_ids(g) for g in blocks])
+
+    def truncate_computed_blocks(
+        self, blocks: kb.KVCacheBlocks, num_computed_tokens: int
+    ) -> kb.KVCacheBlocks:
+        """The lookup result cut at an aligned token end (no ref count changes)."""
+        out = []
+        for ids, mgr in zip(
+            blocks.get_block_ids(), self.coordinator.single_type_managers, strict=True
+        ):
+            n = num_computed_tokens // mgr.block_size
+            if type(mgr.kv_cache_spec).__name__ == "MambaSpec":
+                n = min(n, len(ids))
+            out.append(ids[:n])
+        return self.kv_cache_blocks(out)
+
+    # Per-step hand-overs of features kvblocks does not have: nothing to hand over.
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
+        """Copy-on-write copies: none (partial hash hits are off in kvblocks)."""
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Mamba align boundary states for a KV connector: none (kvblocks keeps no
+        boundary-state snapshots)."""
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        return []
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        super().remove_skipped_blocks(request_id, processed_computed_tokens)
+
+
+__all__ = ["BlockPool", "KVCacheManager", "UnsupportedConfigError"]

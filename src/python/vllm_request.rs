@@ -1,0 +1,374 @@
+//! vLLM's own `Request` objects as the manager's [`RequestView`], read in place: the
+//! manager never asks for a mirror object. Per call the view reads a handful of int
+//! attributes; the request's block hashes (and, with events on, its tokens) are kept in a
+//! per-request memo that only ever converts the entries appended since the last call.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use pyo3::{ffi, intern};
+use rustc_hash::FxHashMap;
+
+use crate::managers::{RequestView, SlotHint};
+use crate::pool::events::{EventExtraKeys, StoredBlockSource};
+use crate::request::Request;
+use crate::types::BlockHash;
+
+/// vLLM's `RequestStatus.WAITING` and `RequestStatus.PREEMPTED` (an `IntEnum`).
+const STATUS_WAITING: i64 = 1;
+const STATUS_PREEMPTED: i64 = 6;
+
+/// What has been converted of one vLLM request: its block hashes and tokens, in order.
+#[derive(Debug, Default)]
+pub(crate) struct RequestMemo {
+    hashes: Vec<BlockHash>,
+    tokens: Vec<u32>,
+}
+
+/// The memos of the requests a manager has seen, by request id.
+#[derive(Debug, Default)]
+pub(crate) struct RequestMemos {
+    by_id: FxHashMap<String, RequestMemo>,
+}
+
+impl RequestMemos {
+    /// Forgets a request (it was freed).
+    pub(crate) fn forget(&mut self, request_id: &str) {
+        self.by_id.remove(request_id);
+    }
+
+    fn get_or_insert(&mut self, request_id: &str) -> &mut RequestMemo {
+        if !self.by_id.contains_key(request_id) {
+            self.by_id
+                .insert(request_id.to_owned(), RequestMemo::default());
+        }
+        match self.by_id.get_mut(request_id) {
+            Some(m) => m,
+            None => unreachable!("inserted above"),
+        }
+    }
+}
+
+/// Reads list item `i` without a new reference.
+///
+/// SAFETY (of the caller): `i < len(list)`, and no Python code runs while the borrowed
+/// item is in use (the module is built for the limited API, which has a GIL).
+unsafe fn list_item<'a, 'py>(list: &'a Bound<'py, PyList>, i: usize) -> Borrowed<'a, 'py, PyAny> {
+    // SAFETY: see the function's contract; PyList_GetItem returns a borrowed reference.
+    unsafe {
+        let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
+        Borrowed::from_ptr(list.py(), item)
+    }
+}
+
+fn hash_of(item: Borrowed<'_, '_, PyAny>, i: usize) -> PyResult<BlockHash> {
+    let bytes = item
+        .downcast::<PyBytes>()
+        .map_err(|_| PyTypeError::new_err(format!("request.block_hashes[{i}] must be bytes")))?;
+    Ok(BlockHash::from_slice(bytes.as_bytes())?)
+}
+
+fn token_of(item: Borrowed<'_, '_, PyAny>, i: usize) -> PyResult<u32> {
+    item.extract::<u32>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "request token {i} must be an int in 0..=4294967295"
+        ))
+    })
+}
+
+/// Brings `memo` up to date with `list`: appends what was added since, or converts the
+/// whole list again if it no longer extends what the memo holds.
+fn sync<T: PartialEq + Copy>(
+    memo: &mut Vec<T>,
+    list: &Bound<'_, PyList>,
+    convert: impl Fn(Borrowed<'_, '_, PyAny>, usize) -> PyResult<T>,
+) -> PyResult<()> {
+    let n = list.len();
+    let kept = memo.len();
+    let extends = kept <= n
+        && (kept == 0 || {
+            // SAFETY: kept - 1 < n; nothing runs Python code while the item is read.
+            let last = unsafe { list_item(list, kept - 1) };
+            convert(last, kept - 1)? == memo[kept - 1]
+        });
+    if !extends {
+        memo.clear();
+    }
+    memo.reserve(n - memo.len());
+    for i in memo.len()..n {
+        // SAFETY: i < n, the list's length; conversion runs no Python code.
+        let item = unsafe { list_item(list, i) };
+        memo.push(convert(item, i)?);
+    }
+    Ok(())
+}
+
+/// The request's attributes: its instance `__dict__` first (one probe per name), then
+/// ordinary attribute lookup (properties, slots).
+struct Attrs<'py> {
+    obj: Bound<'py, PyAny>,
+    dict: Option<Bound<'py, PyDict>>,
+}
+
+impl<'py> Attrs<'py> {
+    fn new(obj: &Bound<'py, PyAny>) -> Self {
+        let dict = obj
+            .getattr(intern!(obj.py(), "__dict__"))
+            .ok()
+            .and_then(|d| d.downcast_into::<PyDict>().ok());
+        Self {
+            obj: obj.clone(),
+            dict,
+        }
+    }
+
+    fn get(&self, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(d) = &self.dict {
+            if let Some(v) = d.get_item(name)? {
+                return Ok(v);
+            }
+        }
+        self.obj.getattr(name)
+    }
+
+    fn usize(&self, name: &Bound<'py, PyString>) -> PyResult<usize> {
+        self.get(name)?.extract::<usize>().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "request.{} must be an int >= 0",
+                name.to_string_lossy()
+            ))
+        })
+    }
+
+    fn list(&self, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyList>> {
+        self.get(name)?.downcast_into::<PyList>().map_err(|_| {
+            PyTypeError::new_err(format!("request.{} must be a list", name.to_string_lossy()))
+        })
+    }
+}
+
+/// What a manager call reads of a request beyond its counts and block hashes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Reads {
+    /// Its tokens and LoRA (for `BlockStored` events).
+    pub(crate) events: bool,
+    /// Its status (for the admission watermark).
+    pub(crate) status: bool,
+    /// Whether it skips the prefix cache, and its preemption count (lookups, stats).
+    pub(crate) lookup: bool,
+}
+
+/// A vLLM `Request`, read for one manager call.
+pub(crate) struct VllmRequest<'a> {
+    id: &'a str,
+    num_tokens: usize,
+    num_prompt_tokens: usize,
+    num_computed_tokens: usize,
+    num_in_flight_tokens: usize,
+    num_preemptions: usize,
+    skip_reading_prefix_cache: bool,
+    awaiting_admission: bool,
+    memo: &'a RequestMemo,
+    lora: Option<(i64, String)>,
+}
+
+/// The request's id object.
+pub(crate) fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
+    let not_a_request = || {
+        PyTypeError::new_err(format!(
+            "expected a kvblocks.Request or a vLLM Request, got {}",
+            request
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+        ))
+    };
+    request
+        .getattr(intern!(request.py(), "request_id"))
+        .map_err(|_| not_a_request())?
+        .downcast_into::<PyString>()
+        .map_err(|_| PyTypeError::new_err("request.request_id must be a str"))
+}
+
+impl<'a> VllmRequest<'a> {
+    /// Reads `request` (vLLM's `Request`, or anything with its attributes). `id` is the
+    /// text of `request_id(request)`; `reads` says what the call needs beyond the counts
+    /// and hashes.
+    pub(crate) fn read(
+        request: &Bound<'_, PyAny>,
+        id: &'a str,
+        memos: &'a mut RequestMemos,
+        reads: Reads,
+    ) -> PyResult<Self> {
+        let py = request.py();
+        let a = Attrs::new(request);
+        let tokens = a.list(intern!(py, "_all_token_ids"))?;
+        let hashes = a.list(intern!(py, "block_hashes"))?;
+        let awaiting_admission = reads.status && {
+            let status = a.get(intern!(py, "status"))?.extract::<i64>()?;
+            status == STATUS_WAITING || status == STATUS_PREEMPTED
+        };
+        let (skip_reading_prefix_cache, num_preemptions) = if reads.lookup {
+            (
+                a.get(intern!(py, "skip_reading_prefix_cache"))?
+                    .is_truthy()?,
+                a.usize(intern!(py, "num_preemptions"))?,
+            )
+        } else {
+            (false, 0)
+        };
+        let lora = if reads.events { lora_of(&a)? } else { None };
+        let num_prompt_tokens = a.usize(intern!(py, "num_prompt_tokens"))?;
+        let num_computed_tokens = a.usize(intern!(py, "num_computed_tokens"))?;
+        // vLLM keeps this count signed; a negative one settles nothing more.
+        let num_in_flight_tokens = a
+            .get(intern!(py, "num_in_flight_tokens"))?
+            .extract::<i64>()
+            .map_err(|_| PyTypeError::new_err("request.num_in_flight_tokens must be an int"))?
+            .max(0) as usize;
+        let memo = memos.get_or_insert(id);
+        sync(&mut memo.hashes, &hashes, hash_of)?;
+        if reads.events {
+            sync(&mut memo.tokens, &tokens, token_of)?;
+        }
+        Ok(Self {
+            id,
+            num_tokens: tokens.len(),
+            num_prompt_tokens,
+            num_computed_tokens,
+            num_in_flight_tokens,
+            num_preemptions,
+            skip_reading_prefix_cache,
+            awaiting_admission,
+            memo,
+            lora,
+        })
+    }
+}
+
+/// `(lora_int_id, lora_name)` of the request's LoRA adapter, if any.
+fn lora_of(a: &Attrs<'_>) -> PyResult<Option<(i64, String)>> {
+    let py = a.obj.py();
+    let lora = a.get(intern!(py, "lora_request"))?;
+    if lora.is_none() {
+        return Ok(None);
+    }
+    let id = lora.getattr(intern!(py, "lora_int_id"))?.extract::<i64>()?;
+    let name = lora
+        .getattr(intern!(py, "lora_name"))?
+        .extract::<String>()?;
+    Ok(Some((id, name)))
+}
+
+impl StoredBlockSource for VllmRequest<'_> {
+    fn token_ids(&self) -> &[u32] {
+        &self.memo.tokens
+    }
+    fn event_extra_keys(&self, _start: usize, _end: usize) -> EventExtraKeys {
+        None
+    }
+    fn lora_id(&self) -> Option<i64> {
+        self.lora.as_ref().map(|l| l.0)
+    }
+    fn lora_name(&self) -> Option<&str> {
+        self.lora.as_ref().map(|l| l.1.as_str())
+    }
+}
+
+impl RequestView for VllmRequest<'_> {
+    fn request_id(&self) -> &str {
+        self.id
+    }
+    fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+    fn num_prompt_tokens(&self) -> usize {
+        self.num_prompt_tokens
+    }
+    fn num_computed_tokens(&self) -> usize {
+        self.num_computed_tokens
+    }
+    fn block_hashes(&self) -> &[BlockHash] {
+        &self.memo.hashes
+    }
+    fn skip_reading_prefix_cache(&self) -> bool {
+        self.skip_reading_prefix_cache
+    }
+    fn num_preemptions(&self) -> usize {
+        self.num_preemptions
+    }
+    fn num_in_flight_tokens(&self) -> usize {
+        self.num_in_flight_tokens
+    }
+    fn awaiting_admission(&self) -> bool {
+        self.awaiting_admission
+    }
+}
+
+/// A manager call's request: kvblocks' own `Request`, or vLLM's read in place.
+pub(crate) enum AnyRequest<'a> {
+    /// `kvblocks.Request`.
+    Own(&'a Request),
+    /// vLLM's `Request` (or a look-alike).
+    Vllm(VllmRequest<'a>),
+}
+
+impl AnyRequest<'_> {
+    fn view(&self) -> &dyn RequestView {
+        match self {
+            Self::Own(r) => *r,
+            Self::Vllm(r) => r,
+        }
+    }
+}
+
+impl StoredBlockSource for AnyRequest<'_> {
+    fn token_ids(&self) -> &[u32] {
+        self.view().token_ids()
+    }
+    fn event_extra_keys(&self, start: usize, end: usize) -> EventExtraKeys {
+        self.view().event_extra_keys(start, end)
+    }
+    fn lora_id(&self) -> Option<i64> {
+        self.view().lora_id()
+    }
+    fn lora_name(&self) -> Option<&str> {
+        self.view().lora_name()
+    }
+}
+
+impl RequestView for AnyRequest<'_> {
+    fn request_id(&self) -> &str {
+        self.view().request_id()
+    }
+    fn num_tokens(&self) -> usize {
+        self.view().num_tokens()
+    }
+    fn num_prompt_tokens(&self) -> usize {
+        self.view().num_prompt_tokens()
+    }
+    fn num_computed_tokens(&self) -> usize {
+        self.view().num_computed_tokens()
+    }
+    fn block_hashes(&self) -> &[BlockHash] {
+        self.view().block_hashes()
+    }
+    fn skip_reading_prefix_cache(&self) -> bool {
+        self.view().skip_reading_prefix_cache()
+    }
+    fn num_preemptions(&self) -> usize {
+        self.view().num_preemptions()
+    }
+    fn num_in_flight_tokens(&self) -> usize {
+        self.view().num_in_flight_tokens()
+    }
+    fn hash_block_size(&self) -> Option<usize> {
+        self.view().hash_block_size()
+    }
+    fn awaiting_admission(&self) -> bool {
+        self.view().awaiting_admission()
+    }
+    fn slot_hint(&self) -> Option<&SlotHint> {
+        self.view().slot_hint()
+    }
+}
