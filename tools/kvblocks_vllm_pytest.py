@@ -15,20 +15,40 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 FALLBACK = os.environ.get("KVBLOCKS_VLLM_TESTS_FALLBACK", "") == "1"
 _installed: list[str] = []
+# What the tests built through the installed names: manager classes, hasher modules.
+_built: Counter[str] = Counter()
+
+
+def _counting(module: Any, name: str, what: Callable[[Any], str]) -> None:
+    """Wrap what install() put at module.name so each call is counted by what it gives."""
+    inner = getattr(module, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        out = inner(*args, **kwargs)
+        _built[what(out)] += 1
+        return out
+
+    setattr(module, name, counted)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> None:
     import kvblocks.vllm
+    import vllm.v1.core.kv_cache_utils as kcu
+    import vllm.v1.core.sched.scheduler as sched
 
     kvblocks.vllm.install(fallback=FALLBACK)
     _installed.append(kvblocks.__file__ or "?")
+    # uninstall() puts vLLM's own objects back over these wrappers.
+    _counting(sched, "KVCacheManager", lambda m: f"manager {type(m).__module__}")
+    _counting(kcu, "get_request_block_hasher", lambda h: f"hasher {type(h).__module__}")
 
 
 def pytest_report_header(config: Any) -> str:
@@ -48,6 +68,8 @@ def pytest_report_header(config: Any) -> str:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     import kvblocks.vllm
 
+    for what, n in sorted(_built.items()):
+        terminalreporter.write_line(f"kvblocks: {n} x {what} built")
     fallbacks = Counter(kvblocks.vllm.fallbacks)
     terminalreporter.write_line(
         f"kvblocks: {sum(fallbacks.values())} manager(s) fell back to vLLM's own"

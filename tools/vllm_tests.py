@@ -7,6 +7,7 @@
     python tools/vllm_tests.py run --kvblocks --tree    # python/ of this tree, no wheel
     python tools/vllm_tests.py compare           # tests that pass stock but not on kvblocks
     python tools/vllm_tests.py all               # fetch if missing, both runs, compare
+    python tools/vllm_tests.py run --kvblocks -- -k preempt -x    # after --: pytest's own
 
 The tests run unedited in the oracle venv (`make oracle`, .venv-vllm-oracle). kvblocks and
 pytest come from a site folder put first on PYTHONPATH (default .oracle-site.harness), never
@@ -328,10 +329,11 @@ def main() -> int:
         help="the oracle venv's python (default $VREF/bin/python or .venv-vllm-oracle)",
     )
     p.add_argument("--files", nargs="*", help=f"test files (default: {' '.join(DEFAULT_FILES)})")
-    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: passed to pytest")
-    args = p.parse_args()
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:split])
+    args.pytest_args = argv[split + 1 :]  # after `--`: passed to pytest
     args.dest, args.site = args.dest.resolve(), args.site.resolve()
-    args.pytest_args = [a for a in args.pytest_args if a != "--"]
     if args.command == "fetch":
         fetch(args.dest, args.python, force=args.force)
         return 0
