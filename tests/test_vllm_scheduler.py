@@ -277,6 +277,8 @@ def run(model_dir: Path, async_: bool, installed: bool) -> tuple[list[Any], int]
     scheduler = make_scheduler(model_dir, async_)
     manager_module = type(scheduler.kv_cache_manager).__module__
     assert manager_module.startswith("kvblocks") == installed, manager_module
+    hasher_module = kv_cache_utils.get_request_block_hasher.__module__
+    assert hasher_module.startswith("kvblocks") == installed, hasher_module
     steps = drive(scheduler, make_requests(seed=12), async_)
     preemptions = sum(len(s["out"]["preempted"]) for s in steps)
     return steps, preemptions
