@@ -278,11 +278,21 @@ def test_no_new_block_returns_an_empty_list() -> None:
     assert h(req) == []
 
 
+@pytest.mark.parametrize("algo", ALGO_PARAMS)
+@pytest.mark.parametrize("lookahead", [0, 1])
+def test_any_int_tokens_match_vllm(algo: str, lookahead: int) -> None:
+    """vLLM's own tests put -1 placeholders in prompts (test_mm_prefix_caching); vLLM
+    hashes any Python int, and so does kvblocks within 64 bits."""
+    prompt = list(range(10)) + [-1] * 10 + list(range(10, 20)) + [-1] * 8 + [2**40, -(2**40)]
+    extras = Extras(mm=[("aaa", 10, 10), ("bbb", 30, 8)])
+    check_same(algo, 16, lookahead, prompt, [-1, [5, -7, 2**33], *range(20)], extras)
+
+
 def test_bad_tokens_raise() -> None:
     kv_cache_utils.init_none_hash(vh.sha256_cbor)
     h = kv.get_request_block_hasher(2, vh.sha256_cbor)
     with pytest.raises(OverflowError):
-        make_request([1, -5, 3], Extras(), h)
+        make_request([1, 2**70, 3], Extras(), h)
     with pytest.raises(TypeError):
         make_request([1, "x", 3], Extras(), h)  # type: ignore[list-item]
 

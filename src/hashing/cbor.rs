@@ -158,7 +158,7 @@ mod tests {
         let parent = [0xabu8; 32];
         let mut buf = Vec::new();
         let mut e = Cbor::new(&mut buf);
-        let out = encode_block::<_, [KeyValue]>(&mut e, &parent, &[0, 1, 2, 3], None);
+        let out = encode_block::<_, [KeyValue]>(&mut e, &parent, &[0u32, 1, 2, 3], None);
         let mut want = vec![0x83, 0x58, 0x20];
         want.extend_from_slice(&parent);
         want.extend_from_slice(&[0x84, 0, 1, 2, 3, 0xf6]);

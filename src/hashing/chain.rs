@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use super::encode::LookaheadKeys;
 use super::extra_keys::{mm_resume_index, KeySources, MmFeature};
-use super::{with_scratch, BlockHasher};
+use super::{with_scratch, BlockHasher, Token};
 use crate::types::{BlockHash, KeyValue};
 
 impl BlockHasher {
@@ -44,11 +44,11 @@ impl BlockHasher {
     /// tokens from `start` (a multiple of the block size: the first token without a hash)
     /// on, chained from `parent` (the request's last hash, or NONE_HASH for its first
     /// block). Blocks whose lookahead tokens are not all in `tokens` are left for later.
-    pub(crate) fn hash_new_blocks(
+    pub(crate) fn hash_new_blocks<T: Token>(
         &self,
         parent: BlockHash,
         start: usize,
-        tokens: &[u32],
+        tokens: &[T],
         src: &KeySources<'_>,
         out: &mut Vec<BlockHash>,
     ) {
@@ -289,6 +289,62 @@ mod tests {
                 .hash_new_blocks(none_hash(algo), 0, &tokens[..3], &src, &mut out);
             let h0 = hash_block_tokens(algo, None, &[1, 2], Some(&extra[..2]));
             assert_eq!(out, vec![h0]);
+        }
+    }
+
+    #[test]
+    fn any_int_tokens_hash_as_python_ints() {
+        // The i64 path writes what the u32 fast path writes for u32 tokens...
+        let tokens: Vec<u32> = (0..40)
+            .map(|i| i * 104_729 % (1 << 31) + (i % 3) * (1 << 31))
+            .collect();
+        let wide: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+        let lora = LoraRequest::new("L".into(), "/p".into(), 1).unwrap();
+        let feats = [feat("a", 2, 9)];
+        let src = KeySources {
+            lora: Some(&lora),
+            mm_features: &feats,
+            cache_salt: Some("s"),
+            prompt_embeds: None,
+            objs: None,
+        };
+        for algo in HashAlgo::ALL {
+            for la in [0, 1, 2] {
+                let h = BlockHasher::new(4, algo).unwrap().with_lookahead(la);
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                h.hash_new_blocks(none_hash(algo), 0, &tokens, &src, &mut a);
+                h.hash_new_blocks(none_hash(algo), 0, &wide, &src, &mut b);
+                assert_eq!(a, b);
+            }
+        }
+        // ... and negative or wide ints as CPython's pickle and cbor2 do:
+        // sha256(dumps((b"x" * 32, (-1, 0, 70000, -300, 2**40), None))).
+        let parent = BlockHash::from_slice(&[b'x'; 32]).unwrap();
+        let block: [i64; 5] = [-1, 0, 70000, -300, 1 << 40];
+        let hex =
+            |h: BlockHash| -> String { h.as_bytes().iter().map(|x| format!("{x:02x}")).collect() };
+        let src = KeySources {
+            lora: None,
+            mm_features: &[],
+            cache_salt: None,
+            prompt_embeds: None,
+            objs: None,
+        };
+        for (algo, want) in [
+            (
+                HashAlgo::Sha256,
+                "df8eb1b47918a79c66b1471979cc47628dd3f30a3baca36105a584f9b4b7f7b5",
+            ),
+            (
+                HashAlgo::Sha256Cbor,
+                "df7cc2a1dbcc25101582b170b8d92bbfb7dc9e617dce559c4c1c28f1f6a6a759",
+            ),
+        ] {
+            let mut out = Vec::new();
+            BlockHasher::new(5, algo)
+                .unwrap()
+                .hash_new_blocks(parent, 0, &block, &src, &mut out);
+            assert_eq!(hex(out[0]), want);
         }
     }
 

@@ -60,14 +60,14 @@ impl ExtraKeys for [KeyValue] {
 
 /// vLLM's lookahead extra keys `(E, *next_tokens)`: the block's own keys `E` (`None` when
 /// it has none) followed by the `num_hash_lookahead_tokens` tokens after the block.
-pub(crate) struct LookaheadKeys<'k, K: ?Sized> {
+pub(crate) struct LookaheadKeys<'k, K: ?Sized, T> {
     /// `E`, the keys of the block and its lookahead tokens.
     pub(crate) keys: Option<&'k K>,
     /// The tokens after the block.
-    pub(crate) tokens: &'k [u32],
+    pub(crate) tokens: &'k [T],
 }
 
-impl<K: ExtraKeys + ?Sized> ExtraKeys for LookaheadKeys<'_, K> {
+impl<K: ExtraKeys + ?Sized, T: Token> ExtraKeys for LookaheadKeys<'_, K, T> {
     fn count(&self) -> usize {
         1 + self.tokens.len()
     }
@@ -83,7 +83,7 @@ impl<K: ExtraKeys + ?Sized> ExtraKeys for LookaheadKeys<'_, K> {
             }
         }
         for &t in self.tokens {
-            e.int(i64::from(t));
+            e.int(t.to_i64());
         }
     }
 }
@@ -106,18 +106,52 @@ pub(crate) fn write_value<E: Encoder>(e: &mut E, v: &KeyValue) {
     }
 }
 
+/// A token id as a block-hash input holds it: `u32` (every real token id; the encoders'
+/// fast path) or `i64` (any Python int that fits, such as the `-1` placeholders of vLLM's
+/// own tests, written one int at a time).
+pub(crate) trait Token: Copy + Send + Sync {
+    /// Writes `tuple(block)`.
+    fn write_tuple<E: Encoder>(e: &mut E, block: &[Self]);
+    /// The Python int.
+    fn to_i64(self) -> i64;
+}
+
+impl Token for u32 {
+    fn write_tuple<E: Encoder>(e: &mut E, block: &[Self]) {
+        e.tokens(block);
+    }
+
+    fn to_i64(self) -> i64 {
+        i64::from(self)
+    }
+}
+
+impl Token for i64 {
+    fn write_tuple<E: Encoder>(e: &mut E, block: &[Self]) {
+        e.tuple_begin(block.len());
+        for &t in block {
+            e.int(t);
+        }
+        e.tuple_end(block.len());
+    }
+
+    fn to_i64(self) -> i64 {
+        self
+    }
+}
+
 /// Serializes `(parent, tuple(tokens), extra_keys)` (extra keys `None` when absent) and
 /// returns the bytes vLLM's hash function would digest.
 pub(crate) fn encode_block<'e, E: Encoder, K: ExtraKeys + ?Sized>(
     e: &'e mut E,
     parent: &[u8],
-    tokens: &[u32],
+    tokens: &[impl Token],
     extra_keys: Option<&K>,
 ) -> &'e [u8] {
     e.begin();
     e.tuple_begin(3);
     e.bytes(parent);
-    e.tokens(tokens);
+    Token::write_tuple(e, tokens);
     match extra_keys {
         None => e.none(),
         Some(keys) => {

@@ -30,6 +30,7 @@ use crate::error::{KvError, Result};
 use crate::types::{BlockHash, KeyValue};
 
 use cbor::Cbor;
+pub(crate) use encode::Token;
 use encode::{encode_block, encode_str, ExtraKeys};
 use pickle::{Pickle, Shared};
 
@@ -147,7 +148,7 @@ impl Scratch {
         &mut self,
         algo: HashAlgo,
         parent: &BlockHash,
-        tokens: &[u32],
+        tokens: &[impl Token],
         extra_keys: Option<&K>,
     ) -> BlockHash {
         let parent = parent.as_bytes();
@@ -351,13 +352,13 @@ mod tests {
         // Section 2.3: sha256 without PYTHONHASHSEED.
         let mut s = Scratch::default();
         let nh = s.hash_str(HashAlgo::Sha256, "vllm-none-hash");
-        let h0 = s.hash_block::<[KeyValue]>(HashAlgo::Sha256, &nh, &[0, 1, 2, 3], None);
-        let h1 = s.hash_block::<[KeyValue]>(HashAlgo::Sha256, &h0, &[4, 5, 6, 7], None);
+        let h0 = s.hash_block::<[KeyValue]>(HashAlgo::Sha256, &nh, &[0u32, 1, 2, 3], None);
+        let h1 = s.hash_block::<[KeyValue]>(HashAlgo::Sha256, &h0, &[4u32, 5, 6, 7], None);
         assert!(hex(&h0).starts_with("9da1c530") && hex(&h0).ends_with("a4a195dd"));
         assert!(hex(&h1).starts_with("1c9b6c06") && hex(&h1).ends_with("074b8d43"));
         assert_eq!(h0.external(), 10429158316690216413);
         let nh = s.hash_str(HashAlgo::Sha256Cbor, "vllm-none-hash");
-        let h0 = s.hash_block::<[KeyValue]>(HashAlgo::Sha256Cbor, &nh, &[0, 1, 2, 3], None);
+        let h0 = s.hash_block::<[KeyValue]>(HashAlgo::Sha256Cbor, &nh, &[0u32, 1, 2, 3], None);
         assert!(hex(&h0).starts_with("c49ab11f") && hex(&h0).ends_with("20741898"));
     }
 

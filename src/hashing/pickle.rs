@@ -425,7 +425,7 @@ mod tests {
         // pickle.dumps((b'x'*32, (0,1,2,3), None), protocol=5)
         let (mut buf, mut memo) = (Vec::new(), Vec::new());
         let mut e = Pickle::new(&mut buf, &mut memo);
-        let out = encode_block::<_, [KeyValue]>(&mut e, &[b'x'; 32], &[0, 1, 2, 3], None);
+        let out = encode_block::<_, [KeyValue]>(&mut e, &[b'x'; 32], &[0u32, 1, 2, 3], None);
         assert_eq!(
             hex(out),
             format!(

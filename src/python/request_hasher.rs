@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PySlice, PyString};
 use pyo3::{ffi, intern};
@@ -38,32 +38,63 @@ pub(crate) struct PyRequestBlockHasher {
     tensor_data: Option<Py<PyAny>>,
 }
 
-/// The values of `list[span]` as `u32`: exact ints are read with no new reference per
-/// item; anything else goes through PyO3's conversion of the slice, which raises the right
-/// error.
-fn list_u32s(list: &Bound<'_, PyList>, span: Range<usize>) -> PyResult<Vec<u32>> {
-    let mut out = Vec::with_capacity(span.len());
-    for i in span.clone() {
-        // SAFETY: `list` is a live list and `i < len(list)` (the span was computed from its
-        // length just before, with no Python code run since); nothing in this loop runs
-        // Python code (exact ints convert without `__index__`), and the module is built for
-        // the limited API, which has a GIL, so the list cannot change while it is read.
-        let v = unsafe {
-            let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
-            if item.is_null() || ffi::PyLong_CheckExact(item) == 0 {
-                -1
-            } else {
-                ffi::PyLong_AsSsize_t(item)
-            }
-        };
-        if !(0..=u32::MAX as ffi::Py_ssize_t).contains(&v) {
-            let _ = PyErr::take(list.py());
-            let slice = list.get_slice(span.start, span.end);
-            return extract_u32s(&slice, "token ids");
+/// A span of a request's tokens: `u32` (every real token id), or any ints within `i64`
+/// (vLLM's own tests put `-1` placeholders in prompts, and its hasher hashes them).
+enum Tokens {
+    U32(Vec<u32>),
+    I64(Vec<i64>),
+}
+
+impl Tokens {
+    fn len(&self) -> usize {
+        match self {
+            Tokens::U32(t) => t.len(),
+            Tokens::I64(t) => t.len(),
         }
-        out.push(v as u32);
     }
-    Ok(out)
+
+    /// Any Python ints (PyO3's conversion, which raises `TypeError` for non-ints and
+    /// `OverflowError` past `i64`).
+    fn from_any(seq: &Bound<'_, PyAny>) -> PyResult<Self> {
+        if let Ok(t) = extract_u32s(seq, "token ids") {
+            return Ok(Tokens::U32(t));
+        }
+        let wide = seq.extract::<Vec<i64>>().map_err(|e| {
+            if e.is_instance_of::<PyOverflowError>(seq.py()) {
+                PyOverflowError::new_err("token ids must be ints within 64 bits")
+            } else {
+                e
+            }
+        })?;
+        Ok(Tokens::I64(wide))
+    }
+
+    /// `list[span]`: exact ints in `u32` range are read with no new reference per item;
+    /// anything else converts the slice with [`Tokens::from_any`].
+    fn from_list(list: &Bound<'_, PyList>, span: Range<usize>) -> PyResult<Self> {
+        let mut out = Vec::with_capacity(span.len());
+        for i in span.clone() {
+            // SAFETY: `list` is a live list and `i < len(list)` (the span was computed from
+            // its length just before, with no Python code run since); nothing in this loop
+            // runs Python code (exact ints convert without `__index__`), and the module is
+            // built for the limited API, which has a GIL, so the list cannot change while it
+            // is read.
+            let v = unsafe {
+                let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
+                if item.is_null() || ffi::PyLong_CheckExact(item) == 0 {
+                    -1
+                } else {
+                    ffi::PyLong_AsSsize_t(item)
+                }
+            };
+            if !(0..=u32::MAX as ffi::Py_ssize_t).contains(&v) {
+                let _ = PyErr::take(list.py());
+                return Self::from_any(&list.get_slice(span.start, span.end));
+            }
+            out.push(v as u32);
+        }
+        Ok(Tokens::U32(out))
+    }
 }
 
 /// The key strings of a request as Python objects, in [`StrObjects`] order (LoRA name,
@@ -358,10 +389,10 @@ impl PyRequestBlockHasher {
         let objs = strs.numbers();
         let embeds = self.embeds_of(request, &span)?;
         let tokens = match tokens.downcast::<PyList>() {
-            Ok(list) => list_u32s(list, span.clone())?,
+            Ok(list) => Tokens::from_list(list, span.clone())?,
             Err(_) => {
                 let slice = PySlice::new(py, span.start as isize, span.end as isize, 1);
-                extract_u32s(&tokens.get_item(slice)?, "token ids")?
+                Tokens::from_any(&tokens.get_item(slice)?)?
             }
         };
         let src = KeySources {
@@ -373,12 +404,14 @@ impl PyRequestBlockHasher {
         };
         let hasher = self.hasher;
         let mut out = Vec::new();
+        let run = |out: &mut Vec<BlockHash>| match &tokens {
+            Tokens::U32(t) => hasher.hash_new_blocks(parent, span.start, t, &src, out),
+            Tokens::I64(t) => hasher.hash_new_blocks(parent, span.start, t, &src, out),
+        };
         if tokens.len() >= RELEASE_GIL_TOKENS {
-            py.allow_threads(|| {
-                hasher.hash_new_blocks(parent, span.start, &tokens, &src, &mut out)
-            });
+            py.allow_threads(|| run(&mut out));
         } else {
-            hasher.hash_new_blocks(parent, span.start, &tokens, &src, &mut out);
+            run(&mut out);
         }
         PyList::new(py, out.iter().map(|h| PyBytes::new(py, h.as_bytes())))
     }
