@@ -9,7 +9,7 @@ STAMP := $(VENV)/.deps-stamp
 # keep the downloaded wheels (torch is ~3 GB) in a local wheelhouse and install from it.
 WHEELS ?= $(HOME)/.cache/kvblocks-wheels
 DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy \
-	prometheus_client torch
+	prometheus_client torch tqdm
 
 .PHONY: venv deps dev test test-rust test-python lint fmt bench simulate oracle test-vllm
 

@@ -1,4 +1,4 @@
-"""Workload generators and trace readers (kvblocks.workloads)."""
+"""Workload generators and trace readers (kvblocks.sim.workloads)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from kvblocks import workloads
-from kvblocks.workloads import (
+from kvblocks.sim import workloads
+from kvblocks.sim.workloads import (
     KINDS,
     Trace,
     TraceError,
@@ -23,7 +23,10 @@ from kvblocks.workloads import (
     tok,
 )
 
-ORACLE_TRACE = Path("/work/shared/tools/vllm-oracle/trace.py")
+# The oracle tools sit in ../shared beside the checkout.
+ORACLE_TRACE = (
+    Path(__file__).resolve().parent.parent.parent / "shared" / "tools" / "vllm-oracle" / "trace.py"
+)
 
 
 def _mix_reference(x: int) -> int:
