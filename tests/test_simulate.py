@@ -255,6 +255,22 @@ def test_unwritable_plot_fails_before_the_run(
         assert "permission denied" in err
 
 
+def test_plot_without_matplotlib_fails_before_the_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a),
+    )
+    monkeypatch.setattr(cli, "replay", lambda *a: pytest.fail("ran before the check"))
+    err = _error(capsys, "simulate", "--plot", str(tmp_path / "u.png"))
+    assert "--plot needs matplotlib (pip install 'kvblocks[sim]')" in err
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["--version"], ["simulate", "--version"]):
         with pytest.raises(SystemExit) as e:

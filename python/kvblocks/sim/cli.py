@@ -278,8 +278,6 @@ def _check_plot_path(path: str) -> None:
     """Fails before the run if the plot cannot be written."""
     if not path.lower().endswith(".png"):
         raise UsageError(f"--plot: expected a .png file name, got {path!r}")
-    if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--plot needs matplotlib (pip install 'kvblocks[sim]')")
     if os.path.isdir(path):
         raise UsageError(f"--plot: {path} is a directory")
     folder = os.path.dirname(os.path.abspath(path))
@@ -288,6 +286,8 @@ def _check_plot_path(path: str) -> None:
     target = path if os.path.exists(path) else folder
     if not os.access(target, os.W_OK):
         raise UsageError(f"--plot: cannot write {path} (permission denied)")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib (pip install 'kvblocks[sim]')")
 
 
 def _load_workload(args: argparse.Namespace) -> Trace:
@@ -366,7 +366,9 @@ def _replay(
 ) -> Any:
     try:
         backend = make_backend(impl, layout, args.hash_algo, batch=not args.no_batch)
-    except (ValueError, TypeError, OverflowError) as e:  # a configuration the manager rejects
+    except OverflowError:
+        raise UsageError(f"{layout.num_blocks:,} blocks: more than a pool can hold") from None
+    except (ValueError, TypeError) as e:  # a configuration the manager rejects
         raise UsageError(str(e)) from None
     opts = ReplayOptions(
         max_num_batched_tokens=over.get("max_num_batched_tokens", args.max_num_batched_tokens),
