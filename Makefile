@@ -1,5 +1,6 @@
 # The one command surface. `make test` is what CI runs (.ci/run); `make simulate` is the
-# main job. Both create and fill the virtual environment .venv themselves.
+# main job. `make test` fills the development venv .venv (torch included); `make simulate`
+# builds a light one, .venv-sim, with only what the simulator needs (no torch).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,9 +10,9 @@ STAMP := $(VENV)/.deps-stamp
 # keep the downloaded wheels (torch is ~3 GB) in a local wheelhouse and install from it.
 WHEELS ?= $(HOME)/.cache/kvblocks-wheels
 DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy \
-	prometheus_client torch
+	prometheus_client torch tqdm
 
-.PHONY: venv deps dev test test-rust test-python lint fmt bench simulate oracle test-vllm \
+.PHONY: venv deps dev test test-rust test-python lint fmt bench simulate sim-dev oracle test-vllm \
 	vllm-scheduler-tests
 
 $(BIN)/python:
@@ -50,8 +51,26 @@ fmt:
 bench:
 	cargo bench
 
-simulate: dev
-	$(BIN)/kvblocks simulate
+# The simulator's own venv: maturin to build, the package's runtime dependency (tqdm), the
+# extension in release mode. No torch, no test tools.
+SIM_VENV ?= .venv-sim
+SIM_BIN := $(SIM_VENV)/bin
+SIM_PIP := $(SIM_BIN)/python -m pip --disable-pip-version-check -q
+SIM_DEPS := "maturin>=1.5,<2" tqdm
+
+$(SIM_BIN)/python:
+	$(PY) -m venv $(SIM_VENV)
+
+$(SIM_VENV)/.deps-stamp: $(SIM_BIN)/python pyproject.toml
+	$(SIM_PIP) download -d $(WHEELS) $(SIM_DEPS)
+	$(SIM_PIP) install --no-index --find-links $(WHEELS) $(SIM_DEPS)
+	touch $@
+
+sim-dev: $(SIM_VENV)/.deps-stamp
+	VIRTUAL_ENV=$(abspath $(SIM_VENV)) $(SIM_BIN)/maturin develop --release -q
+
+simulate: sim-dev
+	$(SIM_BIN)/kvblocks simulate
 
 # vLLM 0.33.0 as a reference oracle (CPU venv; a few minutes the first time).
 VREF ?= $(abspath .venv-vllm-oracle)

@@ -1,4 +1,4 @@
-"""The trace-replay scheduler loop (kvblocks.replay), on kvblocks and on vLLM 0.33.
+"""The trace-replay scheduler loop (kvblocks.sim.engine), on kvblocks and on vLLM 0.33.
 
 The two small replays below are worked out by hand in the comments (block ids follow
 vLLM's free queue: blocks 1..N-1 in order, freed blocks appended tail-first).
@@ -15,12 +15,14 @@ from pathlib import Path
 
 import kvblocks
 import pytest
-from kvblocks.presets import replay_layout
-from kvblocks.replay import ReplayError, ReplayOptions, make_backend, replay, vllm_available
-from kvblocks.workloads import Trace, TraceRequest, WorkloadParams, generate
+from kvblocks.sim.backends import make_backend, vllm_available
+from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, StepInfo, replay
+from kvblocks.sim.presets import replay_layout
+from kvblocks.sim.workloads import Trace, TraceRequest, WorkloadParams, generate
 
 HAVE_KB = hasattr(kvblocks, "KVCacheManager")
-ORACLE = Path("/work/shared/tools/vllm-oracle")
+# The oracle tools sit in ../shared beside the checkout.
+ORACLE = Path(__file__).resolve().parent.parent.parent / "shared" / "tools" / "vllm-oracle"
 
 
 def _impls() -> list[object]:
@@ -207,7 +209,7 @@ def test_loop_matches_driver_vllm(tmp_path: Path, config: str) -> None:
         check=True, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"},
     )  # fmt: skip
     driver = json.loads(out.stdout)
-    from kvblocks.workloads import read_trace
+    from kvblocks.sim.workloads import read_trace
 
     layout = replay_layout(config, num_blocks=700, sliding_window=256)
     ours = replay(read_trace(str(trace_file)), make_backend("vllm", layout))
@@ -305,3 +307,36 @@ def test_bench_driver_compare(tmp_path: Path) -> None:
         for key, median in compare[name].items():
             values = sorted(r[name][key] for r in rounds)
             assert median == values[1], (name, key)
+
+
+@pytest.mark.skipif(not HAVE_KB, reason="kvblocks manager not built")
+def test_engine_steps_one_at_a_time() -> None:
+    # test_preemption_and_resume, driven step by step as a notebook would.
+    trace = Trace([_req("A", [1, 2, 3, 4], 3), _req("B", [5, 6, 7, 8], 3)], "hand")
+    layout = replay_layout("full", num_blocks=4, block_size=4, max_model_len=64)
+    engine = Engine(trace, make_backend("kvblocks", layout), ReplayOptions(ceilings=True), layout)
+    infos = []
+    while not engine.done:
+        infos.append(engine.step())
+    assert infos == [
+        StepInfo(step=0, scheduled=2, admitted=2, preempted=0, finished=0, free_blocks=1),
+        StepInfo(step=1, scheduled=1, admitted=0, preempted=1, finished=0, free_blocks=1),
+        StepInfo(step=2, scheduled=1, admitted=0, preempted=0, finished=1, free_blocks=3),
+        StepInfo(step=3, scheduled=1, admitted=1, preempted=0, finished=0, free_blocks=1),
+        StepInfo(step=4, scheduled=1, admitted=0, preempted=0, finished=1, free_blocks=3),
+    ]
+    with pytest.raises(ReplayError, match="finished"):
+        engine.step()
+    res = engine.finish()
+    whole = replay(trace, make_backend("kvblocks", layout))
+    assert res.digest == whole.digest
+    assert (res.hit_rate, res.preempted_hit_rate) == (0.0, 0.8)
+    assert res.ceilings is not None and res.ceilings.queried_tokens == 8
+
+
+@pytest.mark.skipif(not HAVE_KB, reason="kvblocks manager not built")
+def test_engine_needs_the_layout_for_ceilings() -> None:
+    trace = Trace([_req("A", [1, 2, 3, 4], 1)], "hand")
+    layout = replay_layout("full", num_blocks=4, block_size=4, max_model_len=64)
+    with pytest.raises(ValueError, match="layout"):
+        Engine(trace, make_backend("kvblocks", layout), ReplayOptions(ceilings=True))

@@ -1,8 +1,9 @@
-"""``kvblocks simulate`` (kvblocks.cli) and the model presets behind it."""
+"""``kvblocks simulate`` (kvblocks.sim.cli) and the model presets behind it."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,9 @@ from typing import Any
 
 import kvblocks
 import pytest
-from kvblocks import cli
-from kvblocks.presets import (
+from kvblocks.sim import cli
+from kvblocks.sim.backends import make_backend, vllm_available
+from kvblocks.sim.presets import (
     MODEL_PRESETS,
     REPLAY_CONFIGS,
     GroupDesc,
@@ -21,7 +23,6 @@ from kvblocks.presets import (
     parse_memory,
     replay_layout,
 )
-from kvblocks.replay import make_backend, vllm_available
 
 HAVE_KB = hasattr(kvblocks, "KVCacheManager")
 HAVE_VLLM = vllm_available() is not None
@@ -57,24 +58,39 @@ def _simulate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str,
     return code, out.out, out.err
 
 
-def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    with pytest.raises(SystemExit) as e:
-        cli.main(list(argv))
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err
+def _error(capsys: pytest.CaptureFixture[str], *argv: str, status: int = 2) -> str:
+    """The one-line error of a bad command line (argparse's or ours)."""
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as e:
+        code = int(e.code or 0)
+    assert code == status
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and "usage:" not in out.err
+    assert out.err.count("\n") == 1, out.err
+    return out.err
 
 
 # ------------------------------------------------------------------ presets
 def test_gpu_memory_to_num_blocks() -> None:
     # Llama-3-8B: 32 layers x 16 tokens x 8 heads x (K+V) 2 x 128 x 2 bytes = 2 MiB a block.
     assert model_layout("llama-3-8b", gpu_memory=16 * 2**30).num_blocks == 8192
-    # gpt-oss: two groups of 12 layers share the pool: 12 x (16 x 8 x 2 x 64 x 2) bytes.
-    gpt = model_layout("gpt-oss", gpu_memory=40 * 2**30)
+    # gpt-oss-20b: two groups of 12 layers share the pool: 12 x (16 x 8 x 2 x 64 x 2) bytes.
+    gpt = model_layout("gpt-oss-20b", gpu_memory=40 * 2**30)
     assert gpt.bytes_per_block == 12 * 32768
     assert gpt.num_blocks == 42949672960 // 393216 == 109226
     assert [g.sliding_window for g in gpt.groups] == [None, 128]
+    assert model_layout("gpt-oss-120b", num_blocks=8).bytes_per_block == 18 * 32768
+
+
+def test_presets_name_their_model_and_context_length() -> None:
+    for preset in MODEL_PRESETS.values():
+        assert preset.model and preset.description
+        assert model_layout(preset.name, num_blocks=8).max_model_len == preset.max_model_len
+    assert MODEL_PRESETS["llama-3-8b"].model == "meta-llama/Meta-Llama-3-8B"
+    assert MODEL_PRESETS["llama-3-8b"].max_model_len == 8192
+    assert MODEL_PRESETS["gpt-oss-20b"].model == "openai/gpt-oss-20b"
+    assert model_layout("llama-3-8b", num_blocks=8, max_model_len=100).max_model_len == 100
 
 
 def test_hybrid_mamba_uses_vllm_align_mode_and_page_matching_block_size() -> None:
@@ -98,7 +114,7 @@ def test_hybrid_mamba_uses_vllm_align_mode_and_page_matching_block_size() -> Non
 
 def test_overrides_and_errors() -> None:
     lay = model_layout(
-        "gpt-oss",
+        "gpt-oss-20b",
         num_blocks=10,
         overrides={"num_layers": 2, "sliding_window": 512, "dtype": "float32"},
     )
@@ -113,7 +129,7 @@ def test_overrides_and_errors() -> None:
         model_layout("llama-3-8b")
     with pytest.raises(ValueError, match="need at least 2"):
         model_layout("llama-3-8b", gpu_memory=2**21)
-    with pytest.raises(ValueError, match="unknown dtype"):
+    with pytest.raises(ValueError, match="unknown dtype"):  # the core's own check
         model_layout("llama-3-8b", num_blocks=10, overrides={"dtype": "int4"})
 
 
@@ -132,9 +148,10 @@ def test_replay_configs() -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("40GiB", 40 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000), ("1000", 1000)],
-)
-def test_parse_memory(text: str, value: int) -> None:
+    [("40GiB", 40 * 2**30), ("40GB", 40 * 2**30), ("40g", 40 * 2**30), ("512 MiB", 512 * 2**20),
+     ("1.5G", 3 * 2**29), ("1000", 1000), ("2TB", 2 * 2**40)],
+)  # fmt: skip
+def test_parse_memory_units_are_binary(text: str, value: int) -> None:
     assert parse_memory(text) == value
 
 
@@ -195,6 +212,7 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     ("argv", "message"),
     [
         (["--model", "gpt-5"], "unknown preset 'gpt-5'"),
+        (["--model", "gpt-oss"], "unknown preset 'gpt-oss' (choose from"),
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["--num-requests", "0"], "must be >= 1"),
         (["--workload", "chat"], "invalid choice: 'chat'"),
@@ -203,18 +221,62 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
         (["--gpu-memory", "12XB"], "not a memory size"),
         (["--gpu-memory", "1KiB"], "need at least 2"),
         (["--num-blocks", "8", "--gpu-memory", "1GiB"], "not allowed with argument"),
-        (["--dtype", "int4", "--num-requests", "2"], "unknown dtype 'int4'"),
+        (["--dtype", "int4", "--num-requests", "2"], 'unknown dtype "int4"'),
         (["--plot", "usage.txt"], "expected a .png"),
+        (["--plot", "/nonexistent-dir/usage.png"], "no such directory: /nonexistent-dir"),
         (["--workload", "long-context", "--num-requests", "2", "--max-model-len", "1000"],
-         "> --max-model-len 1000"),
+         "longer than max_model_len 1,000"),
+        (["--workload", "agentic"], "longer than max_model_len 8,192 (raise --max-model-len)"),
+        (["--trace", "/nonexistent.jsonl"], "/nonexistent.jsonl: cannot read trace"),
     ],
 )  # fmt: skip
-def test_bad_flags_exit_2(
+def test_bad_flags_are_one_line_errors(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     err = _error(capsys, "simulate", *argv)
-    assert "usage: kvblocks" in err
+    assert err.startswith("kvblocks simulate: error: ")
     assert message in err
+    assert err.rstrip().endswith("(see kvblocks simulate --help)") or "--help" not in err
+
+
+def test_unwritable_plot_fails_before_the_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    if os.access(folder, os.W_OK):  # root writes anywhere: make the target a directory
+        (folder / "x.png").mkdir()
+        err = _error(capsys, "simulate", "--plot", str(folder / "x.png"))
+        assert "is a directory" in err
+    else:
+        err = _error(capsys, "simulate", "--plot", str(folder / "x.png"))
+        assert "permission denied" in err
+
+
+def test_plot_without_matplotlib_fails_before_the_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a),
+    )
+    monkeypatch.setattr(cli, "replay", lambda *a: pytest.fail("ran before the check"))
+    err = _error(capsys, "simulate", "--plot", str(tmp_path / "u.png"))
+    assert "--plot needs matplotlib (pip install 'kvblocks[sim]')" in err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--version"], ["simulate", "--version"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 0
+        assert capsys.readouterr().out == f"kvblocks {kvblocks.__version__}\n"
 
 
 def test_malformed_trace_names_file_and_line(
@@ -229,10 +291,17 @@ def test_malformed_trace_names_file_and_line(
     assert f"{path}:2: " in err and "'output_length'" in err
 
 
-@pytest.mark.skipif(HAVE_VLLM, reason="vLLM is importable here")
-def test_compare_vllm_without_vllm(capsys: pytest.CaptureFixture[str]) -> None:
-    err = _error(capsys, "simulate", "--compare-vllm")
-    assert "vLLM is not importable" in err
+@needs_kb
+def test_compare_vllm_without_vllm_still_runs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli, "vllm_available", lambda: None)
+    code, out, err = _simulate(
+        capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--compare-vllm", "--json"
+    )
+    assert code == 0
+    assert err.count("\n") == 1 and "vLLM is not importable" in err and "kvblocks only" in err
+    assert "vllm" not in json.loads(out)["runs"][0]
 
 
 def test_python_dash_m_help() -> None:
@@ -242,72 +311,132 @@ def test_python_dash_m_help() -> None:
         text=True,
         check=True,
     )
-    assert "--gpu-memory" in out.stdout and "kvblocks-simulate-v1" in out.stdout
+    assert "--gpu-memory" in out.stdout and "kvblocks-simulate-v2" in out.stdout
+    assert "meta-llama/Meta-Llama-3-8B" in out.stdout
 
 
 # ------------------------------------------------------------------ runs
-def _hand_trace(tmp_path: Path) -> str:
-    # Two 4-token prompts with 3 outputs each (test_replay.test_preemption_and_resume).
+def _hand_trace(tmp_path: Path, salts: tuple[str | None, ...] = (None, None, None)) -> str:
+    # A and B: two 4-token prompts with 3 outputs each, as test_replay's
+    # test_preemption_and_resume (B is preempted at step 1 and resumes at step 3); C arrives
+    # at step 5, after both finished, and repeats A's first block.
     path = tmp_path / "hand.jsonl"
+    reqs = (("A", [1, 2, 3, 4], 0, 3), ("B", [5, 6, 7, 8], 0, 3), ("C", [1, 2, 3, 4, 9], 5, 1))
     lines = [{"format": "kvtrace-v1", "kind": "hand", "seed": 0, "vocab_size": 1000}] + [
-        {"request_id": rid, "arrival_step": 0, "after": None, "prompt_token_ids": ids,
-         "out_seed": 5, "max_output_tokens": 3}
-        for rid, ids in (("A", [1, 2, 3, 4]), ("B", [5, 6, 7, 8]))
+        {"request_id": rid, "arrival_step": arrival, "after": None, "prompt_token_ids": ids,
+         "out_seed": 5, "max_output_tokens": out, "cache_salt": salt}
+        for (rid, ids, arrival, out), salt in zip(reqs, salts, strict=True)
     ]  # fmt: skip
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return str(path)
 
 
 SMALL = ["--block-size", "4", "--num-blocks", "4", "--max-model-len", "64"]
+RUN_FIELDS = {
+    "value", "num_blocks", "block_size", "bytes_per_block", "kv_cache_bytes", "requests",
+    "prompt_tokens", "generated_tokens", "steps", "preemptions", "prefix_hit_rate",
+    "queried_tokens", "hit_tokens", "preempted_hit_rate", "preempted_requests",
+    "preempted_queried_tokens", "preempted_hit_tokens", "infinite_cache_hit_rate",
+    "ideal_hit_rate", "infinite_cache_hit_tokens", "ideal_hit_tokens", "tenants", "peak_usage",
+    "mean_usage", "kv_total_ns", "kv_ns_per_step", "kv_ns_per_generated_token",
+    "request_hash_ns", "wall_s", "synth_s", "steps_per_s",
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("impl", _impls(), indirect=True)
-def test_json_numbers_of_a_hand_worked_replay(
+def test_hit_rate_split_of_a_hand_worked_replay(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str
 ) -> None:
     code, out, _ = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["schema"] == "kvblocks-simulate-v1"
-    assert set(doc) == {"schema", "workload", "model", "scheduler", "sweep", "runs"}
+    assert doc["schema"] == "kvblocks-simulate-v2"
+    assert set(doc) == {
+        "schema", "kvblocks_version", "workload", "model", "scheduler", "sweep", "runs"
+    }  # fmt: skip
+    assert doc["kvblocks_version"] == kvblocks.__version__
     assert doc["workload"] == {
-        "kind": "hand", "seed": 0, "source": _hand_trace(tmp_path), "requests": 2,
-        "prompt_tokens": 8,
+        "kind": "hand", "seed": 0, "source": _hand_trace(tmp_path), "requests": 3,
+        "prompt_tokens": 13, "params": {},
     }  # fmt: skip
     assert doc["model"]["preset"] == "llama-3-8b"
+    assert doc["model"]["model"] == "meta-llama/Meta-Llama-3-8B"
     assert doc["model"]["groups"] == [
         {"kind": "full", "num_layers": 32, "block_size": 4, "page_size_bytes": 4 * 8 * 2 * 128 * 2}
     ]
+    assert doc["scheduler"]["max_model_len"] == 64
     (run,) = doc["runs"]
-    # Free blocks (of 3) after steps 0..4: 1, 1, 3, 1, 3 -> usage 2/3, 2/3, 0, 2/3, 0.
-    assert run["steps"] == 5 and run["preemptions"] == 1
+    assert set(run) == RUN_FIELDS
+    # Steps 0-4 as test_replay.test_preemption_and_resume; step 5 (C) is the next one run.
+    assert run["steps"] == 6 and run["preemptions"] == 1
+    # First admissions: A (4 tokens, no hit), B (4, no hit) at step 0, then C at step 5:
+    # A's full block [1, 2, 3, 4] is still cached (B's resumption took the free queue's
+    # head, an unhashed block), so C hits 4 of its 5 tokens.
     assert (run["queried_tokens"], run["hit_tokens"]) == (4 + 4 + 5, 4)
     assert run["prefix_hit_rate"] == round(4 / 13, 6)
+    # B's re-admission at step 3 (5 tokens: its prompt and 1st output) hits its own block,
+    # which stayed cached while B waited: reported apart, not in the hit rate above.
+    assert run["preempted_requests"] == 1
+    assert (run["preempted_queried_tokens"], run["preempted_hit_tokens"]) == (5, 4)
+    assert run["preempted_hit_rate"] == 0.8
+    # Both ceilings: A's block was stored at step 0 and 3 blocks hold every block stored.
+    assert run["infinite_cache_hit_tokens"] == run["ideal_hit_tokens"] == 4
+    assert run["infinite_cache_hit_rate"] == run["ideal_hit_rate"] == round(4 / 13, 6)
+    assert run["tenants"] is None
+    # Free blocks (of 3) after steps 0..5: 1, 1, 3, 1, 3, 3 -> usage 2/3, 2/3, 0, 2/3, 0, 0.
     assert run["peak_usage"] == round(2 / 3, 6)
-    assert run["mean_usage"] == round(2 / 5, 6)
-    assert run["generated_tokens"] == 6 and run["requests"] == 2
+    assert run["mean_usage"] == round(2 / 6, 6)
+    assert run["generated_tokens"] == 7 and run["requests"] == 3
     assert run["num_blocks"] == 4 and run["value"] is None
     assert run["kv_cache_bytes"] == 4 * 32 * 4 * 8 * 2 * 128 * 2
-    expected = {
-        "value", "num_blocks", "block_size", "bytes_per_block", "kv_cache_bytes", "requests",
-        "prompt_tokens", "generated_tokens", "steps", "preemptions", "queried_tokens",
-        "hit_tokens", "prefix_hit_rate", "peak_usage", "mean_usage", "kv_total_ns",
-        "kv_ns_per_step", "kv_ns_per_generated_token", "request_hash_ns", "wall_s",
-        "steps_per_s",
-    }  # fmt: skip
-    assert set(run) == expected
-    assert run["kv_total_ns"] > 0 and run["kv_ns_per_step"] == round(run["kv_total_ns"] / 5, 1)
+    assert run["kv_total_ns"] > 0 and run["kv_ns_per_step"] == round(run["kv_total_ns"] / 6, 1)
+
+
+@needs_kb
+def test_tenants_are_reported_apart(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # C repeats A's first block but under another salt: no hit, for real or in a ceiling.
+    trace = _hand_trace(tmp_path, ("t1", "t1", "t2"))
+    code, out, _ = _simulate(capsys, "--trace", trace, *SMALL, "--json")
+    assert code == 0
+    run = json.loads(out)["runs"][0]
+    assert run["hit_tokens"] == run["infinite_cache_hit_tokens"] == 0
+    assert run["tenants"] == [
+        {"cache_salt": "t1", "requests": 2, "queried_tokens": 8, "hit_tokens": 0,
+         "prefix_hit_rate": 0.0, "infinite_cache_hit_rate": 0.0, "ideal_hit_rate": 0.0},
+        {"cache_salt": "t2", "requests": 1, "queried_tokens": 5, "hit_tokens": 0,
+         "prefix_hit_rate": 0.0, "infinite_cache_hit_rate": 0.0, "ideal_hit_rate": 0.0},
+    ]  # fmt: skip
+    code, out, _ = _simulate(capsys, "--trace", trace, *SMALL)
+    assert "tenant t1" in out and "tenant t2" in out
+
+
+@needs_kb
+def test_generated_sessions_get_tenants(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _simulate(
+        capsys, "--workload", "agentic", "--num-requests", "4", "--tenants", "2",
+        "--model", "llama-3.1-8b", "--num-blocks", "4000", "--json",
+    )  # fmt: skip
+    assert code == 0
+    run = json.loads(out)["runs"][0]
+    tenants = run["tenants"]
+    assert [t["cache_salt"] for t in tenants] == ["tenant-0", "tenant-1"]
+    assert sum(t["hit_tokens"] for t in tenants) == run["hit_tokens"] > 0
+    assert sum(t["queried_tokens"] for t in tenants) == run["queried_tokens"]
+    for t in tenants:
+        assert t["prefix_hit_rate"] <= t["infinite_cache_hit_rate"]
 
 
 @pytest.mark.parametrize("impl", _impls(), indirect=True)
 def test_summary_table(capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str) -> None:
     code, out, err = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--progress")
     assert code == 0
-    for row in ("requests", "prefix hit rate", "preemptions", "peak usage", "mean usage",
-                "KV time / step", "KV time / token", "steps / s"):  # fmt: skip
+    for row in ("requests", "prefix hit rate", "infinite cache", "ideal (Belady)", "preemptions",
+                "preempted re-hits", "peak usage", "mean usage", "KV time / step",
+                "KV time / token", "steps / s"):  # fmt: skip
         assert row in out
-    assert "30.8% (4 of 13 tokens)" in out
-    assert "100.0% 2/2 requests" in err  # the progress bar's last state
+    assert "30.8% (4 of 13 prompt tokens at first admission)" in out
+    assert "80.0% (4 of 5 tokens, 1 re-admissions; not in the hit rate)" in out
+    assert "3/3" in err and "req" in err  # tqdm's last state: all requests finished
 
 
 @pytest.mark.parametrize("impl", _impls(), indirect=True)
@@ -326,15 +455,71 @@ def test_sweep_prints_one_row_per_value(
         (4, 4, 1),
         (16, 16, 0),  # 15 free blocks hold both requests
     ]
+    assert {r["prefix_hit_rate"] for r in runs} == {round(4 / 13, 6)}
 
 
 @pytest.mark.parametrize("impl", _impls(), indirect=True)
 def test_plot_writes_png(capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "usage.png"
-    code, out, _ = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--plot", str(png))
-    assert code == 0 and str(png) in out
+    code, out, err = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--plot", str(png))
+    assert code == 0 and "prefix hit rate" in out and str(png) in err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_kb
+def test_plot_title_and_preemption_marks(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    saved: list[matplotlib.figure.Figure] = []
+    savefig = matplotlib.figure.Figure.savefig
+
+    def keep(fig: matplotlib.figure.Figure, *a: Any, **kw: Any) -> None:
+        saved.append(fig)
+        savefig(fig, *a, **kw)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    png = tmp_path / "p.png"
+    assert _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--plot", str(png))[0] == 0
+    (fig,) = saved
+    title = fig.get_suptitle()
+    assert "hand.jsonl, 3 requests" in title
+    assert "llama-3-8b (meta-llama/Meta-Llama-3-8B)" in title and "4 blocks x 4 tokens" in title
+    assert "2.0 MiB" in title  # 4 blocks x 32 layers x 16 KiB
+    usage_ax = fig.axes[0]
+    labels = [line.get_label() for line in usage_ax.get_lines()]
+    assert "preemptions (1)" in labels
+
+
+def test_plot_write_failure_keeps_the_summary(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+
+    def fail(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli, "plot", fail)
+    png = tmp_path / "p.png"
+    code, out, err = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--plot", str(png))
+    assert code == 1
+    assert "prefix hit rate" in out  # printed before the plot was tried
+    assert err.strip() == f"kvblocks simulate: error: cannot write the plot {png}: " \
+        "No space left on device"  # fmt: skip
+
+
+def test_ctrl_c_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupt(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "replay", interrupt)
+    code, out, err = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL)
+    assert (code, out, err) == (130, "", "kvblocks simulate: interrupted\n")
 
 
 @pytest.mark.parametrize("impl", _impls(), indirect=True)
@@ -342,8 +527,9 @@ def test_generated_workload_and_mooncake(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str
 ) -> None:
     code, out, _ = _simulate(
-        capsys, "--workload", "agentic", "--num-requests", "3", "--num-blocks", "2000", "--json"
-    )
+        capsys, "--workload", "agentic", "--num-requests", "3", "--model", "llama-3.1-8b",
+        "--num-blocks", "2000", "--json",
+    )  # fmt: skip
     assert code == 0
     run = json.loads(out)["runs"][0]
     assert run["hit_tokens"] > 0  # later turns reuse earlier turns' blocks
@@ -365,7 +551,7 @@ def test_too_small_cache_is_reported_without_traceback(
     code, _, err = _simulate(capsys, "--trace", _hand_trace(tmp_path), "--block-size", "2",
                              "--num-blocks", "2", "--max-model-len", "64")  # fmt: skip
     assert code == 1
-    assert "cannot admit A" in err and "Traceback" not in err
+    assert "cannot admit A" in err and "Traceback" not in err and err.count("\n") == 1
 
 
 @pytest.mark.vllm

@@ -1,4 +1,4 @@
-"""Workload generators and trace readers (kvblocks.workloads)."""
+"""Workload generators and trace readers (kvblocks.sim.workloads)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from kvblocks import workloads
-from kvblocks.workloads import (
+from kvblocks.sim import workloads
+from kvblocks.sim.workloads import (
     KINDS,
     Trace,
     TraceError,
@@ -23,7 +23,10 @@ from kvblocks.workloads import (
     tok,
 )
 
-ORACLE_TRACE = Path("/work/shared/tools/vllm-oracle/trace.py")
+# The oracle tools sit in ../shared beside the checkout.
+ORACLE_TRACE = (
+    Path(__file__).resolve().parent.parent.parent / "shared" / "tools" / "vllm-oracle" / "trace.py"
+)
 
 
 def _mix_reference(x: int) -> int:
@@ -214,3 +217,46 @@ def test_malformed_mooncake_line(tmp_path: Path, record: dict[str, object], mess
     path = _write(tmp_path / "mc.jsonl", [good, record])
     with pytest.raises(TraceError, match=f"mc.jsonl:2: .*{message}"):
         read_trace(path)
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@pytest.mark.parametrize(
+    ("page", "kind", "n"),
+    [("trace-kvtrace.md", "example", 4), ("trace-mooncake.md", "mooncake", 2)],
+)
+def test_the_format_pages_examples_read(tmp_path: Path, page: str, kind: str, n: int) -> None:
+    text = (DOCS / page).read_text()
+    example = text.split("```jsonl\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "example.jsonl"
+    path.write_text(example)
+    trace = read_trace(str(path))
+    assert (trace.kind, len(trace.requests)) == (kind, n)
+
+
+def test_mooncake_sample_is_synthetic_mooncake_seed_1() -> None:
+    lines = (DOCS / "examples" / "mooncake-sample.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == workloads.synthetic_mooncake(seed=1, num_sessions=120)
+
+
+def test_synthetic_mooncake_ids_stand_for_prefixes() -> None:
+    records = workloads.synthetic_mooncake(seed=3, num_sessions=30)
+    assert [r["timestamp"] for r in records] == sorted(r["timestamp"] for r in records)
+    first_prefix: dict[int, tuple[int, ...]] = {}
+    for r in records:
+        ids = r["hash_ids"]
+        assert len(ids) == -(-r["input_length"] // 512) and r["input_length"] % 512
+        for i, h in enumerate(ids):
+            assert first_prefix.setdefault(h, tuple(ids[:i])) == tuple(ids[:i])
+
+
+def test_with_tenants_keeps_a_session_together() -> None:
+    trace = generate("agentic", 2, WorkloadParams(num_requests=5)).with_tenants(2)
+    by_id = {r.request_id: r for r in trace.requests}
+    roots = [r for r in trace.requests if r.after is None]
+    assert [r.cache_salt for r in roots] == ["tenant-0", "tenant-1"] * 2 + ["tenant-0"]
+    for r in trace.requests:
+        if r.after is not None:
+            assert r.cache_salt == by_id[r.after].cache_salt
+    assert trace.params["tenants"] == 2

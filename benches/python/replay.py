@@ -2,7 +2,7 @@
 """Replay a trace through kvblocks (and/or vLLM 0.33) and time the KV cache manager.
 
 The conformance and speed driver of the project: the scheduler loop of
-``tools/vllm-oracle/driver_vllm.py`` (``kvblocks.replay``), the same flags, and ONE JSON line
+``tools/vllm-oracle/driver_vllm.py`` (``kvblocks.sim.engine``), the same flags, and ONE JSON line
 on stdout with the driver's field names (``calls``, ``kv_total_ns``, ``request_hash_ns``,
 ``digest``, ...). Digests equal to the driver's mean identical block allocation.
 
@@ -36,16 +36,10 @@ import sys
 import time
 from typing import Any
 
-from kvblocks.presets import REPLAY_CONFIGS, KVLayout, replay_layout
-from kvblocks.replay import (
-    ReplayError,
-    ReplayOptions,
-    ReplayResult,
-    make_backend,
-    replay,
-    vllm_available,
-)
-from kvblocks.workloads import Trace, TraceError, read_trace
+from kvblocks.sim.backends import make_backend, vllm_available
+from kvblocks.sim.engine import ReplayError, ReplayOptions, ReplayResult, replay
+from kvblocks.sim.presets import REPLAY_CONFIGS, KVLayout, replay_layout
+from kvblocks.sim.workloads import Trace, TraceError, read_trace
 
 
 def timer_overhead_ns(n: int = 200000) -> int:
@@ -118,7 +112,9 @@ def summary(
         "prefix_cache": {
             "queried_tokens": res.queried_tokens,
             "hit_tokens": res.hit_tokens,
-            "hit_rate": round(res.hit_rate, 6),
+            "hit_rate": round(res.hit_tokens / res.queried_tokens, 6)
+            if res.queried_tokens
+            else 0.0,
             "first_admission": dict(
                 zip(("requests", "queried_tokens", "hit_tokens"), res.first_admission, strict=True)
             ),

@@ -1,10 +1,10 @@
-"""``python -m kvblocks``: the ``kvblocks`` command line (see :mod:`kvblocks.cli`)."""
+"""``python -m kvblocks``: the ``kvblocks`` command line (see :mod:`kvblocks.sim.cli`)."""
 
 from __future__ import annotations
 
 import sys
 
-from kvblocks.cli import main
+from kvblocks.sim.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -31,6 +31,14 @@ Example::
 
 from __future__ import annotations
 
+try:
+    import torch  # noqa: F401 (the check; the submodules use it)
+except ImportError:
+    raise ModuleNotFoundError(
+        "kvblocks.device needs torch, which is not installed: pip install 'kvblocks[torch]'",
+        name="torch",
+    ) from None
+
 from kvblocks.device._layout import Layout
 from kvblocks.device._pages import Ids, KVPages, Transfer
 from kvblocks.device._tables import block_table, slot_mapping

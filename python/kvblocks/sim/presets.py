@@ -43,8 +43,6 @@ __all__ = [
 
 GroupKind = Literal["full", "sliding_window", "chunked_local", "mamba"]
 
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "int8": 1}
-
 
 @dataclass(frozen=True)
 class GroupDesc:
@@ -85,15 +83,36 @@ class GroupDesc:
         first = self.layer_offset
         return [f"model.layers.{first + i}.{suffix}" for i in range(self.num_layers)]
 
+    def kvblocks_spec(self) -> Any:
+        """The group's ``kvblocks`` KV cache spec (the core owns page sizes and dtypes).
+
+        Raises:
+            ValueError: The core rejects the spec (an unknown dtype, a zero size).
+        """
+        import kvblocks as kb
+
+        k: Any = kb
+        common: dict[str, Any] = {"block_size": self.block_size}
+        if self.kind == "mamba":
+            return k.MambaSpec(
+                shapes=[list(s) for s in self.mamba_shapes],
+                dtypes=list(self.mamba_dtypes),
+                mamba_cache_mode=self.mamba_cache_mode,
+                **common,
+            )
+        common.update(num_kv_heads=self.num_kv_heads, head_size=self.head_size, dtype=self.dtype)
+        if self.kind == "full":
+            return k.FullAttentionSpec(**common)
+        if self.kind == "sliding_window":
+            return k.SlidingWindowSpec(sliding_window=self.sliding_window, **common)
+        return k.ChunkedLocalAttentionSpec(attention_chunk_size=self.attention_chunk_size, **common)
+
     @property
     def page_size_bytes(self) -> int:
-        """Bytes of one block of one layer (K and V for attention, all states for mamba)."""
-        if self.kind == "mamba":
-            return sum(
-                math.prod(s) * _DTYPE_BYTES[d]
-                for s, d in zip(self.mamba_shapes, self.mamba_dtypes, strict=True)
-            )
-        return self.block_size * self.num_kv_heads * 2 * self.head_size * _DTYPE_BYTES[self.dtype]
+        """Bytes of one block of one layer (K and V for attention, all states for mamba),
+        as the core's spec computes it."""
+        size: int = self.kvblocks_spec().page_size_bytes
+        return size
 
 
 @dataclass(frozen=True)
@@ -126,28 +145,7 @@ def build_kvblocks_config(layout: KVLayout) -> Any:
     import kvblocks as kb
 
     k: Any = kb
-    groups = []
-    for g in layout.groups:
-        spec: Any
-        common: dict[str, Any] = {"block_size": g.block_size}
-        if g.kind == "mamba":
-            spec = k.MambaSpec(
-                shapes=[list(s) for s in g.mamba_shapes],
-                dtypes=list(g.mamba_dtypes),
-                mamba_cache_mode=g.mamba_cache_mode,
-                **common,
-            )
-        else:
-            common.update(num_kv_heads=g.num_kv_heads, head_size=g.head_size, dtype=g.dtype)
-            if g.kind == "full":
-                spec = k.FullAttentionSpec(**common)
-            elif g.kind == "sliding_window":
-                spec = k.SlidingWindowSpec(sliding_window=g.sliding_window, **common)
-            else:
-                spec = k.ChunkedLocalAttentionSpec(
-                    attention_chunk_size=g.attention_chunk_size, **common
-                )
-        groups.append(k.KVCacheGroupSpec(g.layer_names, spec))
+    groups = [k.KVCacheGroupSpec(g.layer_names, g.kvblocks_spec()) for g in layout.groups]
     return k.KVCacheConfig(layout.num_blocks, [], groups)
 
 
@@ -318,11 +316,36 @@ def replay_layout(
 # --------------------------------------------------------------- model presets
 @dataclass(frozen=True)
 class ModelPreset:
-    """A model's KV cache shape, for ``kvblocks simulate --model``."""
+    """A model's KV cache shape, for ``kvblocks simulate --model``.
+
+    Attributes:
+        name: The preset's key.
+        model: The model it stands for (a Hugging Face id), or a note that it is synthetic.
+        description: The KV cache shape in words.
+        groups: The attention groups.
+        max_model_len: The model's context length (the default ``--max-model-len``).
+    """
 
     name: str
+    model: str
     description: str
     groups: tuple[GroupDesc, ...]
+    max_model_len: int
+
+
+def _gpt_oss(name: str, num_layers: int) -> ModelPreset:
+    half = num_layers // 2
+    return ModelPreset(
+        name,
+        f"openai/{name}",
+        f"{num_layers} layers alternating full attention / sliding window 128, "
+        "8 KV heads x 64, bf16",
+        (
+            GroupDesc("full", half, 16, 8, 64),
+            GroupDesc("sliding_window", half, 16, 8, 64, sliding_window=128, layer_offset=half),
+        ),
+        131072,
+    )
 
 
 MODEL_PRESETS: dict[str, ModelPreset] = {
@@ -330,47 +353,57 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
     for p in (
         ModelPreset(
             "llama-3-8b",
-            "Llama-3-8B-like: 32 full-attention layers, 8 KV heads x 128, bf16",
+            "meta-llama/Meta-Llama-3-8B",
+            "32 full-attention layers, 8 KV heads x 128, bf16",
             (GroupDesc("full", 32, 16, 8, 128),),
+            8192,
         ),
         ModelPreset(
-            "gpt-oss",
-            "gpt-oss-like: 24 layers alternating full / sliding window 128, 8 KV heads x 64",
-            (
-                GroupDesc("full", 12, 16, 8, 64),
-                GroupDesc("sliding_window", 12, 16, 8, 64, sliding_window=128, layer_offset=12),
-            ),
+            "llama-3.1-8b",
+            "meta-llama/Llama-3.1-8B",
+            "32 full-attention layers, 8 KV heads x 128, bf16",
+            (GroupDesc("full", 32, 16, 8, 128),),
+            131072,
         ),
+        _gpt_oss("gpt-oss-20b", 24),
+        _gpt_oss("gpt-oss-120b", 36),
         ModelPreset(
             "hybrid-mamba",
-            "1:1 attention/Mamba2 hybrid: 8 full-attention layers (8 KV heads x 128) "
-            "+ 8 Mamba2 layers (conv 3x2048 bf16, SSM 32x64x128 fp32)",
+            "synthetic (no released model)",
+            "1:1 hybrid: 8 full-attention layers (8 KV heads x 128, bf16) + 8 Mamba2 layers "
+            "(conv 3x2048 bf16, SSM 32x64x128 fp32)",
             (GroupDesc("full", 8, 16, 8, 128), GroupDesc("mamba", 8, 16, layer_offset=8)),
+            32768,
         ),
     )
 }
 
+_MEMORY_UNITS = {
+    "": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
+    "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40,
+}  # fmt: skip
+
 
 def parse_memory(text: str) -> int:
-    """Bytes of a size such as ``40GiB``, ``512MiB``, ``1.5GB`` or ``1000000``.
+    """Bytes of a size such as ``40GiB``, ``512MiB``, ``1.5G`` or ``1000000``.
+
+    Units are binary, as GPU memory is quoted (an "80 GB" H100 holds 80 GiB): ``K``, ``KB``
+    and ``KiB`` all mean 2**10 bytes, and so on for ``M``, ``G`` and ``T``; a bare number
+    is bytes.
 
     Raises:
         ValueError: Not a positive size.
     """
-    units = {
-        "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-        "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-    }  # fmt: skip
-    s = text.strip().lower()
+    s = text.strip().lower().replace(" ", "")
     num = s.rstrip("abgikmt")
     unit = s[len(num) :]
     try:
         value = float(num)
     except ValueError:
         raise ValueError(f"not a memory size: {text!r} (e.g. 40GiB)") from None
-    if unit not in units or value <= 0 or not math.isfinite(value):
+    if unit not in _MEMORY_UNITS or value <= 0 or not math.isfinite(value):
         raise ValueError(f"not a memory size: {text!r} (e.g. 40GiB)")
-    return int(value * units[unit])
+    return int(value * _MEMORY_UNITS[unit])
 
 
 _OVERRIDABLE = ("num_layers", "num_kv_heads", "head_size", "dtype", "sliding_window")
@@ -382,10 +415,6 @@ def _with_overrides(
     unknown = set(overrides) - set(_OVERRIDABLE)
     if unknown:
         raise ValueError(f"cannot override {', '.join(sorted(unknown))}")
-    if "dtype" in overrides and overrides["dtype"] not in _DTYPE_BYTES:
-        raise ValueError(
-            f"unknown dtype {overrides['dtype']!r}; choose from {', '.join(_DTYPE_BYTES)}"
-        )
     out = []
     offset = 0
     for g in groups:
@@ -394,6 +423,7 @@ def _with_overrides(
             if g.kind == "sliding_window" and "sliding_window" in overrides:
                 fields["sliding_window"] = overrides["sliding_window"]
             g = replace(g, **fields)
+            g.kvblocks_spec()  # the core's check: an unknown dtype, a zero size
         out.append(replace(g, layer_offset=offset))
         offset += g.num_layers
     return tuple(out)
@@ -416,7 +446,7 @@ def model_layout(
     block_size: int | None = None,
     num_blocks: int | None = None,
     gpu_memory: int | None = None,
-    max_model_len: int = 262144,
+    max_model_len: int | None = None,
     enable_caching: bool = True,
     max_in_flight_tokens: int | None = None,
     overrides: dict[str, Any] | None = None,
@@ -429,7 +459,7 @@ def model_layout(
         num_blocks: Pool size; exclusive with ``gpu_memory``.
         gpu_memory: KV cache memory budget in bytes (``num_blocks = budget // bytes per
             block``, see the module docs).
-        max_model_len: Longest sequence.
+        max_model_len: Longest sequence (default: the preset's context length).
         enable_caching: Prefix caching.
         max_in_flight_tokens: Tokens in flight (the step's token budget).
         overrides: Explicit attention-layer fields replacing the preset's in every
@@ -445,6 +475,8 @@ def model_layout(
     if (num_blocks is None) == (gpu_memory is None):
         raise ValueError("give exactly one of num_blocks and gpu_memory")
     spec_groups = _with_overrides(MODEL_PRESETS[preset].groups, overrides or {})
+    if max_model_len is None:
+        max_model_len = MODEL_PRESETS[preset].max_model_len
     bs = block_size or _default_block_size(spec_groups)
     groups: list[GroupDesc] = []
     hash_bs = sched_bs = bs

@@ -24,9 +24,10 @@ Trace files (:func:`read_trace`):
 
 from __future__ import annotations
 
+import functools
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
@@ -40,7 +41,9 @@ __all__ = [
     "expand_segment",
     "generate",
     "read_trace",
+    "segment_tokens",
     "splitmix64",
+    "synthetic_mooncake",
     "tok",
 ]
 
@@ -92,6 +95,13 @@ def expand_segment(seed: int, n: int, vocab_size: int = VOCAB_SIZE) -> list[int]
     return out
 
 
+@functools.lru_cache(maxsize=1024)
+def segment_tokens(seed: int, n: int, vocab_size: int = VOCAB_SIZE) -> tuple[int, ...]:
+    """:func:`expand_segment` as a tuple, memoized: system prompts, quoted turns and
+    Mooncake hash ids repeat."""
+    return tuple(expand_segment(seed, n, vocab_size))
+
+
 @dataclass(frozen=True)
 class TraceRequest:
     """One request of a workload.
@@ -105,6 +115,8 @@ class TraceRequest:
         max_output_tokens: The request finishes after this many output tokens.
         after: Request id this one follows (agentic turns), or None.
         token_ids: Explicit prompt token ids, or None.
+        cache_salt: The tenant's cache salt (vLLM's ``cache_salt``: requests share cached
+            blocks only within one salt), or None.
     """
 
     request_id: str
@@ -114,6 +126,7 @@ class TraceRequest:
     max_output_tokens: int
     after: str | None = None
     token_ids: tuple[int, ...] | None = None
+    cache_salt: str | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -128,7 +141,7 @@ class TraceRequest:
             return list(self.token_ids)
         out: list[int] = []
         for seed, n in self.segments:
-            out.extend(expand_segment(seed, n, vocab_size))
+            out.extend(segment_tokens(seed, n, vocab_size))
         return out
 
 
@@ -151,6 +164,23 @@ class Trace:
         ids = {r.request_id for r in kept}
         kept = [r for r in kept if r.after is None or r.after in ids]
         return Trace(kept, self.kind, self.seed, self.vocab_size, self.source, self.params)
+
+    def with_tenants(self, n: int) -> Trace:
+        """Cache salts ``tenant-0`` .. ``tenant-{n-1}`` given in turn to the requests that
+        follow no other; a follow-up keeps its session's salt."""
+        salts: dict[str, str] = {}
+        out = []
+        roots = 0
+        for r in self.requests:
+            if r.after is not None and r.after in salts:
+                salt = salts[r.after]
+            else:
+                salt = f"tenant-{roots % n}"
+                roots += 1
+            salts[r.request_id] = salt
+            out.append(replace(r, cache_salt=salt))
+        params = {**self.params, "tenants": n}
+        return Trace(out, self.kind, self.seed, self.vocab_size, self.source, params)
 
     @property
     def max_seq_len(self) -> int:
@@ -307,6 +337,57 @@ def generate(kind: str, seed: int = 0, params: WorkloadParams | None = None) -> 
     return Trace(reqs, kind, seed, VOCAB_SIZE, None, info)
 
 
+def synthetic_mooncake(
+    seed: int = 0,
+    num_sessions: int = 50,
+    *,
+    num_system_prompts: int = 4,
+    max_turns: int = 6,
+    session_gap_ms: float = 2000.0,
+    turn_gap_ms: tuple[float, float] = (2000.0, 20000.0),
+    max_output: int = 300,
+    block: int = 512,
+) -> list[dict[str, Any]]:
+    """Conversations as Mooncake-format records (``timestamp``, ``input_length``,
+    ``output_length``, ``hash_ids``), for examples and tests; no real trace's numbers.
+
+    Sessions arrive ``session_gap_ms`` apart on average and open with one of
+    ``num_system_prompts`` shared prompts (1-6 hash blocks); each turn quotes the previous
+    turn's full blocks and adds 1-6 new ones, and ends in a partial block of a new id, so
+    a hash id always stands for the same prefix, as in Mooncake's traces.
+    """
+    rng = random.Random(seed)
+    next_id = 0
+
+    def fresh(k: int) -> list[int]:
+        nonlocal next_id
+        next_id += k
+        return list(range(next_id - k, next_id))
+
+    systems = [fresh(rng.randint(1, 6)) for _ in range(num_system_prompts)]
+    weights = [1.0 / (j + 1) for j in range(num_system_prompts)]
+    records: list[dict[str, Any]] = []
+    start = 0.0
+    for _ in range(num_sessions):
+        start += rng.expovariate(1.0 / session_gap_ms)
+        prefix = rng.choices(systems, weights)[0]
+        t = start
+        for _ in range(rng.randint(1, max_turns)):
+            full = prefix + fresh(rng.randint(1, 6))
+            records.append(
+                {
+                    "timestamp": int(t),
+                    "input_length": len(full) * block + rng.randint(1, block - 1),
+                    "output_length": rng.randint(1, max_output),
+                    "hash_ids": full + fresh(1),
+                }
+            )
+            prefix = full
+            t += rng.uniform(*turn_gap_ms)
+    records.sort(key=lambda r: int(r["timestamp"]))
+    return records
+
+
 # --------------------------------------------------------------------------- trace files
 def _int_field(obj: dict[str, Any], key: str, lo: int) -> int:
     v = obj.get(key)
@@ -345,6 +426,9 @@ def _kvtrace_request(obj: dict[str, Any]) -> TraceRequest:
             ):
                 raise ValueError(f"prompt segment must be [seed, n] of non-negative ints: {seg!r}")
             segments.append((seg[0], seg[1]))
+    salt = obj.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError(f"'cache_salt' must be a non-empty string or null, got {salt!r}")
     req = TraceRequest(
         rid,
         _int_field(obj, "arrival_step", 0),
@@ -353,6 +437,7 @@ def _kvtrace_request(obj: dict[str, Any]) -> TraceRequest:
         _int_field(obj, "max_output_tokens", 1),
         after,
         token_ids,
+        salt,
     )
     if req.prompt_len < 1:
         raise ValueError("empty prompt")

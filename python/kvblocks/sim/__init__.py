@@ -1,0 +1,61 @@
+"""The simulator behind ``kvblocks simulate``: trace replay through the real manager.
+
+One module per job:
+
+* :mod:`~kvblocks.sim.workloads`: built-in workload generators and trace readers
+  (kvblocks' kvtrace-v1 and Mooncake's JSON lines);
+* :mod:`~kvblocks.sim.presets`: model presets and KV cache layouts, built as a kvblocks or
+  a vLLM ``KVCacheManager``;
+* :mod:`~kvblocks.sim.backends`: the two managers a run can drive;
+* :mod:`~kvblocks.sim.engine`: the vLLM-style scheduler loop, a class that takes one step
+  at a time (:class:`Engine`);
+* :mod:`~kvblocks.sim.ceilings`: the infinite-cache and Belady hit-rate ceilings;
+* :mod:`~kvblocks.sim.report`: the JSON document, the summary, the sweep table, the plot;
+* :mod:`~kvblocks.sim.cli`: the ``kvblocks simulate`` command line.
+
+In a notebook::
+
+    from kvblocks.sim import Engine, ReplayOptions, generate, make_backend, model_layout
+
+    layout = model_layout("llama-3-8b", gpu_memory=16 * 2**30)
+    engine = Engine(generate("agentic"), make_backend("kvblocks", layout),
+                    ReplayOptions(ceilings=True), layout)
+    while not engine.done:
+        info = engine.step()
+    result = engine.finish()
+    print(result.hit_rate, result.ceilings.ideal_hit_rate)
+
+Only :mod:`~kvblocks.sim.report`'s plot needs an optional package (matplotlib, the
+``kvblocks[sim]`` extra).
+"""
+
+from __future__ import annotations
+
+from kvblocks.sim.backends import Backend, make_backend, vllm_available
+from kvblocks.sim.ceilings import CeilingResult
+from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, ReplayResult, StepInfo, replay
+from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, replay_layout
+from kvblocks.sim.workloads import KINDS, Trace, TraceError, WorkloadParams, generate, read_trace
+
+__all__ = [
+    "KINDS",
+    "MODEL_PRESETS",
+    "Backend",
+    "CeilingResult",
+    "Engine",
+    "KVLayout",
+    "ReplayError",
+    "ReplayOptions",
+    "ReplayResult",
+    "StepInfo",
+    "Trace",
+    "TraceError",
+    "WorkloadParams",
+    "generate",
+    "make_backend",
+    "model_layout",
+    "read_trace",
+    "replay",
+    "replay_layout",
+    "vllm_available",
+]

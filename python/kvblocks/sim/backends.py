@@ -1,0 +1,121 @@
+"""The KV cache managers a replay can drive: kvblocks' and vLLM 0.33's.
+
+:class:`KvblocksBackend` (optionally with the batched calls ``allocate_slots_batch`` and
+``append_token_ids_batch``) and :class:`VllmBackend` (vLLM imported only when one is built)
+build the manager of a :class:`~kvblocks.sim.presets.KVLayout` and its requests. Only
+request construction is timed here; the engine times the manager calls.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from kvblocks.sim.presets import KVLayout, build_kvblocks_manager, build_vllm_manager
+
+__all__ = ["Backend", "KvblocksBackend", "VllmBackend", "make_backend", "vllm_available"]
+
+
+class Backend(Protocol):
+    """A KV cache manager plus its request type."""
+
+    name: str
+    manager: Any
+    """Has vLLM's ``get_computed_blocks``, ``allocate_slots``, ``free``, ``get_block_ids``,
+    ``new_step_starts`` and ``block_pool.get_num_free_blocks``."""
+    batch: Callable[[list[Any], list[int]], list[Any]] | None
+    """``allocate_slots_batch`` when the running loop should use it, else None."""
+    append_batch: Callable[[list[Any], list[int]], None] | None
+    """``append_token_ids_batch`` when the model step should append in one call, else None."""
+
+    def make_request(
+        self, request_id: str, prompt: list[int], max_tokens: int, cache_salt: str | None = None
+    ) -> tuple[Any, int]:
+        """A new request and the nanoseconds its construction (incl. hashing) took."""
+        ...
+
+
+class KvblocksBackend:
+    """kvblocks' ``KVCacheManager`` and ``Request``; ``batch`` turns on the batch calls
+    (``allocate_slots_batch`` for the running loop, ``append_token_ids_batch`` for the model
+    step)."""
+
+    name = "kvblocks"
+
+    def __init__(self, layout: KVLayout, hash_algo: str = "sha256_cbor", batch: bool = False):
+        import kvblocks as kb
+
+        k: Any = kb
+        self.manager = build_kvblocks_manager(layout)
+        self._request = k.Request
+        self._hasher = k.BlockHasher(layout.hash_block_size, hash_algo)
+        self.batch = self.manager.allocate_slots_batch if batch else None
+        self.append_batch = k.append_token_ids_batch if batch else None
+
+    def make_request(
+        self, request_id: str, prompt: list[int], max_tokens: int, cache_salt: str | None = None
+    ) -> tuple[Any, int]:
+        """See :class:`Backend`."""
+        pc = time.perf_counter_ns
+        t0 = pc()
+        req = self._request(request_id, prompt, self._hasher, cache_salt=cache_salt)
+        return req, pc() - t0
+
+
+class VllmBackend:
+    """vLLM 0.33's ``KVCacheManager`` and ``Request`` (imports vLLM)."""
+
+    name = "vllm"
+
+    def __init__(self, layout: KVLayout, hash_algo: str = "sha256_cbor"):
+        # importlib keeps vLLM (an optional, untyped dependency) out of the type check.
+        utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
+        hashing = importlib.import_module("vllm.utils.hashing")
+        self.manager = build_vllm_manager(layout)
+        self.batch: Callable[[list[Any], list[int]], list[Any]] | None = None
+        self.append_batch: Callable[[list[Any], list[int]], None] | None = None
+        self._request = importlib.import_module("vllm.v1.request").Request
+        self._params = importlib.import_module("vllm.sampling_params").SamplingParams
+        hash_fn = hashing.get_hash_fn_by_name(hash_algo)
+        utils.init_none_hash(hash_fn)
+        self._hasher = utils.get_request_block_hasher(layout.hash_block_size, hash_fn)
+
+    def make_request(
+        self, request_id: str, prompt: list[int], max_tokens: int, cache_salt: str | None = None
+    ) -> tuple[Any, int]:
+        """See :class:`Backend`."""
+        params = self._params(max_tokens=max_tokens)
+        pc = time.perf_counter_ns
+        t0 = pc()
+        req = self._request(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=0.0,
+            cache_salt=cache_salt,
+            block_hasher=self._hasher,
+        )
+        return req, pc() - t0
+
+
+def vllm_available() -> str | None:
+    """vLLM's version if vLLM is importable, else None."""
+    try:
+        vllm = importlib.import_module("vllm")
+    except Exception:  # a broken vLLM install is as unusable as a missing one
+        return None
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def make_backend(
+    impl: str, layout: KVLayout, hash_algo: str = "sha256_cbor", batch: bool = False
+) -> Backend:
+    """``impl`` = ``"kvblocks"`` or ``"vllm"``; ``batch`` only applies to kvblocks."""
+    if impl == "kvblocks":
+        return KvblocksBackend(layout, hash_algo, batch)
+    if impl == "vllm":
+        return VllmBackend(layout, hash_algo)
+    raise ValueError(f"unknown implementation {impl!r}")

@@ -1,0 +1,501 @@
+"""The ``kvblocks`` command line: ``kvblocks simulate`` replays a workload through the manager.
+
+``kvblocks simulate`` runs a request workload (a built-in generator or a trace file, see
+``docs/trace-kvtrace.md`` and ``docs/trace-mooncake.md``) through the scheduler loop of
+:mod:`kvblocks.sim.engine` on a model's KV cache and prints a summary: requests, tokens,
+the prefix hit rate with its two ceilings, preemptions, peak and mean block usage,
+KV-manager time per step and per generated token, simulated steps per second.
+``--json`` prints one document instead (``docs/simulate-json.md``).
+
+Errors are one line on stderr (exit status 2 for bad input, 1 when the run cannot go on,
+130 on Ctrl-C); the usage is printed only by ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import kvblocks
+from kvblocks.sim.backends import make_backend, vllm_available
+from kvblocks.sim.engine import ReplayError, ReplayOptions, replay
+from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, parse_memory
+from kvblocks.sim.report import Run, Setup, plot, print_summary, print_sweep, report_json
+from kvblocks.sim.workloads import KINDS, Trace, TraceError, WorkloadParams, generate, read_trace
+
+__all__ = ["build_parser", "main"]
+
+DEFAULT_NUM_REQUESTS = 1000
+DEFAULT_GPU_MEMORY = "16GiB"
+DEFAULT_MODEL = "llama-3-8b"
+SWEEP_KEYS: dict[str, Callable[[str], int]] = {
+    "num_blocks": int,
+    "block_size": int,
+    "gpu_memory": parse_memory,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+}
+
+
+class UsageError(Exception):
+    """Bad input found after parsing (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the usage is for ``--help`` only."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid positive integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not v > 0 or not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return v
+
+
+def _memory(text: str) -> int:
+    try:
+        return parse_memory(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _model(text: str) -> str:
+    if text not in MODEL_PRESETS:
+        raise argparse.ArgumentTypeError(
+            f"unknown preset {text!r} (choose from {', '.join(MODEL_PRESETS)})"
+        )
+    return text
+
+
+def _sweep(text: str) -> tuple[str, list[int]]:
+    key, sep, values = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or key not in SWEEP_KEYS:
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}: {text!r}"
+        )
+    try:
+        parsed = [SWEEP_KEYS[key](v.strip()) for v in values.split(",") if v.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"bad {key} value in {text!r}: {e}") from None
+    if not parsed or any(v < 1 for v in parsed):
+        raise argparse.ArgumentTypeError(f"{key} values must be positive: {text!r}")
+    return key, parsed
+
+
+def _presets_help() -> str:
+    width = max(len(name) for name in MODEL_PRESETS)
+    lines = ["model presets (--model; max_model_len is the default --max-model-len):"]
+    for p in MODEL_PRESETS.values():
+        lines.append(f"  {p.name:<{width}}  {p.model}, max_model_len {p.max_model_len:,}")
+        lines.append(f"  {'':<{width}}  {p.description}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvblocks`` argument parser."""
+    version = f"kvblocks {kvblocks.__version__}"
+    ap = _Parser(prog="kvblocks", description="kvblocks command line tools.")
+    ap.add_argument("--version", action="version", version=version)
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sp = sub.add_parser(
+        "simulate",
+        help="replay a workload through the KV cache manager and summarize it",
+        description="Replay a request workload through kvblocks' KV cache manager with a "
+        "vLLM-style scheduler loop and summarize cache behaviour and manager time.",
+        epilog=f"{_presets_help()}\n\n--json prints one object of schema "
+        "kvblocks-simulate-v2 (docs/simulate-json.md).\nTrace formats: "
+        "docs/trace-kvtrace.md, docs/trace-mooncake.md.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sp.add_argument("--version", action="version", version=version)
+    sp.set_defaults(parser=sp)
+    w = sp.add_argument_group("workload")
+    src = w.add_mutually_exclusive_group()
+    src.add_argument(
+        "--workload",
+        choices=KINDS,
+        default="shared-prefix",
+        help="built-in generator (default shared-prefix)",
+    )
+    src.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="kvtrace-v1 or Mooncake JSON-lines trace instead of a generator",
+    )
+    w.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    w.add_argument(
+        "--num-requests",
+        type=_positive_int,
+        default=None,
+        help=f"requests, or sessions for agentic (default {DEFAULT_NUM_REQUESTS}; "
+        "agentic 100; long-context 16)",
+    )
+    w.add_argument(
+        "--rate",
+        type=_positive_float,
+        default=None,
+        help="arrivals per step (default per workload: 0.5, agentic 0.1, long-context 0.02)",
+    )
+    w.add_argument(
+        "--num-system-prompts",
+        type=_positive_int,
+        default=None,
+        help="shared system prompts (default 8, agentic 4)",
+    )
+    w.add_argument(
+        "--tenants",
+        type=_positive_int,
+        default=None,
+        help="give generated sessions N cache salts in turn (tenants share no blocks)",
+    )
+    w.add_argument(
+        "--max-requests",
+        type=_positive_int,
+        default=None,
+        help="use only the first N requests of the workload",
+    )
+    w.add_argument(
+        "--mooncake-block-size",
+        "--mooncake-block",
+        dest="mooncake_block",
+        type=_positive_int,
+        default=512,
+        help="tokens per Mooncake hash id (default 512)",
+    )
+    w.add_argument(
+        "--step-ms",
+        type=_positive_float,
+        default=50.0,
+        help="ms per scheduler step for Mooncake timestamps (default 50)",
+    )
+    m = sp.add_argument_group("model and cache")
+    m.add_argument(
+        "--model",
+        type=_model,
+        default=DEFAULT_MODEL,
+        help=f"model preset (default {DEFAULT_MODEL}; the list is below)",
+    )
+    m.add_argument(
+        "--block-size",
+        type=_positive_int,
+        default=None,
+        help="tokens per block (default 16; hybrid-mamba: vLLM's page-matching size)",
+    )
+    size = m.add_mutually_exclusive_group()
+    size.add_argument("--num-blocks", type=_positive_int, default=None, help="KV cache blocks")
+    size.add_argument(
+        "--gpu-memory",
+        type=_memory,
+        default=None,
+        metavar="SIZE",
+        help=f"KV cache memory, e.g. 40GiB (default {DEFAULT_GPU_MEMORY}); units are binary: "
+        "40GB = 40G = 40GiB",
+    )
+    m.add_argument("--num-layers", type=_positive_int, help="override: layers per attention group")
+    m.add_argument("--num-kv-heads", type=_positive_int, help="override: KV heads")
+    m.add_argument("--head-size", type=_positive_int, help="override: head size")
+    m.add_argument("--dtype", help="override: KV dtype (bfloat16, float16, float32, float8_e4m3fn)")
+    m.add_argument("--sliding-window", type=_positive_int, help="override: sliding window")
+    m.add_argument("--no-prefix-caching", action="store_true")
+    s = sp.add_argument_group("scheduler")
+    s.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
+    s.add_argument("--max-num-seqs", type=_positive_int, default=256)
+    s.add_argument(
+        "--max-model-len",
+        type=_positive_int,
+        default=None,
+        help="longest sequence (default: the preset model's context length)",
+    )
+    s.add_argument(
+        "--reserve-full-isl",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="admission needs the whole sequence to fit (vLLM default 1)",
+    )
+    s.add_argument(
+        "--hash-algo",
+        default="sha256_cbor",
+        choices=("sha256_cbor", "sha256", "xxhash_cbor", "xxhash"),
+    )
+    s.add_argument(
+        "--no-batch",
+        action="store_true",
+        help="decode one allocate_slots call per request instead of allocate_slots_batch",
+    )
+    o = sp.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print JSON (schema in the epilog)")
+    o.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="plot usage and hit rate over steps (needs matplotlib: pip install 'kvblocks[sim]')",
+    )
+    o.add_argument(
+        "--progress",
+        action="store_true",
+        help="progress bar on stderr even when it is not a terminal",
+    )
+    o.add_argument(
+        "--compare-vllm",
+        action="store_true",
+        help="also replay through vLLM 0.33.0 if importable: speed ratio, digests",
+    )
+    o.add_argument(
+        "--sweep",
+        type=_sweep,
+        metavar="KEY=V1,V2,...",
+        help=f"one run per value; KEY: {', '.join(SWEEP_KEYS)}",
+    )
+    return ap
+
+
+# --------------------------------------------------------------------------- checks
+def _check_plot_path(path: str) -> None:
+    """Fails before the run if the plot cannot be written."""
+    if not path.lower().endswith(".png"):
+        raise UsageError(f"--plot: expected a .png file name, got {path!r}")
+    if os.path.isdir(path):
+        raise UsageError(f"--plot: {path} is a directory")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--plot: no such directory: {folder}")
+    target = path if os.path.exists(path) else folder
+    if not os.access(target, os.W_OK):
+        raise UsageError(f"--plot: cannot write {path} (permission denied)")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib (pip install 'kvblocks[sim]')")
+
+
+def _load_workload(args: argparse.Namespace) -> Trace:
+    if args.trace:
+        trace = read_trace(args.trace, mooncake_block=args.mooncake_block, step_ms=args.step_ms)
+    else:
+        n = args.num_requests
+        if n is None:
+            n = {"agentic": 100, "long-context": 16}.get(args.workload, DEFAULT_NUM_REQUESTS)
+        params = WorkloadParams(n, args.rate, args.num_system_prompts)
+        trace = generate(args.workload, args.seed, params)
+    trace = trace.truncated(args.max_requests or 0)
+    if args.tenants:
+        trace = trace.with_tenants(args.tenants)
+    return trace
+
+
+def _layout(args: argparse.Namespace, **over: int) -> KVLayout:
+    opts = {
+        "block_size": args.block_size,
+        "num_blocks": args.num_blocks,
+        "gpu_memory": args.gpu_memory,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+    }
+    opts.update(over)
+    if "num_blocks" in over:
+        opts["gpu_memory"] = None
+    elif "gpu_memory" in over:
+        opts["num_blocks"] = None
+    if opts["num_blocks"] is None and opts["gpu_memory"] is None:
+        opts["gpu_memory"] = parse_memory(DEFAULT_GPU_MEMORY)
+    fields = ("num_layers", "num_kv_heads", "head_size", "dtype", "sliding_window")
+    overrides = {k: getattr(args, k) for k in fields if getattr(args, k) is not None}
+    try:
+        return model_layout(
+            args.model,
+            block_size=opts["block_size"],
+            num_blocks=opts["num_blocks"],
+            gpu_memory=opts["gpu_memory"],
+            max_model_len=args.max_model_len,
+            enable_caching=not args.no_prefix_caching,
+            max_in_flight_tokens=opts["max_num_batched_tokens"],
+            overrides=overrides,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+# --------------------------------------------------------------------------- runs
+class _Progress:
+    """A tqdm bar of finished requests (rate and ETA included), fed by the engine."""
+
+    def __init__(self, label: str, total: int) -> None:
+        # importlib: tqdm ships no type information
+        tqdm = importlib.import_module("tqdm").tqdm
+        self.bar = tqdm(
+            total=total, desc=label, unit="req", file=sys.stderr, dynamic_ncols=True, leave=True
+        )
+
+    def __call__(self, steps: int, finished: int, total: int) -> None:
+        self.bar.set_postfix_str(f"step {steps:,}", refresh=False)
+        self.bar.update(finished - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _replay(
+    impl: str,
+    args: argparse.Namespace,
+    trace: Trace,
+    layout: KVLayout,
+    over: dict[str, int],
+    label: str | None,
+    digest: bool,
+) -> Any:
+    try:
+        backend = make_backend(impl, layout, args.hash_algo, batch=not args.no_batch)
+    except OverflowError:
+        raise UsageError(f"{layout.num_blocks:,} blocks: more than a pool can hold") from None
+    except (ValueError, TypeError) as e:  # a configuration the manager rejects
+        raise UsageError(str(e)) from None
+    opts = ReplayOptions(
+        max_num_batched_tokens=over.get("max_num_batched_tokens", args.max_num_batched_tokens),
+        max_num_seqs=over.get("max_num_seqs", args.max_num_seqs),
+        reserve_full_isl=bool(args.reserve_full_isl),
+        digest=digest,
+        series=True,
+        ceilings=True,
+        progress_every=200,
+    )
+    bar = _Progress(label, len(trace.requests)) if label is not None else None
+    opts.progress = bar
+    try:
+        return replay(trace, backend, opts, layout)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _run_one(
+    args: argparse.Namespace, trace: Trace, value: int | None, show_progress: bool, vllm: bool
+) -> Run:
+    over: dict[str, int] = {} if value is None else {args.sweep[0]: value}
+    layout = _layout(args, **{k: v for k, v in over.items() if k != "max_num_seqs"})
+    if trace.max_seq_len > layout.max_model_len:
+        raise UsageError(
+            f"the workload has a {trace.max_seq_len:,}-token sequence, longer than "
+            f"max_model_len {layout.max_model_len:,} (raise --max-model-len)"
+        )
+    name = "kvblocks" if value is None else f"{args.sweep[0]}={value}"
+    label = name if show_progress else None
+    run = Run(value, layout, _replay("kvblocks", args, trace, layout, over, label, vllm))
+    if vllm:
+        label = "vLLM" if show_progress else None
+        vres = _replay("vllm", args, trace, layout, over, label, True)
+        ours = run.result.kv_total_ns + run.result.request_hash_ns
+        theirs = vres.kv_total_ns + vres.request_hash_ns
+        run.vllm = {
+            "version": vllm_available(),
+            "kv_total_ns": vres.kv_total_ns,
+            "request_hash_ns": vres.request_hash_ns,
+            "wall_s": round(vres.wall_s, 3),
+            "speedup": round(theirs / max(1, ours), 2),
+            "digest": vres.digest,
+            "kvblocks_digest": run.result.digest,
+            "digests_agree": vres.digest == run.result.digest,
+        }
+    return run
+
+
+def _warn(message: str) -> None:
+    print(f"kvblocks simulate: {message}", file=sys.stderr)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    compare = False
+    if args.compare_vllm:
+        version = vllm_available()
+        if version is None:
+            _warn(
+                "--compare-vllm: vLLM is not importable in this Python; running kvblocks only "
+                "(install vllm==0.33.0, or run from its environment)"
+            )
+        else:
+            compare = True
+            if version != "0.33.0":
+                _warn(f"warning: vLLM {version} is not 0.33.0; digests may differ")
+    if args.plot:
+        _check_plot_path(args.plot)
+    try:
+        trace = _load_workload(args)
+    except (TraceError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    setup = Setup(
+        args.model,
+        args.max_num_batched_tokens,
+        args.max_num_seqs,
+        not args.no_prefix_caching,
+        bool(args.reserve_full_isl),
+        args.hash_algo,
+        not args.no_batch,
+        args.sweep[0] if args.sweep else None,
+    )
+    show_progress = args.progress or sys.stderr.isatty()
+    values: Sequence[int | None] = args.sweep[1] if args.sweep else [None]
+    runs = [_run_one(args, trace, v, show_progress, compare) for v in values]
+    out = sys.stdout
+    if args.json:
+        out.write(json.dumps(report_json(setup, trace, runs)) + "\n")
+    elif args.sweep:
+        print_sweep(out, args.sweep[0], runs)
+    else:
+        print_summary(out, setup, trace, runs[0])
+    out.flush()
+    if args.plot:
+        try:
+            plot(args.plot, setup, trace, runs)
+        except OSError as e:
+            _warn(f"error: cannot write the plot {args.plot}: {e.strerror or e}")
+            return 1
+        print(f"plot written to {os.path.abspath(args.plot)}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kvblocks`` console script; returns the exit status."""
+    ap = build_parser()
+    args, extra = ap.parse_known_args(argv)
+    if extra:  # reported by the subcommand that was given them
+        parser: argparse.ArgumentParser = getattr(args, "parser", ap)
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command is None:
+        ap.print_help(sys.stderr)
+        return 2
+    try:
+        return _simulate(args)
+    except UsageError as e:
+        _warn(f"error: {e}")
+        return 2
+    except ReplayError as e:
+        _warn(f"error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        _warn("interrupted")
+        return 130
+    except BrokenPipeError:
+        # the reader went away (| head): stop quietly, as other command line tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1

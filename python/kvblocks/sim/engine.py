@@ -1,0 +1,732 @@
+"""The scheduler loop: a vLLM-style engine driving a KV cache manager, one step at a time.
+
+The loop is the one specified by ``tools/vllm-oracle/driver_vllm.py`` (a faithful subset of
+vLLM 0.33's ``Scheduler.schedule`` with sync scheduling, FCFS, no spec decode, no
+connectors, watermark 0). Each executed step (:meth:`Engine.step`):
+
+0. arrivals whose step has come join ``waiting`` (a follow-up with ``after = R`` arrives
+   ``arrival_step`` steps after the step in which R finished); idle steps are skipped;
+1. ``new_step_starts()``; the token budget is ``max_num_batched_tokens``;
+2. running requests, in order: ``allocate_slots(req, n)``; on failure the most recently
+   admitted request is preempted (freed, moved to the front of ``waiting``) and the call
+   retried, until it fits or the request preempted itself;
+3. only if nothing was preempted: waiting requests are admitted while budget and seats
+   last (``get_computed_blocks`` then ``allocate_slots`` with the prefix hit and
+   ``full_sequence_must_fit``);
+4. model step: every scheduled request computes its tokens; a request whose whole sequence
+   is computed appends output token ``tok(out_seed, k)``; at ``max_output_tokens`` it
+   finishes and is freed.
+
+The allocation digest is sha256 over the driver's lines (``G``/``A``/``P``/``F``/``S``) so an
+implementation with identical behaviour prints the same digest as ``driver_vllm.py``.
+
+Prefix-cache numbers follow vLLM 0.33's ``PrefixCacheStats``, recorded at admission: first
+admissions and re-admissions after preemption are counted apart, and the hit rate
+(:attr:`ReplayResult.hit_rate`) is over first admissions only. Only manager calls, request
+construction and token appends are timed.
+
+Driving it by hand::
+
+    engine = Engine(trace, make_backend("kvblocks", layout), ReplayOptions())
+    while not engine.done:
+        info = engine.step()          # StepInfo: what this step scheduled, preempted, freed
+    result = engine.finish()          # ReplayResult; replay(trace, backend) does all three
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, NamedTuple
+
+from kvblocks.sim.backends import Backend
+from kvblocks.sim.ceilings import CeilingResult, Ceilings, block_keys
+from kvblocks.sim.presets import KVLayout
+from kvblocks.sim.workloads import Trace, segment_tokens
+
+__all__ = [
+    "CALL_TYPES",
+    "Engine",
+    "ReplayError",
+    "ReplayOptions",
+    "ReplayResult",
+    "StepInfo",
+    "StepSeries",
+    "ceiling_block_size",
+    "ids_str",
+    "replay",
+]
+
+CALL_TYPES = (
+    "get_computed_blocks",
+    "alloc_admit",
+    "alloc_prefill_chunk",
+    "alloc_decode",
+    "alloc_failed",
+    "free",
+    "new_step_starts",
+    "alloc_batch",
+)
+
+
+class ReplayError(RuntimeError):
+    """The trace cannot be replayed (e.g. a request never fits an idle cache)."""
+
+
+@dataclass
+class ReplayOptions:
+    """Scheduler settings and what to record.
+
+    Attributes:
+        max_num_batched_tokens: Token budget per step.
+        max_num_seqs: Most running requests.
+        reserve_full_isl: Admission needs the whole current sequence to fit.
+        digest: Compute the allocation digest.
+        events_out: Also write the digest lines here.
+        max_steps: Abort after this many executed steps (0 = no limit).
+        series: Record per-step usage and hit-rate series.
+        ceilings: Record the run's prefix-cache events for the infinite-cache and Belady
+            ceilings (:mod:`kvblocks.sim.ceilings`).
+        progress: Called as ``progress(steps, finished, total)`` every ``progress_every``
+            steps.
+        progress_every: See ``progress``.
+    """
+
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    reserve_full_isl: bool = True
+    digest: bool = True
+    events_out: IO[str] | None = None
+    max_steps: int = 0
+    series: bool = False
+    ceilings: bool = False
+    progress: Callable[[int, int, int], None] | None = None
+    progress_every: int = 1000
+
+
+@dataclass
+class StepSeries:
+    """Per executed step: the step number, free blocks, cumulative prefix-cache queried and
+    hit tokens of first admissions, running and waiting requests (at the end of the step)
+    and the step's preemptions."""
+
+    step: array[int] = field(default_factory=lambda: array("q"))
+    free_blocks: array[int] = field(default_factory=lambda: array("q"))
+    queried: array[int] = field(default_factory=lambda: array("q"))
+    hits: array[int] = field(default_factory=lambda: array("q"))
+    running: array[int] = field(default_factory=lambda: array("q"))
+    waiting: array[int] = field(default_factory=lambda: array("q"))
+    preemptions: array[int] = field(default_factory=lambda: array("q"))
+
+
+@dataclass
+class ReplayResult:
+    """What a replay measured. ``samples`` holds one duration (ns) per manager call by
+    :data:`CALL_TYPES` (``alloc_batch`` = one ``allocate_slots_batch`` call)."""
+
+    impl: str
+    num_blocks: int
+    requests: int
+    prompt_tokens: int
+    samples: dict[str, array[int]]
+    request_init_ns: int = 0
+    append_ns: int = 0
+    hash_calls: int = 0
+    """Timed ``Request`` constructions and token appends (one timing pair each)."""
+    steps: int = 0
+    last_step: int = 0
+    generated_tokens: int = 0
+    preemptions: int = 0
+    alloc_failures: int = 0
+    batched_requests: int = 0
+    first_admission: list[int] = field(default_factory=lambda: [0, 0, 0])
+    resumed: list[int] = field(default_factory=lambda: [0, 0, 0])
+    digest: str | None = None
+    num_events: int = 0
+    wall_s: float = 0.0
+    final_free_blocks: int = 0
+    series: StepSeries | None = None
+    synth_ns: int = 0
+    """Time in the loop spent making the workload's tokens and the ceilings' block keys
+    (the simulator's own work, which numpy speeds up; :attr:`loop_s` leaves it out)."""
+    ceilings: CeilingResult | None = None
+
+    @property
+    def timed_calls(self) -> int:
+        """Timing pairs in ``kv_total_ns + request_hash_ns``: manager calls and hash calls."""
+        return sum(len(v) for v in self.samples.values()) + self.hash_calls
+
+    @property
+    def kv_total_ns(self) -> int:
+        """Time in all manager calls."""
+        return sum(sum(v) for v in self.samples.values())
+
+    @property
+    def request_hash_ns(self) -> int:
+        """Time in request construction and token appends (block hashing)."""
+        return self.request_init_ns + self.append_ns
+
+    @property
+    def queried_tokens(self) -> int:
+        """Prefix-cache queried tokens (first admissions and re-admissions)."""
+        return self.first_admission[1] + self.resumed[1]
+
+    @property
+    def hit_tokens(self) -> int:
+        """Prefix-cache hit tokens (first admissions and re-admissions)."""
+        return self.first_admission[2] + self.resumed[2]
+
+    @property
+    def hit_rate(self) -> float:
+        """vLLM's logged prefix hit rate: hits / queries of first admissions only (a
+        preempted request re-hitting its own blocks is counted apart)."""
+        _, q, h = self.first_admission
+        return h / q if q else 0.0
+
+    @property
+    def preempted_hit_rate(self) -> float:
+        """Hits / queries of re-admissions after preemption (0 when there were none)."""
+        _, q, h = self.resumed
+        return h / q if q else 0.0
+
+    @property
+    def loop_s(self) -> float:
+        """Wall time of the loop without the workload synthesis (``synth_ns``)."""
+        return max(0.0, self.wall_s - self.synth_ns / 1e9)
+
+    def calls(self) -> dict[str, dict[str, float]]:
+        """Per call type: count, total, mean and percentiles in ns (the driver's fields)."""
+        out: dict[str, dict[str, float]] = {}
+        for t in CALL_TYPES:
+            v = sorted(self.samples[t])
+            tot = sum(v)
+            out[t] = {
+                "count": len(v),
+                "total_ns": tot,
+                "mean_ns": round(tot / len(v), 1) if v else 0,
+                "p50_ns": _pct(v, 0.5),
+                "p90_ns": _pct(v, 0.9),
+                "p99_ns": _pct(v, 0.99),
+                "max_ns": v[-1] if v else 0,
+            }
+        a, c = out["alloc_admit"], out["alloc_prefill_chunk"]
+        n = a["count"] + c["count"]
+        t_pf = a["total_ns"] + c["total_ns"]
+        out["alloc_prefill"] = {
+            "count": n,
+            "total_ns": t_pf,
+            "mean_ns": round(t_pf / n, 1) if n else 0,
+        }
+        return out
+
+
+def _pct(sorted_vals: Sequence[int], q: float) -> int:
+    if not sorted_vals:
+        return 0
+    k = min(len(sorted_vals) - 1, max(0, round(q * (len(sorted_vals) - 1))))
+    return sorted_vals[k]
+
+
+def ids_str(block_ids: Sequence[Sequence[int]]) -> str:
+    """Digest text of a per-group block table: groups joined by ';', ids by ','."""
+    return ";".join(",".join(map(str, g)) for g in block_ids)
+
+
+def ceiling_block_size(layout: KVLayout) -> int:
+    """The hit granularity of ``layout``'s attention groups (the lcm of their block sizes,
+    as vLLM's hybrid coordinator aligns hits)."""
+    sizes = [g.block_size for g in layout.groups if g.kind != "mamba"] or [layout.hash_block_size]
+    return math.lcm(*sizes)
+
+
+class _Slot:
+    """The loop's own record of one live request."""
+
+    __slots__ = (
+        "finished",
+        "keys",
+        "max_out",
+        "num_computed",
+        "num_out",
+        "num_tokens",
+        "outputs",
+        "preempted",
+        "prefill_done",
+        "req",
+        "rid",
+        "salt",
+        "stored",
+    )
+
+    def __init__(
+        self, req: Any, rid: str, num_tokens: int, outputs: Sequence[int], salt: str | None
+    ):
+        self.req = req
+        self.rid = rid
+        self.num_tokens = num_tokens
+        self.num_computed = 0
+        self.num_out = 0
+        self.max_out = len(outputs)
+        self.outputs = outputs  # tok(out_seed, k) for every k, computed at arrival
+        self.prefill_done = False
+        self.preempted = False
+        self.finished = False
+        self.salt = salt
+        self.keys: list[int] = []  # the ceilings' block keys of prompt + outputs
+        self.stored = 0  # blocks of ``keys`` the ceilings saw stored
+
+
+class StepInfo(NamedTuple):
+    """What one executed step did.
+
+    Attributes:
+        step: The step number (idle steps are skipped, so numbers can jump).
+        scheduled: Requests that computed tokens.
+        admitted: Requests admitted from ``waiting`` (first admissions and resumptions).
+        preempted: Requests preempted.
+        finished: Requests that finished.
+        free_blocks: Free blocks at the end of the step.
+    """
+
+    step: int
+    scheduled: int
+    admitted: int
+    preempted: int
+    finished: int
+    free_blocks: int
+
+
+class Engine:
+    """The scheduler loop over one trace and one backend (see the module docs).
+
+    Call :meth:`step` until :attr:`done`, then :meth:`finish`; :meth:`run` does both.
+
+    Args:
+        trace: The workload.
+        backend: The KV cache manager and its requests.
+        options: Scheduler settings and what to record.
+        layout: The backend's layout; needed only for ``options.ceilings`` (the ceilings'
+            block size is :func:`ceiling_block_size`, their capacity the usable blocks
+            divided among the KV cache groups).
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        backend: Backend,
+        options: ReplayOptions | None = None,
+        layout: KVLayout | None = None,
+    ) -> None:
+        self.options = opt = options or ReplayOptions()
+        self.backend = backend
+        self.trace = trace
+        km = backend.manager
+        self._num_free = km.block_pool.get_num_free_blocks
+        self.num_blocks = self._num_free() + 1  # the null block is never free
+        records = trace.requests
+        self.result = ReplayResult(
+            backend.name,
+            self.num_blocks,
+            len(records),
+            sum(r.prompt_len for r in records),
+            {t: array("q") for t in CALL_TYPES},
+        )
+        self._digest = hashlib.sha256() if opt.digest else None
+        self._events = opt.events_out
+        self._digest_on = self._digest is not None or self._events is not None
+        self._series = StepSeries() if opt.series else None
+        self.ceilings: Ceilings | None = None
+        if opt.ceilings:
+            if layout is None:
+                raise ValueError("the ceilings need the backend's layout")
+            capacity = (self.num_blocks - 1) // len(layout.groups)
+            self.ceilings = Ceilings(ceiling_block_size(layout), capacity)
+        self._followers: dict[str, list[int]] = {}
+        self._pending: list[tuple[int, int]] = []  # (arrival step, trace index)
+        for idx, rec in enumerate(records):
+            if rec.after is not None:
+                self._followers.setdefault(rec.after, []).append(idx)
+            else:
+                self._pending.append((rec.arrival_step, idx))
+        heapq.heapify(self._pending)
+        self.waiting: deque[_Slot] = deque()
+        self.running: list[_Slot] = []
+        self.num_finished = 0
+        self.step_number = 0
+        """The number the next executed step gets."""
+        self._t_wall0 = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        """Every request of the trace finished."""
+        return self.num_finished >= self.result.requests
+
+    def _ev(self, line: str) -> None:
+        self.result.num_events += 1
+        if self._digest is not None:
+            self._digest.update(line.encode())
+        if self._events is not None:
+            self._events.write(line)
+
+    def _arrive(self) -> None:
+        """Step 0: idle steps are skipped; due arrivals join ``waiting``."""
+        res, pending = self.result, self._pending
+        if not self.running and not self.waiting:
+            if not pending:
+                raise ReplayError("no runnable requests left but the trace is not finished")
+            if pending[0][0] > self.step_number:
+                self.step_number = pending[0][0]
+        records, vocab = self.trace.requests, self.trace.vocab_size
+        make_request = self.backend.make_request
+        ceilings = self.ceilings
+        pc = time.perf_counter_ns
+        while pending and pending[0][0] <= self.step_number:
+            _, idx = heapq.heappop(pending)
+            rec = records[idx]
+            t0 = pc()
+            prompt = rec.prompt_ids(vocab)
+            outputs = segment_tokens(rec.out_seed, rec.max_output_tokens, vocab)
+            res.synth_ns += pc() - t0
+            req, dt = make_request(
+                rec.request_id, prompt, rec.max_output_tokens, cache_salt=rec.cache_salt
+            )
+            res.request_init_ns += dt
+            res.hash_calls += 1
+            slot = _Slot(req, rec.request_id, rec.prompt_len, outputs, rec.cache_salt)
+            if ceilings is not None:
+                t0 = pc()
+                # the tokens the request will ever compute: the last output is never fed back
+                tokens = prompt + list(outputs[:-1])
+                slot.keys = block_keys(tokens, ceilings.block_size, rec.cache_salt)
+                res.synth_ns += pc() - t0
+            self.waiting.append(slot)
+
+    def _stored(self, slot: _Slot, upto_tokens: int) -> None:
+        """The ceilings see the blocks an allocation up to ``upto_tokens`` cached."""
+        assert self.ceilings is not None
+        n = min(len(slot.keys), upto_tokens // self.ceilings.block_size)
+        if n > slot.stored:
+            self.ceilings.store(slot.keys[slot.stored : n])
+            slot.stored = n
+
+    def step(self) -> StepInfo:
+        """Executes one scheduler step (steps 0-4 of the module docs).
+
+        Raises:
+            ReplayError: ``max_steps`` reached, or the waiting head never fits an idle
+                cache.
+        """
+        if self.done:
+            raise ReplayError("the trace is finished")
+        opt, res = self.options, self.result
+        self._arrive()
+        if opt.max_steps and res.steps >= opt.max_steps:
+            raise ReplayError(f"max_steps {opt.max_steps} reached at step {self.step_number}")
+        pc = time.perf_counter_ns
+        t0 = pc()
+        self.backend.manager.new_step_starts()
+        res.samples["new_step_starts"].append(pc() - t0)
+        scheduled: list[tuple[_Slot, int]] = []
+        preemptions_before = res.preemptions
+        budget = self._schedule_running(opt.max_num_batched_tokens, scheduled)
+        preempted = res.preemptions - preemptions_before
+        admitted = 0
+        if not preempted:
+            admitted = self._schedule_waiting(budget, scheduled)
+        if not scheduled and not self.running:
+            head = self.waiting[0] if self.waiting else None
+            raise ReplayError(
+                f"step {self.step_number}: cannot admit {head.rid if head else None} "
+                f"({head.num_tokens if head else 0} tokens) into an idle cache of "
+                f"{self.num_blocks} blocks; raise the number of blocks"
+            )
+        finished = self._model_step(scheduled)
+        free_blocks = self._num_free()
+        if self._digest_on:
+            self._ev(f"S {self.step_number} {free_blocks}\n")
+        series = self._series
+        if series is not None:
+            first = res.first_admission
+            series.step.append(self.step_number)
+            series.free_blocks.append(free_blocks)
+            series.queried.append(first[1])
+            series.hits.append(first[2])
+            series.running.append(len(self.running))
+            series.waiting.append(len(self.waiting))
+            series.preemptions.append(preempted)
+        info = StepInfo(
+            self.step_number, len(scheduled), admitted, preempted, finished, free_blocks
+        )
+        res.steps += 1
+        self.step_number += 1
+        return info
+
+    def _schedule_running(self, budget: int, scheduled: list[tuple[_Slot, int]]) -> int:
+        """Step 2; returns the budget left."""
+        res, running = self.result, self.running
+        km = self.backend.manager
+        alloc, free, get_ids = km.allocate_slots, km.free, km.get_block_ids
+        S = res.samples
+        s_dec, s_chunk, s_fail, s_free = (
+            S["alloc_decode"], S["alloc_prefill_chunk"], S["alloc_failed"], S["free"]
+        )  # fmt: skip
+        digest_on, ev = self._digest_on, self._ev
+        track = self.ceilings is not None
+        pc = time.perf_counter_ns
+        batch = self.backend.batch
+        i = 0
+        batch_failed = False
+        if batch is not None and running:
+            reqs: list[Any] = []
+            ns: list[int] = []
+            b = budget
+            for slot in running:
+                if b <= 0:
+                    break
+                n = slot.num_tokens - slot.num_computed
+                if n > b:
+                    n = b
+                reqs.append(slot.req)
+                ns.append(n)
+                b -= n
+            t0 = pc()
+            out = batch(reqs, ns)
+            S["alloc_batch"].append(pc() - t0)
+            res.batched_requests += len(out)
+            ok = len(out)
+            if ok and out[-1] is None:
+                ok -= 1
+                batch_failed = True
+            for j in range(ok):
+                n = ns[j]
+                slot = running[j]
+                if digest_on:
+                    ev(f"A {slot.rid} {n} 0 {ids_str(out[j])}\n")
+                if track:
+                    self._stored(slot, slot.num_computed + n)
+                scheduled.append((slot, n))
+                budget -= n
+            i = ok
+        while i < len(running) and budget > 0:
+            slot = running[i]
+            req = slot.req
+            n = slot.num_tokens - slot.num_computed
+            if n > budget:
+                n = budget
+            samp = s_dec if slot.prefill_done else s_chunk
+            while True:
+                if batch_failed:  # allocate_slots_batch already made (and failed) this call
+                    batch_failed = False
+                    r = None
+                else:
+                    t0 = pc()
+                    r = alloc(req, n)
+                    dt = pc() - t0
+                    (samp if r is not None else s_fail).append(dt)
+                if digest_on:
+                    ev(f"A {slot.rid} {n} 0 {'-' if r is None else ids_str(r.get_block_ids())}\n")
+                if r is not None:
+                    break
+                res.alloc_failures += 1
+                victim = running.pop()
+                if digest_on:
+                    ev(f"P {victim.rid} {ids_str(get_ids(victim.rid))}\n")
+                vreq = victim.req
+                t0 = pc()
+                free(vreq)
+                s_free.append(pc() - t0)
+                vreq.num_computed_tokens = 0
+                vreq.num_preemptions += 1
+                victim.num_computed = 0
+                victim.prefill_done = False
+                victim.preempted = True
+                victim.stored = 0  # its blocks are stored again when recomputed
+                self.waiting.appendleft(victim)
+                res.preemptions += 1
+                if victim is slot:
+                    break
+            if r is None:
+                break
+            if track:
+                self._stored(slot, slot.num_computed + n)
+            scheduled.append((slot, n))
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, budget: int, scheduled: list[tuple[_Slot, int]]) -> int:
+        """Step 3; returns the number of requests admitted."""
+        res, waiting, running = self.result, self.waiting, self.running
+        km = self.backend.manager
+        gcb, alloc = km.get_computed_blocks, km.allocate_slots
+        s_gcb, s_admit, s_fail = (
+            res.samples["get_computed_blocks"], res.samples["alloc_admit"],
+            res.samples["alloc_failed"],
+        )  # fmt: skip
+        digest_on, ev = self._digest_on, self._ev
+        ceilings = self.ceilings
+        first, resumed = res.first_admission, res.resumed
+        max_seqs = self.options.max_num_seqs
+        reserve = bool(self.options.reserve_full_isl)
+        pc = time.perf_counter_ns
+        admitted = 0
+        while budget > 0 and waiting and len(running) < max_seqs:
+            slot = waiting[0]
+            req = slot.req
+            t0 = pc()
+            got = gcb(req)
+            s_gcb.append(pc() - t0)
+            blocks, hit = got[0], got[1]
+            if digest_on:
+                ev(f"G {slot.rid} {hit} {ids_str(blocks.get_block_ids())}\n")
+            n = slot.num_tokens - hit
+            if n > budget:
+                n = budget
+            t0 = pc()
+            # vLLM's has_scheduled_reqs only gates the watermark, which is 0 here.
+            r = alloc(
+                req,
+                n,
+                num_new_computed_tokens=hit,
+                new_computed_blocks=blocks,
+                full_sequence_must_fit=reserve,
+            )
+            dt = pc() - t0
+            (s_admit if r is not None else s_fail).append(dt)
+            if digest_on:
+                got_ids = "-" if r is None else ids_str(r.get_block_ids())
+                ev(f"A {slot.rid} {n} {hit} {got_ids}\n")
+            if r is None:
+                res.alloc_failures += 1
+                break
+            waiting.popleft()
+            st = resumed if slot.preempted else first
+            st[0] += 1
+            st[1] += slot.num_tokens
+            st[2] += hit
+            if ceilings is not None:
+                if not slot.preempted:
+                    ceilings.lookup(slot.keys, slot.num_tokens, slot.salt, hit)
+                self._stored(slot, hit + n)
+            running.append(slot)
+            req.num_computed_tokens = hit
+            slot.num_computed = hit
+            scheduled.append((slot, n))
+            budget -= n
+            admitted += 1
+        return admitted
+
+    def _model_step(self, scheduled: list[tuple[_Slot, int]]) -> int:
+        """Step 4; returns the number of requests that finished."""
+        res = self.result
+        km = self.backend.manager
+        free, get_ids = km.free, km.get_block_ids
+        s_free = res.samples["free"]
+        digest_on, ev = self._digest_on, self._ev
+        append_batch = self.backend.append_batch
+        pc = time.perf_counter_ns
+        if append_batch is not None:
+            # Every sampling request gets its token in one call; frees below keep their order.
+            sampled = [slot for slot, n in scheduled if slot.num_computed + n >= slot.num_tokens]
+            if sampled:
+                reqs = [s.req for s in sampled]
+                tokens = [s.outputs[s.num_out] for s in sampled]
+                t0 = pc()  # only the call is timed, as for the one-by-one appends
+                append_batch(reqs, tokens)
+                res.append_ns += pc() - t0
+                res.hash_calls += 1
+        finished = 0
+        records, pending = self.trace.requests, self._pending
+        for slot, n in scheduled:
+            c = slot.num_computed + n
+            slot.num_computed = c
+            req = slot.req
+            req.num_computed_tokens = c
+            if c >= slot.num_tokens:
+                slot.prefill_done = True
+                k = slot.num_out
+                if append_batch is None:
+                    tok = slot.outputs[k]  # outside the timed window, as driver_vllm.py
+                    t0 = pc()
+                    req.append_output_token_ids(tok)
+                    res.append_ns += pc() - t0
+                    res.hash_calls += 1
+                slot.num_out = k + 1
+                slot.num_tokens += 1
+                res.generated_tokens += 1
+                if k + 1 >= slot.max_out:
+                    if digest_on:
+                        ev(f"F {slot.rid} {ids_str(get_ids(slot.rid))}\n")
+                    t0 = pc()
+                    free(req)
+                    s_free.append(pc() - t0)
+                    slot.finished = True
+                    finished += 1
+                    self.num_finished += 1
+                    for fidx in self._followers.get(slot.rid, ()):
+                        arrival = self.step_number + records[fidx].arrival_step
+                        heapq.heappush(pending, (arrival, fidx))
+        if finished:
+            self.running = [s for s in self.running if not s.finished]
+        return finished
+
+    def finish(self) -> ReplayResult:
+        """The result, after checking the end state.
+
+        Raises:
+            ReplayError: Steps remain, or the end state is inconsistent (tokens missing,
+                blocks not returned).
+        """
+        res = self.result
+        if not self.done:
+            raise ReplayError(f"{res.requests - self.num_finished} requests are not finished")
+        res.wall_s = time.perf_counter() - self._t_wall0
+        res.last_step = self.step_number - 1
+        res.digest = self._digest.hexdigest() if self._digest is not None else None
+        res.series = self._series
+        expect = sum(r.max_output_tokens for r in self.trace.requests)
+        if res.generated_tokens != expect:
+            raise ReplayError(f"generated {res.generated_tokens} tokens, expected {expect}")
+        res.final_free_blocks = self._num_free()
+        if res.final_free_blocks != self.num_blocks - 1:
+            raise ReplayError(
+                f"{res.final_free_blocks} free blocks at the end, expected {self.num_blocks - 1}"
+            )
+        if self.ceilings is not None:
+            res.ceilings = self.ceilings.result()  # after wall_s: not the loop's time
+        return res
+
+    def run(self) -> ReplayResult:
+        """Steps until done (calling ``options.progress``), then :meth:`finish`."""
+        progress, every = self.options.progress, max(1, self.options.progress_every)
+        res = self.result
+        while not self.done:
+            self.step()
+            if progress is not None and res.steps % every == 0:
+                progress(res.steps, self.num_finished, res.requests)
+        if progress is not None:
+            progress(res.steps, self.num_finished, res.requests)
+        return self.finish()
+
+
+def replay(
+    trace: Trace,
+    backend: Backend,
+    options: ReplayOptions | None = None,
+    layout: KVLayout | None = None,
+) -> ReplayResult:
+    """Replay ``trace`` through ``backend``'s manager: ``Engine(...).run()``.
+
+    ``layout`` (the backend's) is needed only for ``options.ceilings``.
+
+    Raises:
+        ReplayError: A request never fits an idle cache, ``max_steps`` was reached, or the
+            end state is inconsistent (tokens missing, blocks not returned).
+    """
+    return Engine(trace, backend, options, layout).run()

@@ -1,0 +1,349 @@
+"""What ``kvblocks simulate`` reports: the JSON document, the summary, the sweep table and
+the plot, all from the same :class:`Run` records.
+
+The JSON schema (``kvblocks-simulate-v2``) is documented in ``docs/simulate-json.md``;
+a change to a field's name or meaning bumps the version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import kvblocks
+from kvblocks.sim.engine import ReplayResult
+from kvblocks.sim.presets import MODEL_PRESETS, KVLayout
+from kvblocks.sim.workloads import Trace
+
+__all__ = [
+    "SCHEMA",
+    "Run",
+    "Setup",
+    "fmt_bytes",
+    "plot",
+    "print_summary",
+    "print_sweep",
+    "report_json",
+    "run_json",
+]
+
+SCHEMA = "kvblocks-simulate-v2"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every run of one invocation shares: the preset and scheduler settings."""
+
+    preset: str
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    prefix_caching: bool
+    reserve_full_isl: bool
+    hash_algo: str
+    batch: bool
+    sweep: str | None = None
+
+
+@dataclass
+class Run:
+    """One replay: the swept value (None without ``--sweep``), its layout and result, and
+    the vLLM comparison when one was made."""
+
+    value: int | None
+    layout: KVLayout
+    result: ReplayResult
+    vllm: dict[str, Any] | None = None
+
+
+def _rate(hits: int, queried: int) -> float:
+    return round(hits / queried, 6) if queried else 0.0
+
+
+def _usage(res: ReplayResult) -> list[float]:
+    """Per-step usage (vLLM's: 1 - free / (num_blocks - 1))."""
+    assert res.series is not None
+    total = max(1, res.num_blocks - 1)
+    return [1.0 - f / total for f in res.series.free_blocks]
+
+
+def run_json(run: Run) -> dict[str, Any]:
+    """One element of the document's ``runs`` (see ``docs/simulate-json.md``)."""
+    r, lay = run.result, run.layout
+    usage = _usage(r)
+    c = r.ceilings
+    assert c is not None, "simulate runs record the ceilings"
+    tenants = None
+    if any(name for name in c.tenants):
+        tenants = [
+            {
+                "cache_salt": name or None,
+                "requests": n,
+                "queried_tokens": q,
+                "hit_tokens": h,
+                "prefix_hit_rate": _rate(h, q),
+                "infinite_cache_hit_rate": _rate(inf, q),
+                "ideal_hit_rate": _rate(opt, q),
+            }
+            for name, (n, q, h, inf, opt) in sorted(c.tenants.items())
+        ]
+    loop_s = r.loop_s
+    out: dict[str, Any] = {
+        "value": run.value,
+        "num_blocks": lay.num_blocks,
+        "block_size": lay.groups[0].block_size,
+        "bytes_per_block": lay.bytes_per_block,
+        "kv_cache_bytes": lay.bytes_per_block * lay.num_blocks,
+        "requests": r.requests,
+        "prompt_tokens": r.prompt_tokens,
+        "generated_tokens": r.generated_tokens,
+        "steps": r.steps,
+        "preemptions": r.preemptions,
+        "prefix_hit_rate": round(r.hit_rate, 6),
+        "queried_tokens": r.first_admission[1],
+        "hit_tokens": r.first_admission[2],
+        "preempted_hit_rate": round(r.preempted_hit_rate, 6),
+        "preempted_requests": r.resumed[0],
+        "preempted_queried_tokens": r.resumed[1],
+        "preempted_hit_tokens": r.resumed[2],
+        "infinite_cache_hit_rate": round(c.infinite_hit_rate, 6),
+        "ideal_hit_rate": round(c.ideal_hit_rate, 6),
+        "infinite_cache_hit_tokens": c.infinite_hit_tokens,
+        "ideal_hit_tokens": c.ideal_hit_tokens,
+        "tenants": tenants,
+        "peak_usage": round(max(usage, default=0.0), 6),
+        "mean_usage": round(sum(usage) / len(usage), 6) if usage else 0.0,
+        "kv_total_ns": r.kv_total_ns,
+        "kv_ns_per_step": round(r.kv_total_ns / r.steps, 1) if r.steps else 0.0,
+        "kv_ns_per_generated_token": round(r.kv_total_ns / r.generated_tokens, 1)
+        if r.generated_tokens
+        else 0.0,
+        "request_hash_ns": r.request_hash_ns,
+        "wall_s": round(r.wall_s, 3),
+        "synth_s": round(r.synth_ns / 1e9, 3),
+        "steps_per_s": round(r.steps / loop_s, 1) if loop_s > 0 else 0.0,
+    }
+    if run.vllm is not None:
+        out["vllm"] = run.vllm
+    return out
+
+
+def report_json(setup: Setup, trace: Trace, runs: list[Run]) -> dict[str, Any]:
+    """The whole ``--json`` document."""
+    lay = runs[0].layout
+    preset = MODEL_PRESETS[setup.preset]
+    return {
+        "schema": SCHEMA,
+        "kvblocks_version": kvblocks.__version__,
+        "workload": {
+            "kind": trace.kind,
+            "seed": trace.seed,
+            "source": trace.source,
+            "requests": len(trace.requests),
+            "prompt_tokens": sum(r.prompt_len for r in trace.requests),
+            "params": trace.params,
+        },
+        "model": {
+            "preset": setup.preset,
+            "model": preset.model,
+            "groups": [
+                {
+                    "kind": g.kind,
+                    "num_layers": g.num_layers,
+                    "block_size": g.block_size,
+                    "page_size_bytes": g.page_size_bytes,
+                }
+                for g in lay.groups
+            ],
+        },
+        "scheduler": {
+            "max_num_batched_tokens": setup.max_num_batched_tokens,
+            "max_num_seqs": setup.max_num_seqs,
+            "max_model_len": lay.max_model_len,
+            "prefix_caching": setup.prefix_caching,
+            "reserve_full_isl": setup.reserve_full_isl,
+            "hash_algo": setup.hash_algo,
+            "batch": setup.batch,
+        },
+        "sweep": setup.sweep,
+        "runs": [run_json(r) for r in runs],
+    }
+
+
+def fmt_bytes(n: int) -> str:
+    """``n`` bytes in binary units, e.g. ``16.0 GiB``."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _fmt_ns(ns: float) -> str:
+    if ns >= 1e9:
+        return f"{ns / 1e9:.2f} s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.2f} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.2f} us"
+    return f"{ns:.0f} ns"
+
+
+def _workload_name(trace: Trace) -> str:
+    return trace.source or f"{trace.kind} (seed {trace.seed})"
+
+
+def _model_line(setup: Setup, run: Run) -> str:
+    j = run_json(run)
+    return (
+        f"{setup.preset} ({MODEL_PRESETS[setup.preset].model}), {j['num_blocks']:,} blocks "
+        f"x {j['block_size']} tokens ({fmt_bytes(j['kv_cache_bytes'])})"
+    )
+
+
+def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
+    """The table of one run."""
+    j = run_json(run)
+    rows = [
+        ("workload", _workload_name(trace)),
+        ("model", _model_line(setup, run)),
+        ("requests", f"{j['requests']:,}"),
+        ("prompt tokens", f"{j['prompt_tokens']:,}"),
+        ("generated tokens", f"{j['generated_tokens']:,}"),
+        ("steps", f"{j['steps']:,}"),
+        (
+            "prefix hit rate",
+            f"{j['prefix_hit_rate']:.1%} ({j['hit_tokens']:,} of {j['queried_tokens']:,} "
+            "prompt tokens at first admission)",
+        ),
+        ("  infinite cache", f"{j['infinite_cache_hit_rate']:.1%} (every block ever stored kept)"),
+        ("  ideal (Belady)", f"{j['ideal_hit_rate']:.1%} (same memory, farthest next use out)"),
+        ("preemptions", f"{j['preemptions']:,}"),
+    ]
+    if j["preempted_requests"]:
+        rows.append(
+            (
+                "preempted re-hits",
+                f"{j['preempted_hit_rate']:.1%} ({j['preempted_hit_tokens']:,} of "
+                f"{j['preempted_queried_tokens']:,} tokens, {j['preempted_requests']:,} "
+                "re-admissions; not in the hit rate)",
+            )
+        )
+    for t in j["tenants"] or ():
+        rows.append(
+            (
+                f"  tenant {t['cache_salt'] or '(no salt)'}",
+                f"{t['prefix_hit_rate']:.1%} hit, {t['infinite_cache_hit_rate']:.1%} infinite, "
+                f"{t['ideal_hit_rate']:.1%} ideal ({t['requests']:,} requests)",
+            )
+        )
+    rows += [
+        ("peak usage", f"{j['peak_usage']:.1%}"),
+        ("mean usage", f"{j['mean_usage']:.1%}"),
+        ("KV time / step", _fmt_ns(j["kv_ns_per_step"])),
+        ("KV time / token", _fmt_ns(j["kv_ns_per_generated_token"]) + " (per generated token)"),
+        ("KV time total", _fmt_ns(j["kv_total_ns"])),
+        ("hashing time", _fmt_ns(j["request_hash_ns"])),
+        (
+            "steps / s",
+            f"{j['steps_per_s']:,.0f} (simulated, wall {j['wall_s']:.2f} s, of which "
+            f"{j['synth_s']:.2f} s making tokens and ceilings)",
+        ),
+    ]
+    if run.vllm is not None:
+        v = run.vllm
+        rows.append(
+            (
+                "vs vLLM " + str(v["version"]),
+                f"{v['speedup']}x faster (KV + hashing), digests "
+                f"{'agree' if v['digests_agree'] else 'DIFFER'}",
+            )
+        )
+    width = max(len(k) for k, _ in rows)
+    for k, val in rows:
+        out.write(f"  {k:<{width}}  {val}\n")
+
+
+def print_sweep(out: TextIO, key: str, runs: list[Run]) -> None:
+    """One row per swept value."""
+    head = [key, "blocks", "memory", "hit rate", "infinite", "ideal", "preempt", "peak use",
+            "mean use", "steps", "KV/step", "KV/token", "steps/s"]  # fmt: skip
+    compare = any(run.vllm is not None for run in runs)
+    if compare:
+        head += ["vs vLLM", "digests"]
+    rows = [head]
+    for run in runs:
+        j = run_json(run)
+        value = fmt_bytes(run.value or 0) if key == "gpu_memory" else f"{run.value:,}"
+        row = [
+            value, f"{j['num_blocks']:,}", fmt_bytes(j["kv_cache_bytes"]),
+            f"{j['prefix_hit_rate']:.1%}", f"{j['infinite_cache_hit_rate']:.1%}",
+            f"{j['ideal_hit_rate']:.1%}", f"{j['preemptions']:,}", f"{j['peak_usage']:.1%}",
+            f"{j['mean_usage']:.1%}", f"{j['steps']:,}", _fmt_ns(j["kv_ns_per_step"]),
+            _fmt_ns(j["kv_ns_per_generated_token"]), f"{j['steps_per_s']:,.0f}",
+        ]  # fmt: skip
+        if compare:
+            v = run.vllm or {}
+            row += [f"{v.get('speedup', '-')}x", "agree" if v.get("digests_agree") else "DIFFER"]
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    for r in rows:
+        out.write("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + "\n")
+
+
+def plot(path: str, setup: Setup, trace: Trace, runs: list[Run]) -> None:
+    """Usage and cumulative hit rate over the steps of every run, preemptions marked, the
+    ceilings as dashed lines; the title names workload, model, memory and blocks.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+        OSError: The file cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_u, ax_h) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
+    for run in runs:
+        series = run.result.series
+        assert series is not None
+        hit = [h / q if q else 0.0 for h, q in zip(series.hits, series.queried, strict=True)]
+        label = f"{setup.sweep}={run.value}" if setup.sweep else "kvblocks"
+        (line,) = ax_u.plot(list(series.step), _usage(run.result), label=label, linewidth=0.8)
+        color = line.get_color()
+        ax_h.plot(list(series.step), hit, color=color, linewidth=0.8, label=label)
+        marks = [s for s, p in zip(series.step, series.preemptions, strict=True) if p]
+        if marks:
+            ax_u.plot(marks, [1.02] * len(marks), "v", color=color, markersize=4,
+                      label=f"preemptions ({run.result.preemptions:,})")  # fmt: skip
+        c = run.result.ceilings
+        if c is not None and not setup.sweep:
+            ax_h.axhline(c.infinite_hit_rate, color="gray", linestyle="--", linewidth=0.8,
+                         label=f"infinite cache {c.infinite_hit_rate:.1%}")  # fmt: skip
+            ax_h.axhline(c.ideal_hit_rate, color="gray", linestyle=":", linewidth=0.8,
+                         label=f"ideal (Belady) {c.ideal_hit_rate:.1%}")  # fmt: skip
+    first = runs[0]
+    if setup.sweep:
+        what = f"sweep of {setup.sweep}: " + ", ".join(str(r.value) for r in runs)
+    else:
+        what = (
+            f"{fmt_bytes(first.layout.bytes_per_block * first.layout.num_blocks)}, "
+            f"{first.layout.num_blocks:,} blocks x {first.layout.groups[0].block_size} tokens"
+        )
+    model = MODEL_PRESETS[setup.preset].model
+    fig.suptitle(
+        f"{_workload_name(trace)}, {len(trace.requests):,} requests\n"
+        f"{setup.preset} ({model}), {what}",
+        fontsize="medium",
+    )
+    ax_u.set_ylabel("KV block usage")
+    ax_u.set_ylim(0, 1.06)
+    ax_h.set_ylabel("prefix hit rate\n(first admissions, cumulative)")
+    ax_h.set_ylim(0, 1)
+    ax_h.set_xlabel("scheduler step")
+    ax_u.legend(fontsize="small", loc="lower right")
+    ax_h.legend(fontsize="small", loc="lower right")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
