@@ -16,6 +16,8 @@ rounds. Per side and round there are two runs of the same workload:
   sides alike, by one timer that sums the time spent inside it. The timer's own cost per
   call (what it reads around an empty call) is measured too, and `KV net` subtracts
   calls x that cost from the raw sum.
+
+Last, `Request()` with a 32k-token prompt (vllm_request_bench.py beside this file).
 """
 
 from __future__ import annotations
@@ -142,9 +144,11 @@ class Timer:
         self.ns = 0
         self.calls = 0
         self.depth = 0
+        self.by_name: dict[str, list[int]] = {}  # name -> [ns, calls] over the whole run
 
-    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(self, fn: Callable[..., Any], name: str = "") -> Callable[..., Any]:
         clock = time.perf_counter_ns
+        acc = self.by_name.setdefault(name, [0, 0])
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             if self.depth:
@@ -154,8 +158,11 @@ class Timer:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.ns += clock() - t0
+                dt = clock() - t0
+                self.ns += dt
                 self.calls += 1
+                acc[0] += dt
+                acc[1] += 1
                 self.depth = 0
 
         return timed
@@ -167,7 +174,7 @@ def wrap_manager(manager: Any, timer: Timer) -> list[str]:
     for name in dir(type(manager)):
         if name.startswith("_") or not inspect.isroutine(getattr(type(manager), name, None)):
             continue  # properties and getters (usage, block_pool, ...) are not wrapped
-        setattr(manager, name, timer.wrap(getattr(manager, name)))
+        setattr(manager, name, timer.wrap(getattr(manager, name), name))
         names.append(name)
     return names
 
@@ -185,7 +192,7 @@ def timer_cost_ns(n: int = 200_000) -> float:
     return timer.ns / n
 
 
-def drive(running: int, model_dir: str, wrapped: bool) -> dict[str, float]:
+def drive(running: int, model_dir: str, wrapped: bool) -> dict[str, Any]:
     scheduler = make_scheduler(model_dir, running)
     module = type(scheduler.kv_cache_manager).__module__
     assert module.startswith("kvblocks") == kvblocks.vllm.installed(), module
@@ -233,7 +240,13 @@ def drive(running: int, model_dir: str, wrapped: bool) -> dict[str, float]:
             step_ns += (t1 - t0) + (t3 - t2)
             kv_ns += timer.ns - kv0
             kv_calls += timer.calls - calls0
+    methods = {
+        name: {"us_per_step": ns / step / 1e3, "calls_per_step": calls / step}
+        for name, (ns, calls) in sorted(timer.by_name.items(), key=lambda kv: -kv[1][0])
+        if calls
+    }
     return {
+        "methods": methods,
         "steps": step,
         "full_steps": steps_full,
         "preemptions": preempted,
@@ -256,6 +269,12 @@ def main() -> int:
     p.add_argument("--running", type=int, nargs="*", default=sorted(LEVELS), choices=LEVELS)
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--stock-only", action="store_true", help="time stock vLLM alone")
+    p.add_argument(
+        "--request-rounds",
+        type=int,
+        default=15,
+        help="rounds of vllm_request_bench.py's Request() with a 32k prompt (0: skip)",
+    )
     args = p.parse_args()
     have_kb = hasattr(kvblocks.vllm, "install")
     sides = ["stock"] if args.stock_only or not have_kb else ["stock", "kvblocks"]
@@ -268,6 +287,7 @@ def main() -> int:
     try:
         for running in args.running:
             runs: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
+            methods: dict[str, list[dict[str, dict[str, float]]]] = {s: [] for s in sides}
             for r in range(args.rounds):
                 order = sides if r % 2 == 0 else sides[::-1]
                 for side in order:
@@ -275,13 +295,23 @@ def main() -> int:
                     plain = drive(running, model_dir, wrapped=False)
                     wrapped = drive(running, model_dir, wrapped=True)
                     kv_net = wrapped["kv_us"] - wrapped["kv_calls"] * cost / 1e3
+                    methods[side].append(wrapped.pop("methods"))
+                    del plain["methods"]
                     runs[side].append({**plain, "kv_us": wrapped["kv_us"], "kv_net_us": kv_net,
                                        "kv_calls": wrapped["kv_calls"],
                                        "wrapped_step_us": wrapped["step_us"]})  # fmt: skip
-            level = {
+            level: dict[str, Any] = {
                 side: {k: statistics.median(x[k] for x in rs) for k in rs[0]}
                 for side, rs in runs.items()
             }
+            for side, ms in methods.items():  # whole runs, all steps: where the time goes
+                level[side]["methods"] = {
+                    name: {
+                        k: statistics.median(m.get(name, {}).get(k, 0.0) for m in ms)
+                        for k in ("us_per_step", "calls_per_step")
+                    }
+                    for name in ms[0]
+                }
             if len(sides) == 2:
                 s, k = level["stock"], level["kvblocks"]
                 level["ratio"] = {
@@ -293,6 +323,13 @@ def main() -> int:
     finally:
         if have_kb:
             kvblocks.vllm.uninstall()
+    if len(sides) == 2 and args.request_rounds:
+        # Request() with a 32k-token prompt, vLLM's hasher against kvblocks' (sha256, as
+        # the workload above and vLLM's default), from the sibling bench.
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from vllm_request_bench import bench_request
+
+        rows["request_32k"] = bench_request("sha256", 32 * 1024, rounds=args.request_rounds)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -313,6 +350,20 @@ def main() -> int:
                 f"{running:>7} {'ratio':<9} {q['step']:>8.2f}x {q['kv']:>7.1f}x "
                 f"{q['kv_net']:>9.1f}x"
             )
+    print("\nKV time by method, whole runs (µs per step, calls per step), top 6:")
+    for running, level in rows["levels"].items():
+        for side in sides:
+            top = list(level[side]["methods"].items())[:6]
+            cells = ", ".join(
+                f"{n} {m['us_per_step']:.1f} ({m['calls_per_step']:.1f})" for n, m in top
+            )
+            print(f"{running:>7} {side:<9} {cells}")
+    if "request_32k" in rows:
+        r = rows["request_32k"]
+        print(
+            f"Request() with a 32k-token prompt (sha256): stock {r['vllm_ns'] / 1e3:.0f} µs, "
+            f"kvblocks {r['kvblocks_ns'] / 1e3:.0f} µs, {r['ratio']:.1f}x"
+        )
     return 0
 
 
