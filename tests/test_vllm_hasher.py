@@ -267,6 +267,19 @@ def test_unknown_hash_function_is_refused() -> None:
         kv.get_request_block_hasher(16, vh.sha256, -1)
 
 
+def test_with_fallback_hands_other_functions_to_vllm() -> None:
+    from kvblocks.vllm._hashing import with_fallback
+
+    get = with_fallback(kv_cache_utils.get_request_block_hasher)
+    assert isinstance(get(16, vh.sha256_cbor, 1), RequestBlockHasher)
+    kv_cache_utils.init_none_hash(vh.sha256)
+    theirs = make_request(
+        list(range(9)), Extras(), kv_cache_utils.get_request_block_hasher(3, hash)
+    )
+    ours = make_request(list(range(9)), Extras(), get(3, hash))
+    assert len(ours.block_hashes) == 3 and ours.block_hashes == theirs.block_hashes
+
+
 def test_no_new_block_returns_an_empty_list() -> None:
     kv_cache_utils.init_none_hash(vh.sha256_cbor)
     h = kv.get_request_block_hasher(16, vh.sha256_cbor, 1)

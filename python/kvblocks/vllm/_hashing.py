@@ -81,3 +81,36 @@ def get_request_block_hasher(
         none_hash_from=kv_cache_utils,
         tensor_data=tensor_data,
     )
+
+
+def with_fallback(
+    vllm_get_request_block_hasher: Callable[..., Callable[[Any], list[bytes]]],
+) -> Callable[..., Callable[[Any], list[bytes]]]:
+    """A `get_request_block_hasher` for vLLM's own name: kvblocks' hasher for vLLM's four
+    algorithms, `vllm_get_request_block_hasher` (vLLM's original) for any other hash
+    function, since vLLM accepts any callable there (its own tests pass the built-in
+    `hash`).
+
+    Args:
+        vllm_get_request_block_hasher: vLLM's `get_request_block_hasher`, saved before
+            it is replaced.
+
+    Returns:
+        A function with vLLM's signature.
+    """
+
+    def get(
+        hash_block_size: int,
+        caching_hash_fn: Callable[[Any], bytes],
+        num_hash_lookahead_tokens: int = 0,
+    ) -> Callable[[Any], list[bytes]]:
+        try:
+            hash_algorithm(caching_hash_fn)
+        except ValueError:
+            return vllm_get_request_block_hasher(
+                hash_block_size, caching_hash_fn, num_hash_lookahead_tokens
+            )
+        return get_request_block_hasher(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens)
+
+    get.__doc__ = get_request_block_hasher.__doc__
+    return get
