@@ -166,6 +166,7 @@ def build(site: Path, python: Path) -> None:
     )
     for old in list(site.glob("kvblocks")) + list(site.glob("kvblocks-*.dist-info")):
         shutil.rmtree(old)
+    (site / "bin" / "kvblocks").unlink(missing_ok=True)
     whl = sorted(wheels.glob("kvblocks-*.whl"))[-1]
     pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(site)]
     subprocess.run([*pip, str(whl)], check=True)
@@ -298,6 +299,8 @@ def compare(dest: Path) -> int:
     if regressed:
         write_failures(dest / "failures.md", regressed, runs["kvblocks"])
         print(f"grouped by cause in {dest / 'failures.md'}")
+    else:
+        (dest / "failures.md").unlink(missing_ok=True)
     return 1 if regressed else 0
 
 
