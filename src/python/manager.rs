@@ -900,8 +900,7 @@ impl PyKVCacheManager {
             let r = r.borrow();
             return Ok(f(inner, &AnyRequest::Own(&r.inner))?);
         }
-        let id = request_id(request)?;
-        let view = VllmRequest::read(request, id.to_str()?, memos, reads)?;
+        let view = VllmRequest::read(request, memos, reads)?;
         Ok(f(inner, &AnyRequest::Vllm(view))?)
     }
 

@@ -7,6 +7,8 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use pyo3::{ffi, intern};
+use std::collections::hash_map::Entry;
+
 use rustc_hash::FxHashMap;
 
 use crate::managers::{RequestView, SlotHint};
@@ -18,34 +20,73 @@ use crate::types::BlockHash;
 const STATUS_WAITING: i64 = 1;
 const STATUS_PREEMPTED: i64 = 6;
 
-/// What has been converted of one vLLM request: its block hashes and tokens, in order.
-#[derive(Debug, Default)]
+/// What the manager keeps of one vLLM request object between calls: the object itself
+/// (so its address names it while the memo lives), its instance dict, its id, the slot
+/// hint the core trusts, and its block hashes (and, with events on, its tokens) as
+/// converted so far.
+#[derive(Debug)]
 pub(crate) struct RequestMemo {
+    /// Held only to keep the object, and so its address, alive.
+    _request: Py<PyAny>,
+    dict: Option<Py<PyDict>>,
+    id: String,
+    hint: SlotHint,
     hashes: Vec<BlockHash>,
     tokens: Vec<u32>,
 }
 
-/// The memos of the requests a manager has seen, by request id.
+/// The memos of the vLLM request objects a manager has seen, by object identity.
+///
+/// NOTE 1: a memo holds its request object, so the address it is keyed by cannot be
+/// reused while the memo lives; `forget` (at `free`) drops both.
+/// NOTE 2: at most one memo per request id: a new object under a known id replaces the
+/// old object's memo.
 #[derive(Debug, Default)]
 pub(crate) struct RequestMemos {
-    by_id: FxHashMap<String, RequestMemo>,
+    by_object: FxHashMap<usize, RequestMemo>,
+    by_id: FxHashMap<String, usize>,
+    /// Objects whose id a newer object took, dropped on the next lookup.
+    stale: Vec<usize>,
 }
 
 impl RequestMemos {
-    /// Forgets a request (it was freed).
+    /// Forgets the request with this id (it was freed).
     pub(crate) fn forget(&mut self, request_id: &str) {
-        self.by_id.remove(request_id);
+        if let Some(addr) = self.by_id.remove(request_id) {
+            self.by_object.remove(&addr);
+        }
     }
 
-    fn get_or_insert(&mut self, request_id: &str) -> &mut RequestMemo {
-        if !self.by_id.contains_key(request_id) {
-            self.by_id
-                .insert(request_id.to_owned(), RequestMemo::default());
+    /// The memo of `request`, made on first sight.
+    fn get_or_insert(&mut self, request: &Bound<'_, PyAny>) -> PyResult<&mut RequestMemo> {
+        for old in self.stale.drain(..) {
+            self.by_object.remove(&old);
         }
-        match self.by_id.get_mut(request_id) {
-            Some(m) => m,
-            None => unreachable!("inserted above"),
+        let addr = request.as_ptr() as usize;
+        let vacant = match self.by_object.entry(addr) {
+            Entry::Occupied(o) => return Ok(o.into_mut()),
+            Entry::Vacant(v) => v,
+        };
+        let id = request_id(request)?.to_str()?.to_owned();
+        let dict = request
+            .getattr(intern!(request.py(), "__dict__"))
+            .ok()
+            .and_then(|d| d.downcast_into::<PyDict>().ok())
+            .map(Bound::unbind);
+        let memo = vacant.insert(RequestMemo {
+            _request: request.clone().unbind(),
+            dict,
+            id: id.clone(),
+            hint: SlotHint::new(),
+            hashes: Vec::new(),
+            tokens: Vec::new(),
+        });
+        if let Some(old) = self.by_id.insert(id, addr) {
+            // Another object under this id: its memo goes (NOTE 2). `old != addr`, as
+            // this object had no memo.
+            self.stale.push(old);
         }
+        Ok(memo)
     }
 }
 
@@ -103,27 +144,16 @@ fn sync<T: PartialEq + Copy>(
     Ok(())
 }
 
-/// The request's attributes: its instance `__dict__` first (one probe per name), then
+/// The request's attributes: its instance dict first (one probe per name), then
 /// ordinary attribute lookup (properties, slots).
-struct Attrs<'py> {
-    obj: Bound<'py, PyAny>,
-    dict: Option<Bound<'py, PyDict>>,
+struct Attrs<'a, 'py> {
+    obj: &'a Bound<'py, PyAny>,
+    dict: Option<&'a Bound<'py, PyDict>>,
 }
 
-impl<'py> Attrs<'py> {
-    fn new(obj: &Bound<'py, PyAny>) -> Self {
-        let dict = obj
-            .getattr(intern!(obj.py(), "__dict__"))
-            .ok()
-            .and_then(|d| d.downcast_into::<PyDict>().ok());
-        Self {
-            obj: obj.clone(),
-            dict,
-        }
-    }
-
+impl<'py> Attrs<'_, 'py> {
     fn get(&self, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(d) = &self.dict {
+        if let Some(d) = self.dict {
             if let Some(v) = d.get_item(name)? {
                 return Ok(v);
             }
@@ -160,7 +190,6 @@ pub(crate) struct Reads {
 
 /// A vLLM `Request`, read for one manager call.
 pub(crate) struct VllmRequest<'a> {
-    id: &'a str,
     num_tokens: usize,
     num_prompt_tokens: usize,
     num_computed_tokens: usize,
@@ -191,17 +220,17 @@ pub(crate) fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py
 }
 
 impl<'a> VllmRequest<'a> {
-    /// Reads `request` (vLLM's `Request`, or anything with its attributes). `id` is the
-    /// text of `request_id(request)`; `reads` says what the call needs beyond the counts
-    /// and hashes.
+    /// Reads `request` (vLLM's `Request`, or anything with its attributes); `reads` says
+    /// what the call needs beyond the counts and hashes.
     pub(crate) fn read(
         request: &Bound<'_, PyAny>,
-        id: &'a str,
         memos: &'a mut RequestMemos,
         reads: Reads,
     ) -> PyResult<Self> {
         let py = request.py();
-        let a = Attrs::new(request);
+        let memo = memos.get_or_insert(request)?;
+        let dict = memo.dict.as_ref().map(|d| d.bind(py));
+        let a = Attrs { obj: request, dict };
         let tokens = a.list(intern!(py, "_all_token_ids"))?;
         let hashes = a.list(intern!(py, "block_hashes"))?;
         let awaiting_admission = reads.status && {
@@ -226,13 +255,11 @@ impl<'a> VllmRequest<'a> {
             .extract::<i64>()
             .map_err(|_| PyTypeError::new_err("request.num_in_flight_tokens must be an int"))?
             .max(0) as usize;
-        let memo = memos.get_or_insert(id);
         sync(&mut memo.hashes, &hashes, hash_of)?;
         if reads.events {
             sync(&mut memo.tokens, &tokens, token_of)?;
         }
         Ok(Self {
-            id,
             num_tokens: tokens.len(),
             num_prompt_tokens,
             num_computed_tokens,
@@ -247,7 +274,7 @@ impl<'a> VllmRequest<'a> {
 }
 
 /// `(lora_int_id, lora_name)` of the request's LoRA adapter, if any.
-fn lora_of(a: &Attrs<'_>) -> PyResult<Option<(i64, String)>> {
+fn lora_of(a: &Attrs<'_, '_>) -> PyResult<Option<(i64, String)>> {
     let py = a.obj.py();
     let lora = a.get(intern!(py, "lora_request"))?;
     if lora.is_none() {
@@ -277,7 +304,7 @@ impl StoredBlockSource for VllmRequest<'_> {
 
 impl RequestView for VllmRequest<'_> {
     fn request_id(&self) -> &str {
-        self.id
+        &self.memo.id
     }
     fn num_tokens(&self) -> usize {
         self.num_tokens
@@ -302,6 +329,9 @@ impl RequestView for VllmRequest<'_> {
     }
     fn awaiting_admission(&self) -> bool {
         self.awaiting_admission
+    }
+    fn slot_hint(&self) -> Option<&SlotHint> {
+        Some(&self.memo.hint)
     }
 }
 

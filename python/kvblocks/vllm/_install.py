@@ -19,15 +19,22 @@ _saved: dict[tuple[str, str], Any] = {}
 fallbacks: list[str] = []
 
 
-def _targets() -> dict[tuple[str, str], Any]:
-    """What `install()` replaces, with the kvblocks object for each."""
-    from kvblocks.vllm._hashing import get_request_block_hasher
+_TARGETS = (
+    ("vllm.v1.core.sched.scheduler", "KVCacheManager"),
+    ("vllm.v1.core.kv_cache_utils", "get_request_block_hasher"),
+    ("vllm.v1.engine.core", "get_request_block_hasher"),
+)
 
-    return {
-        ("vllm.v1.core.sched.scheduler", "KVCacheManager"): _manager_factory,
-        ("vllm.v1.core.kv_cache_utils", "get_request_block_hasher"): get_request_block_hasher,
-        ("vllm.v1.engine.core", "get_request_block_hasher"): get_request_block_hasher,
-    }
+
+def _replacement(module: str, name: str) -> Any:
+    """The kvblocks object that stands in for vLLM's `module.name` (saved in `_saved`)."""
+    if name == "KVCacheManager":
+        return _manager_factory
+    from kvblocks.vllm._hashing import with_fallback
+
+    # vLLM accepts any hash function here (its own tests pass the built-in `hash`):
+    # kvblocks hashes vLLM's four algorithms and hands any other back to vLLM.
+    return with_fallback(_saved[(module, name)])
 
 
 _fallback = True
@@ -63,11 +70,12 @@ def install(*, fallback: bool = True) -> None:
 
     global _fallback
     _fallback = fallback
-    for (module, name), ours in _targets().items():
-        mod = importlib.import_module(module)
+    modules = {m: importlib.import_module(m) for m, _ in _TARGETS}
+    for module, name in _TARGETS:
         if (module, name) not in _saved:
-            _saved[(module, name)] = getattr(mod, name)
-        setattr(mod, name, ours)
+            _saved[(module, name)] = getattr(modules[module], name)
+    for module, name in _TARGETS:
+        setattr(modules[module], name, _replacement(module, name))
 
 
 def uninstall() -> None:

@@ -271,17 +271,6 @@ def _copy_stats(src: kb.PrefixCacheStats, dst: Any) -> None:
         setattr(dst, f, getattr(src, f))
 
 
-def _to_vllm_stats(stats: kb.PrefixCacheStats | None) -> Any:
-    """vLLM's `PrefixCacheStats` with the given counts (None for None)."""
-    from vllm.v1.metrics.stats import PrefixCacheStats
-
-    if stats is None:
-        return None
-    out = PrefixCacheStats()
-    _copy_stats(stats, out)
-    return out
-
-
 class KVCacheManager(kb.KVCacheManager):
     """vLLM 0.33.0's `KVCacheManager`, built from vLLM's own `KVCacheConfig` with every
     parameter the 0.33.0 scheduler passes, running on the kvblocks core.
@@ -368,7 +357,10 @@ class KVCacheManager(kb.KVCacheManager):
         self.empty_kv_cache_blocks = self.get_blocks("")
         self._vllm_block_pool = BlockPool(self)
         self.coordinator = _coordinator_view(self, kv_cache_config, dcp_world_size)
-        self.prefix_cache_stats: Any = _to_vllm_stats(self.current_prefix_cache_stats)
+        from vllm.v1.metrics.stats import PrefixCacheStats
+
+        self._stats_class = PrefixCacheStats
+        self.prefix_cache_stats: Any = PrefixCacheStats() if log_stats else None
 
     @property
     def block_pool(self) -> BlockPool:  # type: ignore[override]
@@ -393,10 +385,11 @@ class KVCacheManager(kb.KVCacheManager):
 
     def make_prefix_cache_stats(self) -> Any:
         """The stats since the last call (vLLM's class), or None without `log_stats`."""
-        if super().make_prefix_cache_stats() is None:
+        if not self.log_stats:
             return None
+        super().make_prefix_cache_stats()
         stats = self.prefix_cache_stats
-        self.prefix_cache_stats = _to_vllm_stats(self.current_prefix_cache_stats)
+        self.prefix_cache_stats = self._stats_class()
         return stats
 
     def prefix_cache_lookup_enabled(self, request: Any) -> bool:
@@ -409,6 +402,9 @@ class KVCacheManager(kb.KVCacheManager):
         return self.block_objects(super().pop_blocks_for_free(request))
 
     def take_events(self) -> list[Any]:
+        """The events since the last call, as vLLM's event classes."""
+        if not self.enable_kv_cache_events:
+            return []
         return _to_vllm_events(super().take_events())
 
     def get_block_ids_for_computed_tokens(
