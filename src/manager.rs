@@ -974,7 +974,7 @@ impl StoredBlockSource for Request {
         Request::event_extra_keys(self, start, end)
     }
     fn lora_id(&self) -> Option<i64> {
-        self.lora().map(|l| i64::from(l.id))
+        self.lora().and_then(|l| l.id).map(i64::from)
     }
     fn lora_name(&self) -> Option<&str> {
         self.lora().map(|l| l.name.as_str())

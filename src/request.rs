@@ -95,7 +95,7 @@ impl Request {
                 "a request needs at least one prompt token (or prompt embedding)".into(),
             ));
         }
-        MmFeature::validate_all(&options.mm_features, all_token_ids.len())?;
+        MmFeature::validate_all(&options.mm_features)?;
         let mut req = Self {
             request_id: request_id.into(),
             num_prompt_tokens: all_token_ids.len(),
@@ -305,14 +305,22 @@ mod tests {
     #[test]
     fn rejects_bad_inputs() {
         let bad_mm = RequestOptions {
-            mm_features: vec![MmFeature {
-                identifier: "x".into(),
-                offset: 3,
-                length: 4,
-            }],
+            mm_features: vec![
+                MmFeature {
+                    identifier: "x".into(),
+                    offset: 3,
+                    length: 4,
+                },
+                MmFeature {
+                    identifier: "y".into(),
+                    offset: 1,
+                    length: 1,
+                },
+            ],
             ..Default::default()
         };
         assert!(Request::new("r", vec![0; 5], hasher(2), bad_mm).is_err());
+        assert!(Request::new("r", vec![], hasher(2), RequestOptions::default()).is_err());
         let bad_pe = RequestOptions {
             prompt_embeds: Some(PromptEmbeds {
                 data: vec![0; 10],
@@ -321,6 +329,21 @@ mod tests {
             ..Default::default()
         };
         assert!(Request::new("r", vec![], hasher(2), bad_pe).is_err());
+    }
+
+    #[test]
+    fn a_placeholder_may_end_past_the_prompt() {
+        let opts = RequestOptions {
+            mm_features: vec![MmFeature {
+                identifier: "enc".into(),
+                offset: 2,
+                length: 100,
+            }],
+            ..Default::default()
+        };
+        let r = Request::new("r", vec![0; 6], hasher(2), opts).unwrap();
+        assert_eq!(r.block_hashes().len(), 3);
+        assert!(r.block_extra_keys(4, 6).is_some());
     }
 
     #[test]

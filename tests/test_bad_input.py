@@ -240,8 +240,14 @@ TABLE: list[tuple[str, Callable[[World], Any], type[Exception]]] = [
         ValueError,
     ),
     (
-        "Request: mm past the prompt",
-        no_world(lambda: kb.Request("q", [1, 2], mm_features=[("h", 1, 5)])),
+        "Request: mm features overlap",
+        no_world(lambda: kb.Request("q", [1, 2, 3], mm_features=[("h", 0, 2), ("i", 1, 1)])),
+        ValueError,
+    ),
+    ("Request: empty prompt", no_world(lambda: kb.Request("q", [])), ValueError),
+    (
+        "Request: lora path without name",
+        no_world(lambda: kb.Request("q", [1], lora_path="/a")),
         ValueError,
     ),
     (

@@ -102,16 +102,14 @@ def test_long_prompt_matches_block_by_block() -> None:
         ({"prompt_token_ids": ["a"]}, TypeError),
         ({"prompt_token_ids": None}, TypeError),
         ({"hasher": "sha256"}, TypeError),
-        ({"mm_features": [("a", 3, 4)]}, ValueError),  # past the prompt
         ({"mm_features": [("a", 0, 0)]}, ValueError),  # empty
         ({"mm_features": [("a", 2, 2), ("b", 0, 1)]}, ValueError),  # unsorted
         ({"mm_features": [("a", 0, 3), ("b", 2, 1)]}, ValueError),  # overlapping
         ({"mm_features": [("a", -1, 2)]}, ValueError),
         ({"mm_features": [("a", 0)]}, ValueError),
-        ({"lora_name": "L"}, ValueError),  # needs path and id
         ({"lora_name": "L", "lora_path": "/p", "lora_id": 0}, ValueError),
-        ({"lora_name": "L", "lora_path": "", "lora_id": 1}, ValueError),
-        ({"lora_path": "/p", "lora_id": 1}, ValueError),
+        ({"lora_path": "/p", "lora_id": 1}, ValueError),  # needs a name
+        ({"prompt_token_ids": []}, ValueError),  # empty prompt
     ],
 )
 def test_bad_constructor_input(kwargs: dict[str, Any], exc: type[Exception]) -> None:
@@ -215,3 +213,29 @@ def test_reads_during_a_long_append_see_before_after_or_busy() -> None:
     assert len(req.block_hashes) == (n0 + n_add) // bs
     full = (n0 + n_add) // bs
     assert req.block_hashes == chain("sha256_cbor", req.all_token_ids, bs, [None] * full)
+
+
+def test_lora_by_name_alone_hashes_with_vllms_default_path() -> None:
+    """vLLM keys a LoRA block with `("lora", lora_name, lora_path)`, `lora_path` defaulting
+    to ""; a name alone hashes so, and its events carry no adapter id."""
+    tokens = list(range(8))
+    req = kb.Request("a", tokens, kb.BlockHasher(4, "sha256_cbor"), lora_name="adapter")
+    first = kb.hash_block_tokens(
+        "sha256_cbor", kb.none_hash("sha256_cbor"), tokens[:4], (("lora", "adapter", ""),)
+    )
+    assert req.block_hashes[0] == first
+    assert (req.lora_name, req.lora_id) == ("adapter", None)
+    plain = kb.Request("b", tokens, kb.BlockHasher(4, "sha256_cbor"))
+    assert plain.block_hashes[0] != first
+
+
+def test_mm_placeholder_may_end_past_the_prompt() -> None:
+    """Encoder-decoder prompts: vLLM accepts a placeholder that ends past the prompt; the
+    blocks it overlaps are keyed by it, as any other feature's."""
+    h = kb.BlockHasher(4, "sha256_cbor")
+    req = kb.Request("enc", list(range(8)), h, mm_features=[("audio", 2, 500)])
+    inside = kb.Request("enc2", list(range(8)), h, mm_features=[("audio", 2, 6)])
+    plain = kb.Request("p", list(range(8)), h)
+    assert len(req.block_hashes) == 2
+    assert req.block_hashes[0] != plain.block_hashes[0]
+    assert req.block_hashes[0] == inside.block_hashes[0]

@@ -19,10 +19,10 @@ use crate::types::KeyValue;
 pub struct LoraRequest {
     /// `lora_name` (hashed, and published in events).
     pub name: String,
-    /// `lora_path` (hashed).
+    /// `lora_path` (hashed; vLLM's default is `""`).
     pub path: String,
-    /// `lora_int_id` (the event's `lora_id`), >= 1.
-    pub id: u32,
+    /// `lora_int_id` (the event's `lora_id`), >= 1, if known.
+    pub id: Option<u32>,
 }
 
 impl LoraRequest {
@@ -38,28 +38,43 @@ impl LoraRequest {
                 "lora_path cannot be empty".to_owned(),
             ));
         }
-        Ok(Self { name, path, id })
+        Ok(Self {
+            name,
+            path,
+            id: Some(id),
+        })
     }
 
-    /// A LoRA adapter from optional parts: all absent is no adapter; a name needs an id and
-    /// a path, and an id or a path needs a name.
+    /// A LoRA adapter from optional parts: all absent is no adapter. A name alone is an
+    /// adapter with vLLM's default path `""` (hashed as `("lora", name, "")`, as vLLM's
+    /// extra key is) and no id (events publish `lora_id` None); a path or an id needs a
+    /// name, and an id must be >= 1.
     pub fn from_parts(
         name: Option<String>,
         path: Option<String>,
         id: Option<i64>,
     ) -> Result<Option<Self>> {
-        match (name, path, id) {
-            (None, None, None) => Ok(None),
-            (Some(name), Some(path), Some(id)) => {
-                let id = u32::try_from(id).map_err(|_| {
-                    KvError::InvalidArgument(format!("lora_id must be in 1..=2**32-1, got {id}"))
-                })?;
-                Self::new(name, path, id).map(Some)
+        let Some(name) = name else {
+            if path.is_none() && id.is_none() {
+                return Ok(None);
             }
-            _ => Err(KvError::InvalidArgument(
-                "a LoRA request needs lora_name, lora_path and lora_id together".to_owned(),
-            )),
-        }
+            return Err(KvError::InvalidArgument(
+                "a LoRA request needs lora_name (lora_path and lora_id are optional)".to_owned(),
+            ));
+        };
+        let id = id
+            .map(|id| match u32::try_from(id) {
+                Ok(id) if id >= 1 => Ok(id),
+                _ => Err(KvError::InvalidArgument(format!(
+                    "lora_id must be in 1..=2**32-1, got {id}"
+                ))),
+            })
+            .transpose()?;
+        Ok(Some(Self {
+            name,
+            path: path.unwrap_or_default(),
+            id,
+        }))
     }
 }
 
@@ -80,9 +95,10 @@ impl MmFeature {
         self.offset + self.length
     }
 
-    /// Checks what vLLM assumes of a request's features: each has length >= 1, they are
-    /// sorted by offset and do not overlap, and they lie within the prompt.
-    pub fn validate_all(features: &[MmFeature], num_prompt_tokens: usize) -> Result<()> {
+    /// Checks what vLLM assumes of a request's features: each has length >= 1, and they
+    /// are sorted by offset and do not overlap. A placeholder may end past the prompt
+    /// (encoder-decoder models: vLLM accepts it, and only full blocks are keyed).
+    pub fn validate_all(features: &[MmFeature]) -> Result<()> {
         let mut prev_end = 0;
         for (i, f) in features.iter().enumerate() {
             let bad = |why: &str| {
@@ -99,11 +115,6 @@ impl MmFeature {
             };
             if f.offset < prev_end {
                 return bad("features must be sorted by offset and must not overlap");
-            }
-            if end > num_prompt_tokens {
-                return bad(&format!(
-                    "placeholder ends past the prompt ({num_prompt_tokens} tokens)"
-                ));
             }
             prev_end = end;
         }
@@ -448,23 +459,27 @@ mod tests {
     }
 
     #[test]
-    fn lora_parts_come_together() {
+    fn lora_parts() {
         assert_eq!(LoraRequest::from_parts(None, None, None), Ok(None));
-        assert!(LoraRequest::from_parts(Some("a".into()), None, Some(1)).is_err());
         assert!(LoraRequest::from_parts(None, Some("/p".into()), None).is_err());
+        assert!(LoraRequest::from_parts(None, None, Some(1)).is_err());
         assert!(LoraRequest::from_parts(Some("a".into()), Some("/p".into()), Some(0)).is_err());
-        assert!(LoraRequest::from_parts(Some("a".into()), Some("".into()), Some(1)).is_err());
         let l = LoraRequest::from_parts(Some("a".into()), Some("/p".into()), Some(7)).unwrap();
-        assert_eq!(l.unwrap().id, 7);
+        assert_eq!(l.unwrap().id, Some(7));
+        let by_name = LoraRequest::from_parts(Some("a".into()), None, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!((by_name.path.as_str(), by_name.id), ("", None));
     }
 
     #[test]
     fn validation_rejects_bad_features() {
-        assert!(MmFeature::validate_all(&[feat("a", 0, 0)], 10).is_err());
-        assert!(MmFeature::validate_all(&[feat("a", 5, 2), feat("b", 0, 2)], 10).is_err());
-        assert!(MmFeature::validate_all(&[feat("a", 0, 3), feat("b", 2, 2)], 10).is_err());
-        assert!(MmFeature::validate_all(&[feat("a", 8, 3)], 10).is_err());
-        assert!(MmFeature::validate_all(&[feat("a", 0, 3), feat("b", 3, 7)], 10).is_ok());
+        assert!(MmFeature::validate_all(&[feat("a", 0, 0)]).is_err());
+        assert!(MmFeature::validate_all(&[feat("a", 5, 2), feat("b", 0, 2)]).is_err());
+        assert!(MmFeature::validate_all(&[feat("a", 0, 3), feat("b", 2, 2)]).is_err());
+        assert!(MmFeature::validate_all(&[feat("a", 0, 3), feat("b", 3, 7)]).is_ok());
+        // Past the prompt, as vLLM allows for encoder-decoder models.
+        assert!(MmFeature::validate_all(&[feat("a", 8, 300)]).is_ok());
     }
 
     #[test]

@@ -172,7 +172,7 @@ impl PyRequest {
     /// The LoRA adapter's id.
     #[getter]
     fn lora_id(&self) -> Option<u32> {
-        self.inner.lora().map(|l| l.id)
+        self.inner.lora().and_then(|l| l.id)
     }
 
     /// The cache salt.

@@ -154,7 +154,7 @@ fn lora_of<'py>(
         name: str_of(&name, "lora_request.lora_name")?,
         path: str_of(&path, "lora_request.lora_path")?,
         // The id is not hashed; vLLM's own LoRARequest has validated it.
-        id: 0,
+        id: None,
     };
     strs.objects.extend([Some(name), Some(path)]);
     Ok(Some(adapter))
