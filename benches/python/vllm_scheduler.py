@@ -305,13 +305,16 @@ def main() -> int:
                 for side, rs in runs.items()
             }
             for side, ms in methods.items():  # whole runs, all steps: where the time goes
-                level[side]["methods"] = {
+                med = {
                     name: {
                         k: statistics.median(m.get(name, {}).get(k, 0.0) for m in ms)
                         for k in ("us_per_step", "calls_per_step")
                     }
                     for name in ms[0]
                 }
+                level[side]["methods"] = dict(
+                    sorted(med.items(), key=lambda kv: -kv[1]["us_per_step"])
+                )
             if len(sides) == 2:
                 s, k = level["stock"], level["kvblocks"]
                 level["ratio"] = {
