@@ -97,4 +97,4 @@ test-vllm: deps
 # vLLM 0.33.0's own scheduler tests (from its sdist, unedited), stock and with
 # kvblocks.vllm.install() active; lists the tests that pass stock but not on kvblocks.
 vllm-scheduler-tests: deps
-	$(VREF)/bin/python tools/vllm_tests.py all --build
+	$(VREF)/bin/python tools/vllm_tests.py all --build --python $(VREF)/bin/python
