@@ -26,15 +26,17 @@ def _block_ids(blocks: Iterable[Any]) -> list[int]:
 class _FreeQueueView:
     """vLLM's `free_block_queue`, as far as its callers read it."""
 
-    def __init__(self, pool: kb.BlockPool) -> None:
+    def __init__(self, manager: KVCacheManager, pool: kb.BlockPool) -> None:
+        self._manager = manager
         self._pool = pool
 
     @property
     def num_free_blocks(self) -> int:
         return self._pool.get_num_free_blocks()
 
-    def get_all_free_blocks(self) -> list[int]:
-        return self._pool.get_free_block_ids()
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """The free blocks, head (allocated next) to tail."""
+        return self._manager.block_objects(self._pool.get_free_block_ids())
 
 
 class BlockPool:
@@ -48,7 +50,7 @@ class BlockPool:
         self.enable_caching: bool = self._pool.enable_caching
         self.hash_block_size: int = self._pool.hash_block_size
         self.enable_kv_cache_events: bool = self._pool.enable_kv_cache_events
-        self.free_block_queue = _FreeQueueView(self._pool)
+        self.free_block_queue = _FreeQueueView(manager, self._pool)
 
     @property
     def blocks(self) -> list[KVCacheBlock]:

@@ -1,0 +1,215 @@
+"""`kvblocks.vllm.KVCacheManager` against vLLM 0.33.0's own manager, call by call: the
+same vLLM `Request` objects through both, the same answers (block ids, hit lengths,
+estimates, free order, events, stats), vLLM's return shapes and block objects.
+
+Runs where vLLM is importable (the oracle venv, `make test-vllm`); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+
+import kvblocks.vllm as kv  # noqa: E402
+from vllm.distributed.kv_events import BlockStored  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    EncoderOnlyAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+
+BS = 16
+
+
+def spec(**kw: Any) -> Any:
+    return FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=8, dtype=torch.float16, **kw)
+
+
+def config(*specs: Any, num_blocks: int = 40) -> Any:
+    groups = [KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs or (spec(),))]
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def managers(cfg: Any, **kw: Any) -> tuple[Any, Any]:
+    init_none_hash(sha256)
+    args = dict(max_model_len=4096, scheduler_block_size=BS, hash_block_size=BS, **kw)
+    return VllmManager(cfg, **args), kv.KVCacheManager(cfg, **args)
+
+
+def request(rid: str, tokens: list[int]) -> Any:
+    return Request(
+        rid,
+        tokens,
+        SamplingParams(max_tokens=8),
+        None,
+        arrival_time=0.0,
+        block_hasher=get_request_block_hasher(BS, sha256),
+    )
+
+
+def admit(mgr: Any, req: Any) -> tuple[Any, int]:
+    """vLLM's admission: lookup, stats, allocation of the rest of the prompt."""
+    blocks, hit, _ = mgr.get_computed_blocks(req)
+    mgr.record_prefix_cache_stats(req, hit)
+    new = mgr.allocate_slots(req, req.num_tokens - hit, hit, blocks)
+    assert new is not None
+    req.num_computed_tokens = req.num_tokens
+    req.status = RequestStatus.RUNNING
+    return new, hit
+
+
+def pair(rid: str, tokens: list[int]) -> tuple[Any, Any]:
+    return request(rid, tokens), request(rid, tokens)
+
+
+SHARED = list(range(100, 100 + 3 * BS))
+
+
+def test_same_answers_as_vllm_call_by_call() -> None:
+    stock, ours = managers(config(), log_stats=True, enable_kv_cache_events=True)
+    reqs = [pair(f"r{i}", SHARED + list(range(1000 * i, 1000 * i + BS + i))) for i in range(4)]
+    for (a, b), i in zip(reqs, range(4), strict=True):
+        new_a, hit_a = admit(stock, a)
+        new_b, hit_b = admit(ours, b)
+        assert (hit_b, new_b.get_block_ids()) == (hit_a, new_a.get_block_ids()), i
+        assert ours.get_block_ids(b.request_id) == stock.get_block_ids(a.request_id)
+        assert ours.estimate_cached_tokens(b) == stock.estimate_cached_tokens(a)
+    for a, b in reqs[:2]:  # decode a block's worth, one token a step
+        for t in range(BS):
+            a.append_output_token_ids(t)
+            b.append_output_token_ids(t)
+            got = ours.allocate_slots(b, 1)
+            want = stock.allocate_slots(a, 1)
+            assert got.get_block_ids(allow_none=True) == want.get_block_ids(allow_none=True)
+            a.num_computed_tokens += 1
+            b.num_computed_tokens += 1
+    assert ours.take_events() == stock.take_events()
+    assert all(isinstance(e, BlockStored) for e in ours.take_events() + [])
+    # Deferred frees, as vLLM's scheduler does them under async scheduling.
+    for a, b in reqs[:2]:
+        popped_a = stock.pop_blocks_for_free(a)
+        popped_b = ours.pop_blocks_for_free(b)
+        assert [x.block_id for x in popped_b] == [x.block_id for x in popped_a]
+        stock.block_pool.free_blocks(reversed(popped_a))
+        ours.block_pool.free_blocks(reversed(popped_b))
+    for a, b in reqs[2:]:
+        stock.free(a)
+        ours.free(b)
+    free_a = [blk.block_id for blk in stock.block_pool.free_block_queue.get_all_free_blocks()]
+    free_b = [blk.block_id for blk in ours.block_pool.free_block_queue.get_all_free_blocks()]
+    assert free_b == free_a
+    assert ours.take_events() == stock.take_events()
+    s_a, s_b = stock.make_prefix_cache_stats(), ours.make_prefix_cache_stats()
+    assert type(s_b) is type(s_a)
+    assert (s_b.requests, s_b.queries, s_b.hits) == (s_a.requests, s_a.queries, s_a.hits)
+    assert ours.usage == stock.usage
+
+
+def test_block_objects_are_live_and_one_per_block() -> None:
+    _, ours = managers(config())
+    a = request("a", SHARED + [1])
+    new, _ = admit(ours, a)
+    first = new.blocks[0][0]
+    assert first is ours.get_blocks("a").blocks[0][0]
+    assert (first.ref_cnt, first.is_null) == (1, False)
+    assert first.block_hash == a.block_hashes[0] + (0).to_bytes(4, "big")
+    assert first.block_hash_num_tokens == BS
+    b = request("b", SHARED + [2])
+    blocks, hit, boundary = ours.get_computed_blocks(b)
+    assert (hit, boundary) == (3 * BS, 0)
+    assert blocks.blocks[0][0] is first
+    ours.allocate_slots(b, b.num_tokens - hit, hit, blocks)
+    assert first.ref_cnt == 2
+    ours.free(a)
+    ours.free(b)
+    assert first.ref_cnt == 0 and first.block_hash is not None  # cached, evictable
+    assert ours.block_pool.get_cached_block(a.block_hashes[0], [0]) == [first]
+    assert ours.block_pool.null_block.is_null
+
+
+def test_kv_cache_blocks_surface() -> None:
+    _, ours = managers(config(spec(), spec()))
+    a = request("a", list(range(2 * BS + 3)))
+    new, _ = admit(ours, a)
+    assert new.get_block_ids(group_ids=[1]) == (new.get_block_ids()[1],)
+    assert new.get_unhashed_block_ids_all_groups() == [[3], [6]]
+    empty = new.new_empty()
+    assert empty.get_block_ids(allow_none=True) is None and len(empty.blocks) == 2
+    assert ours.get_blocks("nobody") is ours.empty_kv_cache_blocks
+    assert ours.get_computed_blocks(request("c", [7]))[0] is ours.empty_kv_cache_blocks
+
+
+def test_coordinator_view_as_vllm_callers_read_it() -> None:
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+    from vllm.v1.core.single_type_kv_cache_manager import (
+        FullAttentionManager,
+        SlidingWindowManager,
+    )
+
+    swa = SlidingWindowSpec(
+        block_size=BS, num_kv_heads=2, head_size=8, dtype=torch.float16, sliding_window=32
+    )
+    _, ours = managers(config(spec(), swa))
+    coord = ours.coordinator
+    assert isinstance(coord, HybridKVCacheCoordinator)
+    full, window = coord.single_type_managers
+    assert isinstance(full, FullAttentionManager) and isinstance(window, SlidingWindowManager)
+    assert (full.block_size, window.kv_cache_spec) == (BS, swa)
+    a = request("a", list(range(3 * BS)))
+    admit(ours, a)
+    assert [b.block_id for b in full.req_to_blocks["a"]] == ours.get_block_ids("a")[0]
+    assert full.num_cached_block["a"] == 3 and "zz" not in full.req_to_blocks
+    need = coord.get_num_blocks_to_allocate("a", 5 * BS, ((), ()), 0, 3 * BS)
+    assert need == 4  # two more blocks in each group
+    assert ours.block_pool.get_num_free_blocks() == 40 - 1 - 6
+
+
+def test_a_configuration_kvblocks_cannot_serve_fails_at_construction() -> None:
+    enc = EncoderOnlyAttentionSpec(block_size=BS, num_kv_heads=2, head_size=8, dtype=torch.half)
+    args = dict(max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)
+    with pytest.raises(kv.UnsupportedConfigError, match="EncoderOnlyAttentionSpec"):
+        kv.KVCacheManager(config(enc), **args)
+    with pytest.raises(kv.UnsupportedConfigError, match="dcp_world_size"):
+        kv.KVCacheManager(config(), dcp_world_size=2, **args)
+    assert isinstance(kv.UnsupportedConfigError("x"), NotImplementedError)
+
+
+def test_install_swaps_vllms_objects_and_uninstall_restores_them() -> None:
+    import vllm.v1.core.kv_cache_utils as kcu
+    import vllm.v1.core.sched.scheduler as sched
+    import vllm.v1.engine.core as core
+
+    before = (sched.KVCacheManager, kcu.get_request_block_hasher, core.get_request_block_hasher)
+    kv.install()
+    kv.install()  # idempotent
+    try:
+        assert kv.installed()
+        assert sched.KVCacheManager is not before[0]
+        built = sched.KVCacheManager(
+            config(), max_model_len=256, scheduler_block_size=BS, hash_block_size=BS
+        )
+        assert isinstance(built, kv.KVCacheManager)
+        hasher = kcu.get_request_block_hasher(BS, sha256)
+        r = Request("h", list(range(40)), SamplingParams(), None, block_hasher=hasher)
+        assert r.block_hashes == request("h", list(range(40))).block_hashes
+    finally:
+        kv.uninstall()
+    assert (
+        sched.KVCacheManager,
+        kcu.get_request_block_hasher,
+        core.get_request_block_hasher,
+    ) == before
+    assert not kv.installed()

@@ -1,0 +1,61 @@
+"""`kvblocks.vllm` as a package: importing it loads neither vLLM nor torch, and the vLLM
+plugin installs only when `KVBLOCKS_VLLM` asks for it. Runs without vLLM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def run(code: str, **env: str) -> str:
+    import os
+
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_import_kvblocks_and_kvblocks_vllm_load_neither_vllm_nor_torch() -> None:
+    loaded = run(
+        """
+        import sys
+        import kvblocks, kvblocks.vllm
+        print(sorted(m for m in ("vllm", "torch") if m in sys.modules))
+        """
+    )
+    assert loaded == "[]"
+
+
+@pytest.mark.parametrize(("value", "installs"), [("", False), ("0", False), ("1", True)])
+def test_the_plugin_installs_only_when_asked(value: str, installs: bool) -> None:
+    """The `vllm.general_plugins` entry point: with vLLM absent, an install attempt is
+    what fails (ImportError of vLLM); without the switch nothing is tried."""
+    out = run(
+        """
+        import importlib.util, sys
+        from kvblocks.vllm import _install
+        calls = []
+        _install.install = lambda **kw: calls.append(kw)
+        _install.plugin()
+        print(len(calls), "vllm" in sys.modules)
+        """,
+        KVBLOCKS_VLLM=value,
+    )
+    assert out == f"{int(installs)} False"
+
+
+def test_the_entry_point_is_declared() -> None:
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    plugins = project["project"]["entry-points"]["vllm.general_plugins"]
+    assert plugins == {"kvblocks": "kvblocks.vllm._install:plugin"}
