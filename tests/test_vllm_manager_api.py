@@ -96,8 +96,9 @@ def test_same_answers_as_vllm_call_by_call() -> None:
             assert got.get_block_ids(allow_none=True) == want.get_block_ids(allow_none=True)
             a.num_computed_tokens += 1
             b.num_computed_tokens += 1
-    assert ours.take_events() == stock.take_events()
-    assert all(isinstance(e, BlockStored) for e in ours.take_events() + [])
+    events = ours.take_events()
+    assert events == stock.take_events()
+    assert events and all(isinstance(e, BlockStored) for e in events)
     # Deferred frees, as vLLM's scheduler does them under async scheduling.
     for a, b in reqs[:2]:
         popped_a = stock.pop_blocks_for_free(a)
@@ -120,14 +121,14 @@ def test_same_answers_as_vllm_call_by_call() -> None:
 
 def test_block_objects_are_live_and_one_per_block() -> None:
     _, ours = managers(config())
-    a = request("a", SHARED + [1])
+    a = request("a", [*SHARED, 1])
     new, _ = admit(ours, a)
     first = new.blocks[0][0]
     assert first is ours.get_blocks("a").blocks[0][0]
     assert (first.ref_cnt, first.is_null) == (1, False)
     assert first.block_hash == a.block_hashes[0] + (0).to_bytes(4, "big")
     assert first.block_hash_num_tokens == BS
-    b = request("b", SHARED + [2])
+    b = request("b", [*SHARED, 2])
     blocks, hit, boundary = ours.get_computed_blocks(b)
     assert (hit, boundary) == (3 * BS, 0)
     assert blocks.blocks[0][0] is first
