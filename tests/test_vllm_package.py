@@ -53,8 +53,9 @@ def test_the_plugin_installs_only_when_asked(value: str, installs: bool) -> None
 
 
 def test_the_entry_point_is_declared() -> None:
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     plugins = project["project"]["entry-points"]["vllm.general_plugins"]
