@@ -5,15 +5,50 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias, final, overload
 
-from typing_extensions import Self
+from typing_extensions import Self, disjoint_base
 
 _DtypeLike: TypeAlias = object
 """A dtype name (`"bfloat16"`, `"half"`) or a torch dtype (read through `str()`)."""
+
+# What the extension module exports (PyO3 writes its `__all__`; stubtest checks the names).
+__all__ = [
+    "AllBlocksCleared",
+    "AttentionSpec",
+    "BlockHasher",
+    "BlockPool",
+    "BlockRemoved",
+    "BlockStored",
+    "ChunkedLocalAttentionSpec",
+    "CrossAttentionSpec",
+    "EventSink",
+    "FullAttentionSpec",
+    "KVCacheBlock",
+    "KVCacheBlocks",
+    "KVCacheConfig",
+    "KVCacheGroupSpec",
+    "KVCacheManager",
+    "KVCacheSpec",
+    "KVCacheTensor",
+    "MLAAttentionSpec",
+    "MambaSpec",
+    "PrefixCacheStats",
+    "Request",
+    "RequestBlockHasher",
+    "SinkFullAttentionSpec",
+    "SlidingWindowSpec",
+    "UniformTypeKVCacheSpecs",
+    "__version__",
+    "append_token_ids_batch",
+    "encode_event_batch",
+    "hash_block_tokens",
+    "none_hash",
+]
 
 __version__: str
 
 # --- KV cache specs (src/python/spec.rs) ---------------------------------------------
 
+@disjoint_base
 class KVCacheSpec:
     """Base class of every KV cache spec: a frozen value, equal and hashable by value."""
 
@@ -336,6 +371,7 @@ class PrefixCacheStats:
     def __new__(cls) -> PrefixCacheStats: ...
     def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None: ...
 
+@disjoint_base
 class KVCacheManager:
     """vLLM 0.33.0's `KVCacheManager`, with identical block tables. Request arguments are
     kvblocks' `Request` or vLLM's own, read in place."""
