@@ -56,7 +56,8 @@ def torch_dtype(value: object) -> torch.dtype:
 
 def dtype_size(dtype: torch.dtype) -> int:
     """Bytes per element of `dtype`."""
-    return torch.empty((), dtype=dtype).element_size()
+    size: int = torch.empty((), dtype=dtype).element_size()
+    return size
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ def _allocate(nbytes: int, device: torch.device, pin: bool, what: str) -> torch.
 
 
 def _event() -> torch.cuda.Event:
-    return torch.cuda.Event()  # type: ignore[no-untyped-call]
+    return torch.cuda.Event()  # type: ignore[no-untyped-call, unused-ignore]
 
 
 class Transfer:
@@ -238,7 +238,7 @@ class Transfer:
         """True once the whole transfer is complete (never blocks)."""
         if self._thread is not None:
             return not self._thread.is_alive()
-        return self.event is None or bool(self.event.query())  # type: ignore[no-untyped-call]
+        return self.event is None or bool(self.event.query())  # type: ignore[no-untyped-call, unused-ignore]
 
 
 class KVPages:
@@ -314,7 +314,7 @@ class KVPages:
         self._row_word = _WORDS[math.gcd(8, self.block_bytes)]
         self._swap_outs: list[Transfer] = []
         self._side: torch.cuda.Stream | None = (
-            torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+            torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call, unused-ignore]
             if self.device.type == "cuda"
             else None
         )
@@ -650,7 +650,8 @@ class KVPages:
         if self._side is None:
             return contextlib.nullcontext()
         self._side.wait_stream(torch.cuda.current_stream(self.device))
-        return torch.cuda.stream(self._side)
+        on_side: contextlib.AbstractContextManager[object] = torch.cuda.stream(self._side)
+        return on_side
 
     def _transfer(
         self, keep: tuple[torch.Tensor, ...], finish: Callable[[], object] | None = None
