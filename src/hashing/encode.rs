@@ -114,6 +114,8 @@ pub(crate) trait Token: Copy + Send + Sync {
     fn write_tuple<E: Encoder>(e: &mut E, block: &[Self]);
     /// The Python int.
     fn to_i64(self) -> i64;
+    /// The block as `u32`s, when it is (the single-pass pickle path).
+    fn as_u32s(block: &[Self]) -> Option<&[u32]>;
 }
 
 impl Token for u32 {
@@ -123,6 +125,10 @@ impl Token for u32 {
 
     fn to_i64(self) -> i64 {
         i64::from(self)
+    }
+
+    fn as_u32s(block: &[Self]) -> Option<&[u32]> {
+        Some(block)
     }
 }
 
@@ -137,6 +143,10 @@ impl Token for i64 {
 
     fn to_i64(self) -> i64 {
         self
+    }
+
+    fn as_u32s(_: &[Self]) -> Option<&[u32]> {
+        None
     }
 }
 

@@ -96,10 +96,26 @@ impl HashAlgo {
                 BlockHash::from_slice(&xxhash_rust::xxh3::xxh3_128(data).to_be_bytes())
             }
         };
-        match out {
-            Ok(h) => h,
-            Err(_) => unreachable!("digests are at most 32 bytes"),
+        digest_hash(out)
+    }
+
+    /// [`HashAlgo::digest`] of `buf[..len]`, where `buf` holds [`pickle::PLAIN_SLACK`]
+    /// bytes more, which SHA-256 overwrites with its padding.
+    fn digest_in_place(self, buf: &mut [u8], len: usize) -> BlockHash {
+        match self {
+            HashAlgo::Sha256 | HashAlgo::Sha256Cbor => {
+                digest_hash(BlockHash::from_slice(&sha256::sha256_padded(buf, len)))
+            }
+            HashAlgo::Xxhash | HashAlgo::XxhashCbor => self.digest(&buf[..len]),
         }
+    }
+}
+
+/// A digest as a [`BlockHash`] (digests are at most 32 bytes, so it always is one).
+fn digest_hash(h: Result<BlockHash>) -> BlockHash {
+    match h {
+        Ok(h) => h,
+        Err(_) => unreachable!("digests are at most 32 bytes"),
     }
 }
 
@@ -158,6 +174,14 @@ impl Scratch {
                 algo.digest(encode_block(&mut e, parent, tokens, extra_keys))
             }
             HashAlgo::Sha256 | HashAlgo::Xxhash => {
+                let plain = match extra_keys {
+                    None => Token::as_u32s(tokens)
+                        .and_then(|t| pickle::plain_block(&mut self.buf, parent, t)),
+                    Some(_) => None,
+                };
+                if let Some(len) = plain {
+                    return algo.digest_in_place(&mut self.buf, len);
+                }
                 let mut e = Pickle::new(&mut self.buf, &mut self.memo);
                 algo.digest(encode_block(&mut e, parent, tokens, extra_keys))
             }

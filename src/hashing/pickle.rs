@@ -347,16 +347,9 @@ impl Encoder for Pickle<'_> {
             // No frame boundary can fall inside: write all ints in one go.
             self.open_frame();
             let start = self.buf.len();
-            self.buf
-                .resize(start + MAX_TOKEN_BYTES * tokens.len() + 8, 0);
-            let out = &mut self.buf[start..];
-            let mut pos = 0;
-            for &t in tokens {
-                let (word, len) = token_word(t);
-                out[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
-                pos += len;
-            }
-            self.buf.truncate(start + pos);
+            self.buf.resize(start + words_len(tokens.len()), 0);
+            let n = put_tokens(&mut self.buf[start..], tokens);
+            self.buf.truncate(start + n);
         } else {
             for &t in tokens {
                 self.int(i64::from(t));
@@ -364,6 +357,71 @@ impl Encoder for Pickle<'_> {
         }
         self.tuple_end(tokens.len());
     }
+}
+
+/// Room [`put_tokens`] needs for `n` tokens: the widest opcodes, each stored as a word.
+fn words_len(n: usize) -> usize {
+    MAX_TOKEN_BYTES * n + 8
+}
+
+/// Writes the int opcodes of `tokens` at the start of `out` (at least `words_len` bytes)
+/// and returns their length.
+#[inline(always)]
+fn put_tokens(out: &mut [u8], tokens: &[u32]) -> usize {
+    let mut pos = 0;
+    for &t in tokens {
+        let (word, len) = token_word(t);
+        out[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
+        pos += len;
+    }
+    pos
+}
+
+/// Bytes [`plain_block`] keeps writable past the message (SHA-256 pads in place).
+pub(crate) const PLAIN_SLACK: usize = 72;
+
+/// `pickle.dumps((parent, tuple(tokens), None), protocol=5)`, the hash input of a block
+/// without extra keys (the hot path of `sha256` and `xxhash`), written to the start of
+/// `buf` in one pass: the bytes the generic encoder writes for it, without its framing and
+/// memo bookkeeping. Returns the length; `buf` then holds at least [`PLAIN_SLACK`] more
+/// bytes. None when the block could reach a frame boundary (the generic encoder splits
+/// it) or the parent is not a short `bytes`.
+///
+/// The layout: `PROTO 5`, `FRAME <len>`, the parent (`SHORT_BINBYTES`, `MEMOIZE`), the
+/// tokens (`MARK` ints `TUPLE`, or `TUPLE1..3` for up to 3 items; `MEMOIZE`), `NONE`,
+/// `TUPLE3`, `MEMOIZE`, `STOP`; the frame is everything after its header.
+pub(crate) fn plain_block(buf: &mut Vec<u8>, parent: &[u8], tokens: &[u32]) -> Option<usize> {
+    const HEAD: usize = 2 + FRAME_HEADER;
+    let n = tokens.len();
+    // Frame: parent, MARK, tokens, TUPLE, MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP.
+    let max_frame = 2 + parent.len() + 1 + 1 + MAX_TOKEN_BYTES * n + 6;
+    if n == 0 || parent.len() > 0xff || max_frame >= FRAME_SIZE_TARGET {
+        return None;
+    }
+    let room = HEAD + max_frame + 8 + PLAIN_SLACK;
+    if buf.len() < room {
+        buf.resize(room, 0);
+    }
+    let out = &mut buf[..];
+    out[..HEAD].copy_from_slice(&[PROTO, 5, FRAME, 0, 0, 0, 0, 0, 0, 0, 0]);
+    let mut pos = HEAD;
+    out[pos] = SHORT_BINBYTES;
+    out[pos + 1] = parent.len() as u8;
+    pos += 2;
+    out[pos..pos + parent.len()].copy_from_slice(parent);
+    pos += parent.len();
+    out[pos] = MEMOIZE;
+    pos += 1;
+    if n > 3 {
+        out[pos] = MARK;
+        pos += 1;
+    }
+    pos += put_tokens(&mut out[pos..], tokens);
+    out[pos] = if n > 3 { TUPLE } else { TUPLE1 + (n as u8 - 1) };
+    out[pos + 1..pos + 6].copy_from_slice(&[MEMOIZE, NONE, TUPLE1 + 2, MEMOIZE, STOP]);
+    pos += 6;
+    out[3..HEAD].copy_from_slice(&((pos - HEAD) as u64).to_le_bytes());
+    Some(pos)
 }
 
 #[cfg(test)]
@@ -510,6 +568,42 @@ mod tests {
                 "token {t}"
             );
         }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn plain_blocks_equal_the_generic_encoder(
+            parent in proptest::collection::vec(proptest::num::u8::ANY, 0..33),
+            tokens in proptest::collection::vec(
+                proptest::prop_oneof![0u32..300, 0u32..70000, proptest::num::u32::ANY],
+                0..70,
+            ),
+        ) {
+            let (mut buf, mut memo) = (Vec::new(), Vec::new());
+            let mut e = Pickle::new(&mut buf, &mut memo);
+            let want = encode_block::<_, [KeyValue]>(&mut e, &parent, &tokens, None).to_vec();
+            let mut plain = vec![0xee; 3];
+            match plain_block(&mut plain, &parent, &tokens) {
+                Some(n) => {
+                    proptest::prop_assert_eq!(&plain[..n], &want[..]);
+                    proptest::prop_assert!(plain.len() >= n + PLAIN_SLACK);
+                }
+                None => proptest::prop_assert!(tokens.is_empty()),
+            }
+        }
+    }
+
+    #[test]
+    fn plain_blocks_leave_frame_splits_to_the_generic_encoder() {
+        // 7 bytes a token: 9300 fit one frame, 9360 could not.
+        let tokens = vec![u32::MAX; 9360];
+        let (mut buf, mut memo) = (Vec::new(), Vec::new());
+        let mut e = Pickle::new(&mut buf, &mut memo);
+        let want = encode_block::<_, [KeyValue]>(&mut e, &[b'x'; 32], &tokens[..9300], None);
+        let mut plain = Vec::new();
+        let n = plain_block(&mut plain, &[b'x'; 32], &tokens[..9300]);
+        assert_eq!((n, &plain[..65153]), (Some(65153), want));
+        assert_eq!(plain_block(&mut plain, &[b'x'; 32], &tokens), None);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! NOTE: a block of 16 tokens encodes to about 100 bytes, two compressions. Through
 //! `Sha256::digest` (buffering, then finalization) the hash took 128 ns on the project's
 //! machine; padding here and compressing directly takes 115 ns. The two compressions,
-//! the second depending on the first, are the rest of it.
+//! the second depending on the first, are the rest of it. [`sha256_padded`] pads in the
+//! caller's buffer, for messages written there with room to spare (no copy of the tail).
 
 use sha2::digest::generic_array::GenericArray;
 
@@ -29,10 +30,32 @@ pub(crate) fn sha256(data: &[u8]) -> [u8; 32] {
     let rest = &data[full..];
     let mut tail = [0u8; 128];
     tail[..rest.len()].copy_from_slice(rest);
-    tail[rest.len()] = 0x80;
-    let end = if rest.len() < 56 { 64 } else { 128 };
-    tail[end - 8..end].copy_from_slice(&(data.len() as u64 * 8).to_be_bytes());
+    let end = pad(&mut tail, rest.len(), data.len());
     compress(&mut state, &tail[..end]);
+    digest_of(state)
+}
+
+/// The SHA-256 digest of `buf[..len]`, padded in place: `buf` must hold at least
+/// `len + 72` bytes, and those past `len` are overwritten.
+pub(crate) fn sha256_padded(buf: &mut [u8], len: usize) -> [u8; 32] {
+    let mut state = H0;
+    let end = pad(buf, len, len);
+    compress(&mut state, &buf[..end]);
+    digest_of(state)
+}
+
+/// Writes SHA-256's padding for a message of `total` bytes whose last `rest` bytes start
+/// `buf` (`rest == total` when all of it does): the 0x80 marker, zeros, the bit length.
+/// Returns where the padded message ends (a multiple of 64).
+fn pad(buf: &mut [u8], rest: usize, total: usize) -> usize {
+    let end = (rest + 9).next_multiple_of(64);
+    buf[rest] = 0x80;
+    buf[rest + 1..end - 8].fill(0);
+    buf[end - 8..end].copy_from_slice(&(total as u64 * 8).to_be_bytes());
+    end
+}
+
+fn digest_of(state: [u32; 8]) -> [u8; 32] {
     let mut out = [0u8; 32];
     for (o, word) in out.chunks_exact_mut(4).zip(state) {
         o.copy_from_slice(&word.to_be_bytes());
@@ -58,6 +81,13 @@ mod tests {
             let data: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
             let want: [u8; 32] = Sha256::digest(&data).into();
             assert_eq!(sha256(&data), want, "length {len}");
+            let mut padded = data.clone();
+            padded.resize(len + 72, 0xee);
+            assert_eq!(
+                sha256_padded(&mut padded, len),
+                want,
+                "padded, length {len}"
+            );
         }
     }
 
