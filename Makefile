@@ -1,6 +1,6 @@
-# The one command surface. `make test` is what CI runs (.ci/run); `make simulate` is the
-# main job. `make test` fills the development venv .venv (torch included); `make simulate`
-# builds a light one, .venv-sim, with only what the simulator needs (no torch).
+# The one command surface. CI (.ci/run) runs `make test`, then `make lint`; `make simulate`
+# is the main job. `make test` fills the development venv .venv (torch included); `make
+# lint` and `make simulate` build light ones, .venv-lint and .venv-sim (no torch).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -12,8 +12,8 @@ WHEELS ?= $(HOME)/.cache/kvblocks-wheels
 DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy \
 	prometheus_client torch tqdm
 
-.PHONY: venv deps dev test test-rust test-python lint fmt bench simulate sim-dev oracle test-vllm \
-	vllm-scheduler-tests
+.PHONY: venv deps dev test test-rust test-python lint lint-deps lint-ext fmt bench simulate sim-dev \
+	oracle test-vllm vllm-scheduler-tests
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,16 +37,45 @@ test-python: dev
 
 test: test-rust test-python
 
-lint: deps
+# Lint's own venv, no torch: the tools, maturin to build the extension stubtest checks,
+# and the optional imports whose types mypy reads (kvblocks.device's torch types are then
+# Any; see pyproject.toml).
+LINT_VENV ?= .venv-lint
+LINT_BIN := $(LINT_VENV)/bin
+LINT_PIP := $(LINT_BIN)/python -m pip --disable-pip-version-check -q
+LINT_DEPS := "maturin>=1.5,<2" ruff mypy numpy pyzmq prometheus_client matplotlib
+LINT_WHEEL := $(LINT_VENV)/wheel
+
+$(LINT_BIN)/python:
+	$(PY) -m venv $(LINT_VENV)
+
+$(LINT_VENV)/.deps-stamp: $(LINT_BIN)/python pyproject.toml
+	$(LINT_PIP) download -d $(WHEELS) $(LINT_DEPS)
+	$(LINT_PIP) install --no-index --find-links $(WHEELS) $(LINT_DEPS)
+	touch $@
+
+lint-deps: $(LINT_VENV)/.deps-stamp
+
+# The extension, installed as a plain wheel (not in place: python/kvblocks/ keeps whatever
+# `make dev` put there). Release, as `make dev` builds it, so CI reuses that build.
+lint-ext: lint-deps
+	rm -rf $(LINT_WHEEL)
+	VIRTUAL_ENV=$(abspath $(LINT_VENV)) $(LINT_BIN)/maturin build --release -q -o $(LINT_WHEEL)
+	$(LINT_PIP) install --no-deps --force-reinstall $(LINT_WHEEL)/kvblocks-*.whl
+
+# stubtest: the stubs of python/ (MYPYPATH) against the extension installed above, run
+# outside the tree so that `import kvblocks` finds the installed one.
+lint: lint-ext
 	cargo fmt --all -- --check
 	cargo clippy --all-targets --all-features -- -D warnings
-	$(BIN)/ruff check python tests benches
-	$(BIN)/ruff format --check python tests benches
-	$(BIN)/mypy
+	$(LINT_BIN)/ruff check python tests benches
+	$(LINT_BIN)/ruff format --check python tests benches
+	$(LINT_BIN)/mypy
+	cd $(LINT_VENV) && MYPYPATH=$(abspath python) bin/python -m mypy.stubtest kvblocks._core
 
-fmt:
+fmt: lint-deps
 	cargo fmt --all
-	$(BIN)/ruff format python tests benches
+	$(LINT_BIN)/ruff format python tests benches
 
 bench:
 	cargo bench
