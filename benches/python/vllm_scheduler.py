@@ -14,8 +14,9 @@ rounds. Per side and round there are two runs of the same workload:
   runner's output is built outside the window), over the steps that run at full batch;
 - wrapped: every public method of the scheduler's manager instance is wrapped, on both
   sides alike, by one timer that sums the time spent inside it. The timer's own cost per
-  call (what it reads around an empty call) is measured too, and `KV net` subtracts
-  calls x that cost from the raw sum.
+  call (what it reads around an empty call, measured for positional calls and for calls
+  with keywords, whose forwarding costs the wrapper more) is measured too, and `KV net`
+  subtracts each call's cost from the raw sum.
 
 Last, `Request()` with a 32k-token prompt (vllm_request_bench.py beside this file).
 """
@@ -143,6 +144,7 @@ class Timer:
     def __init__(self) -> None:
         self.ns = 0
         self.calls = 0
+        self.kw_calls = 0  # calls with keyword arguments (their wrapper costs more)
         self.depth = 0
         self.by_name: dict[str, list[int]] = {}  # name -> [ns, calls] over the whole run
 
@@ -161,6 +163,7 @@ class Timer:
                 dt = clock() - t0
                 self.ns += dt
                 self.calls += 1
+                self.kw_calls += bool(kwargs)
                 acc[0] += dt
                 acc[1] += 1
                 self.depth = 0
@@ -179,16 +182,22 @@ def wrap_manager(manager: Any, timer: Timer) -> list[str]:
     return names
 
 
-def timer_cost_ns(n: int = 200_000) -> float:
-    """What the timer reads around an empty call, per call."""
+def timer_cost_ns(keywords: bool, n: int = 200_000) -> float:
+    """What the timer reads around an empty call, per call: positional only, or shaped like
+    vLLM's per-step `allocate_slots(request, n, num_lookahead_tokens=k)` (forwarding
+    keywords through `**kwargs` costs the wrapper a dict and its unpacking)."""
 
     def empty(*args: Any, **kwargs: Any) -> None:
         return None
 
     timer = Timer()
     f = timer.wrap(empty)
-    for _ in range(n):
-        f(None, 1)
+    if keywords:
+        for _ in range(n):
+            f(None, 1, num_lookahead_tokens=0)
+    else:
+        for _ in range(n):
+            f(None, 1)
     return timer.ns / n
 
 
@@ -204,12 +213,12 @@ def drive(running: int, model_dir: str, wrapped: bool) -> dict[str, Any]:
     pending = list(reversed(requests))
     emitted: dict[str, int] = {}
     clock = time.perf_counter_ns
-    step = steps_full = step_ns = kv_ns = kv_calls = preempted = 0
+    step = steps_full = step_ns = kv_ns = kv_calls = kw_calls = preempted = 0
     gc.collect()
     while pending or scheduler.has_requests():
         while pending and pending[-1][0] <= step:
             scheduler.add_request(pending.pop()[1])
-        kv0, calls0 = timer.ns, timer.calls
+        kv0, calls0, kw0 = timer.ns, timer.calls, timer.kw_calls
         t0 = clock()
         out = scheduler.schedule()
         t1 = clock()
@@ -240,6 +249,7 @@ def drive(running: int, model_dir: str, wrapped: bool) -> dict[str, Any]:
             step_ns += (t1 - t0) + (t3 - t2)
             kv_ns += timer.ns - kv0
             kv_calls += timer.calls - calls0
+            kw_calls += timer.kw_calls - kw0
     methods = {
         name: {"us_per_step": ns / step / 1e3, "calls_per_step": calls / step}
         for name, (ns, calls) in sorted(timer.by_name.items(), key=lambda kv: -kv[1][0])
@@ -253,6 +263,7 @@ def drive(running: int, model_dir: str, wrapped: bool) -> dict[str, Any]:
         "step_us": step_ns / max(steps_full, 1) / 1e3,
         "kv_us": kv_ns / max(steps_full, 1) / 1e3,
         "kv_calls": kv_calls / max(steps_full, 1),
+        "kw_calls": kw_calls / max(steps_full, 1),
     }
 
 
@@ -282,8 +293,9 @@ def main() -> int:
         print("kvblocks.vllm.install() is not in this build: stock only", file=sys.stderr)
     model_dir = tempfile.mkdtemp(prefix="opt-125m-")
     (Path(model_dir) / "config.json").write_text(json.dumps(OPT_125M))
-    cost = statistics.median(timer_cost_ns() for _ in range(5))
-    rows: dict[str, Any] = {"timer_cost_ns": cost, "levels": {}}
+    cost = statistics.median(timer_cost_ns(False) for _ in range(5))
+    cost_kw = statistics.median(timer_cost_ns(True) for _ in range(5))
+    rows: dict[str, Any] = {"timer_cost_ns": cost, "timer_cost_kw_ns": cost_kw, "levels": {}}
     try:
         for running in args.running:
             runs: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
@@ -294,7 +306,9 @@ def main() -> int:
                     set_side(side)
                     plain = drive(running, model_dir, wrapped=False)
                     wrapped = drive(running, model_dir, wrapped=True)
-                    kv_net = wrapped["kv_us"] - wrapped["kv_calls"] * cost / 1e3
+                    positional = wrapped["kv_calls"] - wrapped["kw_calls"]
+                    timer_us = (positional * cost + wrapped["kw_calls"] * cost_kw) / 1e3
+                    kv_net = wrapped["kv_us"] - timer_us
                     methods[side].append(wrapped.pop("methods"))
                     del plain["methods"]
                     runs[side].append({**plain, "kv_us": wrapped["kv_us"], "kv_net_us": kv_net,
@@ -336,7 +350,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"timer cost per wrapped call: {cost:.0f} ns; medians of {args.rounds} rounds")
+    print(
+        f"timer cost per wrapped call: {cost:.0f} ns positional, {cost_kw:.0f} ns with "
+        f"keywords; medians of {args.rounds} rounds"
+    )
     head = f"{'running':>7} {'side':<9} {'step µs':>9} {'KV µs':>8} {'KV net µs':>10}"
     print(head + f" {'KV calls':>9} {'full steps':>10} {'steps':>6} {'preempt':>8}")
     for running, level in rows["levels"].items():

@@ -15,13 +15,18 @@ __all__ = [
     "AllBlocksCleared",
     "AttentionSpec",
     "BlockHasher",
+    "BlockOutOfRangeError",
     "BlockPool",
     "BlockRemoved",
     "BlockStored",
     "ChunkedLocalAttentionSpec",
     "CrossAttentionSpec",
+    "DoubleFreeError",
     "EventSink",
     "FullAttentionSpec",
+    "InvalidArgumentError",
+    "InvalidSpecError",
+    "KVBlocksError",
     "KVCacheBlock",
     "KVCacheBlocks",
     "KVCacheConfig",
@@ -31,12 +36,16 @@ __all__ = [
     "KVCacheTensor",
     "MLAAttentionSpec",
     "MambaSpec",
+    "OutOfBlocksError",
     "PrefixCacheStats",
     "Request",
     "RequestBlockHasher",
     "SinkFullAttentionSpec",
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
+    "UnknownAlgorithmError",
+    "UnknownRequestError",
+    "UnsupportedError",
     "__version__",
     "append_token_ids_batch",
     "encode_event_batch",
@@ -45,6 +54,38 @@ __all__ = [
 ]
 
 __version__: str
+
+# --- Errors (src/python/errors.rs) ---------------------------------------------------
+# One class per `KvError` variant. Each also derives from the builtin exception kvblocks
+# raised there before (and vLLM raises in the same case), so `except ValueError` and
+# `except KeyError` keep working.
+
+class KVBlocksError(Exception):
+    """The base class of every error kvblocks raises for bad input or a broken invariant."""
+
+class InvalidArgumentError(KVBlocksError, ValueError):
+    """An argument is out of its domain (negative count, zero tokens, bad size, ...)."""
+
+class OutOfBlocksError(KVBlocksError, ValueError):
+    """A block pool was asked for more blocks than are free."""
+
+class BlockOutOfRangeError(KVBlocksError, ValueError):
+    """A block id outside 0..num_blocks."""
+
+class DoubleFreeError(KVBlocksError, ValueError):
+    """Freeing a block whose ref count is already 0."""
+
+class UnknownAlgorithmError(KVBlocksError, ValueError):
+    """A hash algorithm name kvblocks does not know."""
+
+class UnknownRequestError(KVBlocksError, KeyError):
+    """A request id the manager does not know, where the call needs one."""
+
+class InvalidSpecError(KVBlocksError, ValueError):
+    """A KV cache spec or config that cannot be built or merged."""
+
+class UnsupportedError(KVBlocksError, NotImplementedError):
+    """A feature of vLLM 0.33 that kvblocks does not implement."""
 
 # --- KV cache specs (src/python/spec.rs) ---------------------------------------------
 
@@ -435,6 +476,11 @@ class KVCacheManager:
     def estimate_cached_tokens(self, request: Any) -> int: ...
     def get_blocks(self, request_id: str) -> KVCacheBlocks: ...
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]: ...
+    def block_table(self, request_ids: Sequence[str], group_id: int = 0) -> memoryview:
+        """The tables of `request_ids` in group `group_id` as one C-contiguous int32 buffer
+        of shape `(len(request_ids), max_blocks)`, rows padded with the null block 0;
+        `numpy.asarray` and `torch.frombuffer` view it without a copy. `max_blocks` is the
+        longest of those tables, at least 1; an unknown request id gives a row of nulls."""
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None: ...
     def new_step_starts(self) -> None: ...
     def take_new_block_ids(self) -> list[int]:
@@ -448,6 +494,11 @@ class KVCacheManager:
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None: ...
     @property
     def current_prefix_cache_stats(self) -> PrefixCacheStats | None: ...
+    @property
+    def stats_mirror(self) -> object | None:
+        """An object whose stats attributes are kept equal to the recorded stats."""
+    @stats_mirror.setter
+    def stats_mirror(self, value: object | None) -> None: ...
     def block_objects(self, block_ids: Sequence[int]) -> list[KVCacheBlock]: ...
     def kv_cache_blocks(self, blocks: Sequence[Sequence[int]]) -> KVCacheBlocks: ...
     def request_ids(self) -> list[str]: ...

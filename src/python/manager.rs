@@ -1,10 +1,13 @@
 //! Python bindings for `manager`: `KVCacheManager`, `KVCacheBlocks`, `PrefixCacheStats`
 //! and the read-only `block_pool` view. Conversion only.
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
+
+use crate::python::errors::invalid_argument;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
-use pyo3::{PyTraverseError, PyVisit};
+use pyo3::pybacked::PyBackedStr;
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
+use pyo3::{intern, PyTraverseError, PyVisit};
 
 use crate::manager::{AllocateArgs, KvCacheManager, ManagerOptions, PrefixCacheStats};
 use crate::managers::{ManagerParams, RequestView};
@@ -31,6 +34,32 @@ where
     PyTuple::new(py, lists)
 }
 
+/// `values` (`rows * width` of them, row-major) as a 2-D memoryview of format `i` over a
+/// new `bytearray`. The buffer protocol proper (`__getbuffer__`) is not in the limited API
+/// before 3.11 and the extension is abi3 for 3.10; memoryview's `cast` cannot make a zero
+/// dimension, so a table without rows is a slice of a one-row view.
+fn int32_matrix<'py>(
+    py: Python<'py>,
+    values: &[i32],
+    rows: usize,
+    width: usize,
+) -> PyResult<Bound<'py, PyMemoryView>> {
+    const SIZE: usize = std::mem::size_of::<i32>();
+    let bytes = PyByteArray::new_with(py, rows.max(1) * width * SIZE, |buf| {
+        for (chunk, v) in buf.chunks_exact_mut(SIZE).zip(values) {
+            chunk.copy_from_slice(&v.to_ne_bytes());
+        }
+        Ok(())
+    })?;
+    let view = PyMemoryView::from(&bytes)?.call_method1("cast", ("i", (rows.max(1), width)))?;
+    let view = if rows == 0 {
+        view.get_item(PySlice::new(py, 0, 0, 1))?
+    } else {
+        view
+    };
+    Ok(view.downcast_into::<PyMemoryView>()?)
+}
+
 /// vLLM's `KVCacheBlocks`, holding block ids per group. Block objects (`.blocks`) are
 /// made only when asked for, by the manager that returned the ids.
 #[pyclass(name = "KVCacheBlocks", module = "kvblocks._core", frozen)]
@@ -47,7 +76,7 @@ impl PyKVCacheBlocks {
                 .into_iter()
                 .map(|g| {
                     self.blocks.get(g).map(Vec::as_slice).ok_or_else(|| {
-                        PyValueError::new_err(format!(
+                        invalid_argument(format!(
                             "group id {g} out of range for {} groups",
                             self.blocks.len()
                         ))
@@ -60,7 +89,7 @@ impl PyKVCacheBlocks {
     fn owner<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyKVCacheManager>> {
         match &self.owner {
             Some(o) => Ok(o.bind(py)),
-            None => Err(PyValueError::new_err(
+            None => Err(invalid_argument(
                 "these KVCacheBlocks were built from ids, not returned by a manager: they \
                  have no block objects",
             )),
@@ -113,7 +142,7 @@ impl PyKVCacheBlocks {
     /// Ids of group 0's blocks that are not cached (one group only, as vLLM).
     fn get_unhashed_block_ids(&self, py: Python<'_>) -> PyResult<Vec<BlockId>> {
         if self.blocks.len() != 1 {
-            return Err(PyValueError::new_err("Only one group is supported"));
+            return Err(invalid_argument("Only one group is supported"));
         }
         self.get_unhashed_block_ids_all_groups(py)
             .map(|mut g| g.pop().unwrap_or_default())
@@ -150,7 +179,7 @@ impl PyKVCacheBlocks {
 
     fn __add__(&self, py: Python<'_>, other: &Self) -> PyResult<Self> {
         if self.blocks.len() != other.blocks.len() {
-            return Err(PyValueError::new_err(
+            return Err(invalid_argument(
                 "cannot add KVCacheBlocks with different numbers of groups",
             ));
         }
@@ -293,6 +322,8 @@ pub(crate) struct PyKVCacheManager {
     no_new_blocks: Py<PyTuple>,
     /// The block objects handed out so far, by block id (made on first request).
     block_objects: Vec<Option<Py<PyKVCacheBlock>>>,
+    /// See `stats_mirror`.
+    stats_mirror: Option<Py<PyAny>>,
 }
 
 /// The blocks one `allocate_slots_with` call added: every group's ids back to back.
@@ -364,7 +395,7 @@ impl PyKVCacheManager {
     ) -> PyResult<Self> {
         let cfg = &kv_cache_config.inner;
         if !(watermark >= 0.0 && watermark.is_finite()) {
-            return Err(PyValueError::new_err(format!(
+            return Err(invalid_argument(format!(
                 "watermark must be a finite number >= 0, got {watermark}"
             )));
         }
@@ -401,6 +432,7 @@ impl PyKVCacheManager {
             no_new_blocks,
             memos: RequestMemos::default(),
             block_objects: Vec::new(),
+            stats_mirror: None,
         })
     }
 
@@ -595,14 +627,14 @@ impl PyKVCacheManager {
         let requests = request_list(requests)?;
         let counts = extract_u32s(num_new_tokens, "num_new_tokens")?;
         if requests.len() != counts.len() {
-            return Err(PyValueError::new_err(format!(
+            return Err(invalid_argument(format!(
                 "{} requests but {} token counts",
                 requests.len(),
                 counts.len()
             )));
         }
         if counts.contains(&0) {
-            return Err(PyValueError::new_err(
+            return Err(invalid_argument(
                 "num_new_tokens must be greater than 0 for every request",
             ));
         }
@@ -681,6 +713,24 @@ impl PyKVCacheManager {
         PyTuple::new(py, lists)
     }
 
+    /// The block tables of `request_ids` in group `group_id` as one C-contiguous int32
+    /// buffer of shape `(len(request_ids), max_blocks)`, rows padded with the null block
+    /// 0 (a `memoryview` over a new `bytearray`: numpy and torch view it without a copy).
+    /// An unknown request id gives a row of nulls; `max_blocks` is at least 1.
+    #[pyo3(signature = (request_ids, group_id=0))]
+    fn block_table<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: Vec<PyBackedStr>,
+        group_id: usize,
+    ) -> PyResult<Bound<'py, PyMemoryView>> {
+        let mut table = Vec::new();
+        let width = self
+            .inner
+            .block_table_into(&request_ids, group_id, &mut table)?;
+        int32_matrix(py, &table, request_ids.len(), width)
+    }
+
     /// Caches the request's full blocks up to `num_computed_tokens`.
     fn cache_blocks(
         &mut self,
@@ -725,8 +775,10 @@ impl PyKVCacheManager {
     }
 
     /// Clears the prefix cache if no request holds a block.
-    fn reset_prefix_cache(&mut self) -> bool {
-        self.inner.reset_prefix_cache()
+    fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
+        let ok = self.inner.reset_prefix_cache();
+        self.mirror_stats(py)?;
+        Ok(ok)
     }
 
     /// Zeros per group (vLLM 0.33).
@@ -752,7 +804,22 @@ impl PyKVCacheManager {
         self.with_request(request, reads, |mgr, req| {
             mgr.record_prefix_cache_stats(req, num_hits);
             Ok(())
-        })
+        })?;
+        self.mirror_stats(request.py())
+    }
+
+    /// An object whose `reset`, `requests`, `queries`, `hits`, `preempted_requests`,
+    /// `preempted_queries` and `preempted_hits` attributes are kept equal to the stats
+    /// being recorded (vLLM's live `PrefixCacheStats`, which its callers hold on to).
+    #[getter]
+    fn get_stats_mirror(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.stats_mirror.as_ref().map(|m| m.clone_ref(py))
+    }
+
+    #[setter]
+    fn set_stats_mirror(&mut self, py: Python<'_>, mirror: Option<Py<PyAny>>) -> PyResult<()> {
+        self.stats_mirror = mirror;
+        self.mirror_stats(py)
     }
 
     /// The stats since the last call (`None` without `log_stats`).
@@ -853,11 +920,15 @@ impl PyKVCacheManager {
         for o in self.block_objects.iter().flatten() {
             visit.call(o)?;
         }
+        if let Some(m) = &self.stats_mirror {
+            visit.call(m)?;
+        }
         Ok(())
     }
 
     fn __clear__(&mut self) {
         self.block_objects.clear();
+        self.stats_mirror = None;
     }
 
     /// The manager's block pool, with the whole `BlockPool` API (changes made through
@@ -961,6 +1032,22 @@ impl PyKVCacheManager {
             out.push(obj);
         }
         PyList::new(py, out)
+    }
+
+    /// Copies the recorded stats into `stats_mirror`, if one is set.
+    fn mirror_stats(&self, py: Python<'_>) -> PyResult<()> {
+        let (Some(mirror), Some(stats)) = (&self.stats_mirror, self.inner.prefix_cache_stats())
+        else {
+            return Ok(());
+        };
+        let m = mirror.bind(py);
+        m.setattr(intern!(py, "reset"), stats.reset)?;
+        m.setattr(intern!(py, "requests"), stats.requests)?;
+        m.setattr(intern!(py, "queries"), stats.queries)?;
+        m.setattr(intern!(py, "hits"), stats.hits)?;
+        m.setattr(intern!(py, "preempted_requests"), stats.preempted_requests)?;
+        m.setattr(intern!(py, "preempted_queries"), stats.preempted_queries)?;
+        m.setattr(intern!(py, "preempted_hits"), stats.preempted_hits)
     }
 
     /// The manager's pool.

@@ -257,22 +257,6 @@ def _to_vllm_events(events: Sequence[Any]) -> list[Any]:
     return out
 
 
-_STATS_FIELDS = (
-    "reset",
-    "requests",
-    "queries",
-    "hits",
-    "preempted_requests",
-    "preempted_queries",
-    "preempted_hits",
-)
-
-
-def _copy_stats(src: kb.PrefixCacheStats, dst: Any) -> None:
-    for f in _STATS_FIELDS:
-        setattr(dst, f, getattr(src, f))
-
-
 class KVCacheManager(kb.KVCacheManager):
     """vLLM 0.33.0's `KVCacheManager`, built from vLLM's own `KVCacheConfig` with every
     parameter the 0.33.0 scheduler passes, running on the kvblocks core.
@@ -363,27 +347,12 @@ class KVCacheManager(kb.KVCacheManager):
 
         self._stats_class = PrefixCacheStats
         self.prefix_cache_stats: Any = PrefixCacheStats() if log_stats else None
+        self.stats_mirror = self.prefix_cache_stats
 
     @property
     def block_pool(self) -> BlockPool:  # type: ignore[override]
         """The pool, with vLLM's `BlockPool` surface (block objects in and out)."""
         return self._vllm_block_pool
-
-    def _sync_stats(self) -> None:
-        """Copies the core's counts into the live `prefix_cache_stats` object (vLLM's
-        callers hold on to it between records)."""
-        stats = self.current_prefix_cache_stats
-        if stats is not None:
-            _copy_stats(stats, self.prefix_cache_stats)
-
-    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
-        super().record_prefix_cache_stats(request, num_hits)
-        self._sync_stats()
-
-    def reset_prefix_cache(self) -> bool:
-        ok = super().reset_prefix_cache()
-        self._sync_stats()
-        return ok
 
     def make_prefix_cache_stats(self) -> Any:
         """The stats since the last call (vLLM's class), or None without `log_stats`."""
@@ -391,7 +360,7 @@ class KVCacheManager(kb.KVCacheManager):
             return None
         super().make_prefix_cache_stats()
         stats = self.prefix_cache_stats
-        self.prefix_cache_stats = self._stats_class()
+        self.prefix_cache_stats = self.stats_mirror = self._stats_class()
         return stats
 
     def prefix_cache_lookup_enabled(self, request: Any) -> bool:
