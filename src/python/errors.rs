@@ -1,23 +1,154 @@
-//! Maps `KvError` to Python exceptions. The match is exhaustive so that a new variant does
-//! not compile until it is mapped.
+//! Maps `KvError` to Python exceptions: one tree under `kvblocks.KVBlocksError`, one class
+//! per variant. Each class also derives from the builtin type kvblocks raised before the
+//! tree existed (and vLLM raises in the same case), so `except ValueError` keeps working.
+//! The match in [`class_of`] is exhaustive so that a new variant does not compile until it
+//! is mapped.
+//!
+//! PyO3's `create_exception!` takes one base, so the subclasses are made with Python's
+//! `type(name, (KVBlocksError, builtin), namespace)` on first use and kept for the
+//! process.
 
-use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyValueError};
+use pyo3::exceptions::{PyException, PyKeyError, PyNotImplementedError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
+use pyo3::types::{PyDict, PyTuple, PyType};
 use pyo3::PyErr;
 
 use crate::error::KvError;
 
+pyo3::create_exception!(
+    kvblocks._core,
+    KVBlocksError,
+    PyException,
+    "The base class of every error kvblocks raises for bad input or a broken invariant. \
+     Each subclass also derives from the builtin exception raised in that case before \
+     (ValueError, KeyError or NotImplementedError), as vLLM does."
+);
+
+/// The builtin base of a subclass.
+#[derive(Clone, Copy)]
+enum Builtin {
+    Value,
+    Key,
+    NotImplemented,
+}
+
+/// One subclass of `KVBlocksError`: its name, builtin base and docstring.
+struct Class {
+    name: &'static str,
+    builtin: Builtin,
+    doc: &'static str,
+}
+
+/// The subclasses, indexed by [`class_of`].
+const CLASSES: [Class; 8] = [
+    Class {
+        name: "InvalidArgumentError",
+        builtin: Builtin::Value,
+        doc: "An argument is out of its domain (negative count, zero tokens, bad size, ...).",
+    },
+    Class {
+        name: "OutOfBlocksError",
+        builtin: Builtin::Value,
+        doc: "A block pool was asked for more blocks than are free.",
+    },
+    Class {
+        name: "BlockOutOfRangeError",
+        builtin: Builtin::Value,
+        doc: "A block id outside 0..num_blocks.",
+    },
+    Class {
+        name: "DoubleFreeError",
+        builtin: Builtin::Value,
+        doc: "Freeing a block whose ref count is already 0.",
+    },
+    Class {
+        name: "UnknownAlgorithmError",
+        builtin: Builtin::Value,
+        doc: "A hash algorithm name kvblocks does not know.",
+    },
+    Class {
+        name: "UnknownRequestError",
+        builtin: Builtin::Key,
+        doc: "A request id the manager does not know, where the call needs one.",
+    },
+    Class {
+        name: "InvalidSpecError",
+        builtin: Builtin::Value,
+        doc: "A KV cache spec or config that cannot be built or merged.",
+    },
+    Class {
+        name: "UnsupportedError",
+        builtin: Builtin::NotImplemented,
+        doc: "A feature of vLLM 0.33 that kvblocks does not implement.",
+    },
+];
+
+/// The index in [`CLASSES`] of the error's class.
+fn class_of(e: &KvError) -> usize {
+    match e {
+        KvError::InvalidArgument(_) => 0,
+        KvError::OutOfBlocks { .. } => 1,
+        KvError::BlockOutOfRange { .. } => 2,
+        KvError::DoubleFree(_) => 3,
+        KvError::UnknownAlgorithm(_) => 4,
+        KvError::UnknownRequest(_) => 5,
+        KvError::InvalidSpec(_) => 6,
+        KvError::Unsupported(_) => 7,
+    }
+}
+
+static TYPES: GILOnceCell<Vec<Py<PyType>>> = GILOnceCell::new();
+
+/// The subclasses, made on first use.
+fn types(py: Python<'_>) -> PyResult<&[Py<PyType>]> {
+    TYPES
+        .get_or_try_init(py, || {
+            let base = py.get_type::<KVBlocksError>();
+            let make_type = py.get_type::<PyType>();
+            CLASSES
+                .iter()
+                .map(|c| {
+                    let builtin = match c.builtin {
+                        Builtin::Value => py.get_type::<PyValueError>(),
+                        Builtin::Key => py.get_type::<PyKeyError>(),
+                        Builtin::NotImplemented => py.get_type::<PyNotImplementedError>(),
+                    };
+                    let bases = PyTuple::new(py, [&base, &builtin])?;
+                    let namespace = PyDict::new(py);
+                    namespace.set_item("__module__", "kvblocks._core")?;
+                    namespace.set_item("__doc__", c.doc)?;
+                    let class = make_type.call1((c.name, bases, namespace))?;
+                    Ok(class.downcast_into::<PyType>()?.unbind())
+                })
+                .collect()
+        })
+        .map(Vec::as_slice)
+}
+
 impl From<KvError> for PyErr {
     fn from(e: KvError) -> Self {
         let msg = e.to_string();
-        match e {
-            KvError::InvalidArgument(_)
-            | KvError::OutOfBlocks { .. }
-            | KvError::BlockOutOfRange { .. }
-            | KvError::DoubleFree(_)
-            | KvError::UnknownAlgorithm(_)
-            | KvError::InvalidSpec(_) => PyValueError::new_err(msg),
-            KvError::UnknownRequest(_) => PyKeyError::new_err(msg),
-            KvError::Unsupported(_) => PyNotImplementedError::new_err(msg),
-        }
+        let index = class_of(&e);
+        Python::with_gil(|py| match types(py) {
+            Ok(types) => PyErr::from_type(types[index].bind(py).clone(), msg),
+            Err(err) => err,
+        })
     }
+}
+
+/// Adds `KVBlocksError` and its subclasses to the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("KVBlocksError", py.get_type::<KVBlocksError>())?;
+    for (class, ty) in CLASSES.iter().zip(types(py)?) {
+        m.add(class.name, ty.bind(py))?;
+    }
+    Ok(())
+}
+
+/// `KvError::InvalidArgument(msg)` as a Python exception, for the bad input the binding
+/// layer itself finds (lengths that differ, a negative count, an unknown format name).
+pub(crate) fn invalid_argument(msg: impl Into<String>) -> PyErr {
+    KvError::InvalidArgument(msg.into()).into()
 }

@@ -21,6 +21,7 @@ mod vllm_request;
 #[pyo3(name = "_core")]
 fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
     events::register(m)?;
     hashing::register(m)?;
     pool::register(m)?;

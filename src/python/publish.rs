@@ -7,7 +7,9 @@
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
+
+use crate::python::errors::invalid_argument;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PySet};
 
@@ -38,9 +40,8 @@ const STORED_UNSUPPORTED: [&str; 4] =
     ["locality", "ownership", "session_id", "lookahead_token_ids"];
 
 fn parse_format(name: &str) -> PyResult<WireFormat> {
-    WireFormat::parse(name).ok_or_else(|| {
-        PyValueError::new_err(format!("format must be 'map' or 'array', got {name:?}"))
-    })
+    WireFormat::parse(name)
+        .ok_or_else(|| invalid_argument(format!("format must be 'map' or 'array', got {name:?}")))
 }
 
 fn interned(value: &str, known: &[&'static str], what: &str) -> PyResult<&'static str> {
@@ -48,7 +49,7 @@ fn interned(value: &str, known: &[&'static str], what: &str) -> PyResult<&'stati
         .iter()
         .copied()
         .find(|k| *k == value)
-        .ok_or_else(|| PyValueError::new_err(format!("unsupported {what} {value:?}")))
+        .ok_or_else(|| invalid_argument(format!("unsupported {what} {value:?}")))
 }
 
 fn now() -> f64 {
@@ -63,13 +64,13 @@ fn opt<'py, T: FromPyObject<'py>>(obj: &Bound<'py, PyAny>, name: &str) -> PyResu
 
 fn medium(obj: &Bound<'_, PyAny>) -> PyResult<&'static str> {
     let m: Option<String> = opt(obj, "medium")?;
-    let m = m.ok_or_else(|| PyValueError::new_err("events without a medium are not supported"))?;
+    let m = m.ok_or_else(|| invalid_argument("events without a medium are not supported"))?;
     interned(&m, &MEDIA, "medium")
 }
 
 fn group_idx(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
     opt::<u32>(obj, "group_idx")?
-        .ok_or_else(|| PyValueError::new_err("events without a group_idx are not supported"))
+        .ok_or_else(|| invalid_argument("events without a group_idx are not supported"))
 }
 
 fn extra_keys(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<EventExtraKeys>>> {
@@ -100,7 +101,7 @@ fn event_from_py(obj: &Bound<'_, PyAny>) -> PyResult<KvCacheEvent> {
         "BlockStored" => {
             for name in STORED_UNSUPPORTED {
                 if obj.hasattr(name)? && !obj.getattr(name)?.is_none() {
-                    return Err(PyValueError::new_err(format!(
+                    return Err(invalid_argument(format!(
                         "BlockStored.{name} is not supported by kvblocks' encoder"
                     )));
                 }
@@ -125,7 +126,7 @@ fn event_from_py(obj: &Bound<'_, PyAny>) -> PyResult<KvCacheEvent> {
         "BlockRemoved" => {
             for name in &STORED_UNSUPPORTED[..2] {
                 if obj.hasattr(*name)? && !obj.getattr(*name)?.is_none() {
-                    return Err(PyValueError::new_err(format!(
+                    return Err(invalid_argument(format!(
                         "BlockRemoved.{name} is not supported by kvblocks' encoder"
                     )));
                 }
@@ -246,7 +247,7 @@ impl PyEventSink {
         timeout: f64,
     ) -> PyResult<Option<(u64, Bound<'py, PyBytes>)>> {
         let timeout = Duration::try_from_secs_f64(timeout)
-            .map_err(|_| PyValueError::new_err("timeout must be a non-negative number"))?;
+            .map_err(|_| invalid_argument("timeout must be a non-negative number"))?;
         let out = py.allow_threads(|| {
             let work = self.sink.pop(timeout)?;
             let mut enc = self.encoder();

@@ -1,6 +1,6 @@
 //! Python bindings for `request::Request`.
 
-use pyo3::exceptions::PyValueError;
+use crate::python::errors::invalid_argument;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList};
 use pyo3::PyTypeInfo;
@@ -52,7 +52,7 @@ fn mm_features(items: Vec<(String, i64, i64)>) -> PyResult<Vec<MmFeature>> {
                     offset,
                     length,
                 }),
-                _ => Err(PyValueError::new_err(format!(
+                _ => Err(invalid_argument(format!(
                     "mm_features[{i}]: offset and length must be >= 0, got ({offset}, {length})"
                 ))),
             }
@@ -242,7 +242,7 @@ fn append_token_ids_batch(
     let requests = request_list(requests)?;
     let tokens = extract_token_ids(token_ids)?;
     if tokens.len() != requests.len() {
-        return Err(PyValueError::new_err(format!(
+        return Err(invalid_argument(format!(
             "{} requests but {} token ids",
             requests.len(),
             tokens.len()

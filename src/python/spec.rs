@@ -2,7 +2,9 @@
 //! names, keywords and `isinstance` relations. Each object holds one core
 //! [`KvCacheSpec`]; other bindings read it through `PyRef<PyKVCacheSpec>::inner`.
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
+
+use crate::python::errors::invalid_argument;
 use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
 use pyo3::types::{PyDict, PyString, PyTuple, PyType};
@@ -22,7 +24,7 @@ impl<'py> FromPyObject<'py> for Count {
         match ob.extract::<usize>() {
             Ok(v) => Ok(Count(v)),
             Err(e) => match ob.extract::<i64>() {
-                Ok(v) if v < 0 => Err(PyValueError::new_err(format!(
+                Ok(v) if v < 0 => Err(invalid_argument(format!(
                     "expected a non-negative integer, got {v}"
                 ))),
                 _ => Err(e),

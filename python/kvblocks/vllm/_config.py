@@ -11,8 +11,9 @@ from typing import Any
 import kvblocks as kb
 
 
-class UnsupportedConfigError(NotImplementedError):
-    """A vLLM configuration (spec type, option) the kvblocks core does not implement."""
+class UnsupportedConfigError(kb.UnsupportedError):
+    """A vLLM configuration (spec type, option) the kvblocks core does not implement (a
+    `kvblocks.UnsupportedError`, so also a `NotImplementedError`)."""
 
 
 def _common(spec: Any) -> dict[str, Any]:
