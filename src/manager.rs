@@ -775,6 +775,41 @@ impl KvCacheManager {
         }
     }
 
+    /// The tables of `request_ids` in `group` as one row-major `i32` matrix, written to
+    /// `out` (cleared first): row `r` is request `r`'s block ids padded with the null
+    /// block 0. Returns the width, the longest of those tables but at least 1 (vLLM's
+    /// block tables are never zero wide, and Python's memoryview cannot be). An unknown
+    /// request id gives a row of nulls, as its table is empty (vLLM's `get_block_ids`).
+    /// `InvalidArgument` for a group out of range or a block id beyond `i32::MAX`.
+    pub fn block_table_into<S: AsRef<str>>(
+        &self,
+        request_ids: &[S],
+        group: usize,
+        out: &mut Vec<i32>,
+    ) -> Result<usize> {
+        if group >= self.num_groups {
+            return Err(KvError::InvalidArgument(format!(
+                "group id {group} out of range for {} groups",
+                self.num_groups
+            )));
+        }
+        let rows = request_ids
+            .iter()
+            .map(|id| self.block_table(id.as_ref(), group));
+        let width = rows.clone().map(<[BlockId]>::len).max().unwrap_or(0).max(1);
+        out.clear();
+        out.reserve(request_ids.len() * width);
+        for table in rows {
+            for &b in table {
+                out.push(i32::try_from(b).map_err(|_| {
+                    KvError::InvalidArgument(format!("block id {b} does not fit int32"))
+                })?);
+            }
+            out.resize(out.len() + width - table.len(), 0);
+        }
+        Ok(width)
+    }
+
     /// Caches the request's full blocks up to `num_computed_tokens` (after a delayed
     /// P/D load). A no-op with caching off. For a request the manager holds no blocks
     /// for: `UnknownRequest` if it has a full block to cache (vLLM raises `KeyError`

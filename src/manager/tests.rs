@@ -662,3 +662,37 @@ fn slot_hints_never_name_another_requests_slot() {
     assert_eq!(m.get_block_ids("a"), vec![a_again[0].clone()]);
     assert_eq!(m.coord.pool().check_invariants(), Ok(()));
 }
+
+#[test]
+fn block_table_rows_padded_with_nulls() {
+    let mut m = mgr(vec![full(4), swa(4, 4, 1)], 32, 4);
+    let mut a = TestReq::new("a", toks(0, 10), 4);
+    let mut b = TestReq::new("b", toks(100, 3), 4);
+    admit(&mut m, &mut a);
+    admit(&mut m, &mut b);
+    let ta = m.block_table("a", 0).to_vec();
+    let tb = m.block_table("b", 0).to_vec();
+    assert_eq!((ta.len(), tb.len()), (3, 1));
+    let mut out = vec![7; 2];
+    let width = m.block_table_into(&["b", "zz", "a"], 0, &mut out).unwrap();
+    assert_eq!(width, 3);
+    let row = |t: &[BlockId]| {
+        let mut r: Vec<i32> = t.iter().map(|&x| x as i32).collect();
+        r.resize(3, 0);
+        r
+    };
+    assert_eq!(out, [row(&tb), vec![0; 3], row(&ta)].concat());
+    // The second group: the sliding window's nulls stay in place.
+    let width = m.block_table_into(&["a"], 1, &mut out).unwrap();
+    assert_eq!(width, m.block_table("a", 1).len());
+    assert_eq!(out, row(m.block_table("a", 1)));
+    // No rows, or only empty tables: one column of nulls.
+    assert_eq!(m.block_table_into::<&str>(&[], 0, &mut out), Ok(1));
+    assert!(out.is_empty());
+    assert_eq!(m.block_table_into(&["x", "y"], 0, &mut out), Ok(1));
+    assert_eq!(out, [0, 0]);
+    assert!(matches!(
+        m.block_table_into(&["a"], 2, &mut out),
+        Err(KvError::InvalidArgument(_))
+    ));
+}
