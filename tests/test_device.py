@@ -793,3 +793,46 @@ def test_kernel_compiles_for_hopper_with_16_byte_accesses() -> None:
     compiled = triton.compile(source, target=backends.GPUTarget("cuda", 90, 32))
     ptx = compiled.asm["ptx"]
     assert "ld.global.v2.b64" in ptx and "st.global.v2.b64" in ptx
+
+
+def test_manager_block_table_goes_in_as_is() -> None:
+    """`KVCacheManager.block_table(ids)` (a 2-D int32 buffer) is taken by block_table and
+    slot_mapping without conversion: on the CPU the tensor views the buffer's memory."""
+    import kvblocks as kb
+
+    spec = kb.FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
+    mgr = kb.KVCacheManager(kb.KVCacheConfig(32, [], [kb.KVCacheGroupSpec(["l"], spec)]), 64, 4)
+    reqs = {"a": 9, "b": 3, "c": 14}
+    for rid, n in reqs.items():
+        assert mgr.allocate_slots(kb.Request(rid, list(range(n)), None), n) is not None
+    ids = ["c", "x", "a", "b"]
+    lists = [mgr.get_block_ids(r)[0] for r in ids]
+    buf = mgr.block_table(ids)
+    width = memoryview(buf).shape[1]
+    assert width == 4
+    table = block_table(buf, width)
+    assert table.dtype == torch.int32 and table.shape == (4, width)
+    assert torch.equal(table, block_table(lists, width))
+    memoryview(buf)[0, 0] = 31  # the tensor is a view of the buffer: no copy
+    assert int(table[0, 0]) == 31
+    memoryview(buf)[0, 0] = lists[0][0]
+    # Wider: padded with nulls; narrower: cut where only nulls are cut.
+    assert torch.equal(block_table(buf, 6), block_table(lists, 6))
+    assert torch.equal(block_table(mgr.block_table(["x", "y"]), 0), torch.zeros((2, 0)).int())
+    with pytest.raises(ValueError, match="max_blocks"):
+        block_table(buf, 3)
+    computed, scheduled = [12, 0, 8, 2], [2, 0, 1, 1]
+    slots = slot_mapping(buf, computed, scheduled, block_size=4)
+    assert torch.equal(slots, slot_mapping(table, computed, scheduled, block_size=4))
+    expected = [
+        lists[r][pos // 4] * 4 + pos % 4
+        for r, (c, n) in enumerate(zip(computed, scheduled, strict=True))
+        for pos in range(c, c + n)
+    ]
+    assert slots.tolist() == expected
+    # A table without rows, and a read-only int32 buffer (copied, never written).
+    assert block_table(mgr.block_table([]), 2).shape == (0, 2)
+    frozen = memoryview(bytes(memoryview(buf))).cast("i", (4, width))
+    assert torch.equal(block_table(frozen, width), table)
+    for device in DEVICES:
+        assert torch.equal(block_table(buf, width, device).cpu(), table)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from kvblocks.device._pages import Ids, _host_ids
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+# The struct formats of a native 4-byte signed int (memoryview writes "i"; ctypes and
+# numpy may spell the byte order out).
+_INT32_FORMATS = {"i", "@i", "=i", "<i" if sys.byteorder == "little" else ">i"}
 
 
 def _on(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
@@ -16,15 +24,51 @@ def _on(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to(device)
 
 
+def _int32_matrix(obj: object) -> torch.Tensor | None:
+    """A C-contiguous 2-D int32 buffer (`KVCacheManager.block_table`'s result, a numpy
+    array) as a tensor viewing the same memory (a copy only for a read-only buffer), or
+    None for anything else."""
+    if isinstance(obj, (torch.Tensor, list, tuple, range)):
+        return None
+    try:
+        view = memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    if (
+        view.ndim != 2
+        or view.itemsize != 4
+        or view.format not in _INT32_FORMATS
+        or not view.c_contiguous
+    ):
+        return None
+    shape = tuple(view.shape or ())
+    if view.nbytes == 0:
+        return torch.zeros(shape, dtype=torch.int32)
+    if view.readonly:  # torch would warn, and a write through the tensor would corrupt it
+        view = memoryview(bytearray(view)).cast("i", shape)
+    return torch.frombuffer(view, dtype=torch.int32).view(shape)
+
+
 def block_table(
-    block_ids_per_request: Sequence[Ids],
+    block_ids_per_request: Sequence[Ids] | Buffer,
     max_blocks: int,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """An int32 `[num_requests, max_blocks]` table, row r = request r's block ids padded with
-    0 (the null block), as vLLM's BlockTable."""
+    0 (the null block), as vLLM's BlockTable.
+
+    `block_ids_per_request` is one id sequence per request, or a whole 2-D int32 table
+    with the buffer protocol (`KVCacheManager.block_table(ids)`), taken as it is: on the
+    CPU at `max_blocks` columns the result views its memory; narrower tables are padded
+    with nulls, wider ones cut where the extra columns hold only nulls."""
     if max_blocks < 0:
         raise ValueError(f"max_blocks must be >= 0, got {max_blocks}")
+    matrix = _int32_matrix(block_ids_per_request)
+    if matrix is not None:
+        if matrix.numel() and int(matrix.min()) < 0:
+            raise ValueError(f"block_table: negative block id {int(matrix.min())}")
+        return _on(torch.device(device), _fit_width(matrix, max_blocks))
+    block_ids_per_request = cast("Sequence[Ids]", block_ids_per_request)
     parts = [
         _host_ids(ids, f"block_table request {r}").tensor
         for r, ids in enumerate(block_ids_per_request)
@@ -47,8 +91,27 @@ def block_table(
     return _on(torch.device(device), table)
 
 
+def _fit_width(table: torch.Tensor, max_blocks: int) -> torch.Tensor:
+    """`table` at `max_blocks` columns: padded with nulls, or cut where the columns cut hold
+    only nulls (the table itself when it has that width)."""
+    rows, width = table.shape
+    if width < max_blocks:
+        wide = torch.zeros((rows, max_blocks), dtype=torch.int32)
+        wide[:, :width] = table
+        return wide
+    if width > max_blocks:
+        extra = torch.nonzero(table[:, max_blocks:])
+        if extra.numel():
+            row = int(extra[0, 0])
+            raise ValueError(
+                f"block_table: request {row} has more blocks than max_blocks={max_blocks}"
+            )
+        return table[:, :max_blocks].contiguous()
+    return table
+
+
 def slot_mapping(
-    table: torch.Tensor,
+    table: torch.Tensor | Buffer,
     num_computed_tokens: Ids,
     num_scheduled_tokens: Ids,
     block_size: int,
@@ -59,6 +122,9 @@ def slot_mapping(
     `table[r, p // block_size] * block_size + p % block_size`. Positions run from
     num_computed_tokens[r] for num_scheduled_tokens[r] tokens. Padded with -1 to `pad_to`.
     """
+    matrix = _int32_matrix(table)
+    if matrix is not None:
+        table = matrix
     if not isinstance(table, torch.Tensor) or table.dim() != 2:
         raise TypeError("slot_mapping: table must be a 2-D tensor (see block_table)")
     if table.dtype.is_floating_point or table.dtype == torch.bool:
