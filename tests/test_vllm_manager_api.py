@@ -214,3 +214,30 @@ def test_install_swaps_vllms_objects_and_uninstall_restores_them() -> None:
         core.get_request_block_hasher,
     ) == before
     assert not kv.installed()
+
+
+@pytest.mark.parametrize(("switch", "module"), [("1", "kvblocks"), ("", "vllm")])
+def test_vllms_plugin_loader_installs_kvblocks_only_when_switched_on(
+    switch: str, module: str
+) -> None:
+    """A vLLM process loads kvblocks' `vllm.general_plugins` entry point (kvblocks
+    installed as a distribution, as `make test-vllm` does); it installs on KVBLOCKS_VLLM=1."""
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    if not any(
+        ep.value.startswith("kvblocks.") for ep in entry_points(group="vllm.general_plugins")
+    ):
+        pytest.skip("kvblocks is not installed as a distribution here")
+    code = (
+        "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
+        "import vllm.v1.core.sched.scheduler as s, vllm.v1.engine.core as c\n"
+        "print(s.KVCacheManager.__module__.split('.')[0],"
+        " c.get_request_block_hasher.__module__.split('.')[0])\n"
+    )
+    env = {**os.environ, "KVBLOCKS_VLLM": switch}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert out.stdout.split() == [module, module]
