@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn block_sizes_hybrid() {
-        // FA bs 32 (fp16) + SWA bs 16 (fp32): scheduler 32, hash 16 (semantics 5.6).
+        // FA bs 32 (fp16) + SWA bs 16 (fp32): scheduler 32 (lcm), hash 16 (gcd).
         let fa = KvCacheSpec::from(FullAttentionSpec::new(attn(32, Dtype::Float16)));
         let swa = KvCacheSpec::from(SlidingWindowSpec {
             attn: attn(16, Dtype::Float32),

@@ -1,4 +1,4 @@
-//! KV cache coordinators (section 5 of the semantics reference): one shared
+//! KV cache coordinators (docs/ARCHITECTURE.md, "Prefix hits" and "Allocation"): one shared
 //! [`BlockPool`], one [`SingleTypeManager`] per group, and the cross-group rules: which
 //! coordinator runs (no prefix cache, unitary, hybrid), the hybrid fixed-point cache-hit
 //! search, and the group-ordered fan-out of every other operation.

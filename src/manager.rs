@@ -1,4 +1,4 @@
-//! The `KVCacheManager` facade (section 6 of the semantics reference): what a scheduler
+//! The `KVCacheManager` facade (docs/ARCHITECTURE.md, "Allocation"): what a scheduler
 //! calls. It resolves a request id to a slot once per call and hands that request's
 //! per-group tables to the [`Coordinator`].
 //!

@@ -410,8 +410,8 @@ mod tests {
         KeyValue::Str(x.to_owned())
     }
 
-    /// The worked examples of section 2.4 (features hash1@[0,5), hash2@[10,15), LoRA L,/p,
-    /// salt s).
+    /// Worked examples, checked against vLLM 0.33.0 (features hash1@[0,5), hash2@[10,15),
+    /// LoRA L,/p, salt s).
     #[test]
     fn reference_examples() {
         let feats = [feat("hash1", 0, 5), feat("hash2", 10, 5)];

@@ -1,4 +1,4 @@
-//! Prefix block hashing, bit-identical to vLLM 0.33.0 (section 2 of the semantics reference).
+//! Prefix block hashing, bit-identical to vLLM 0.33.0 (docs/ARCHITECTURE.md, "Hashing").
 //!
 //! `hash_i = F((parent, tuple(tokens_i), extra_keys_i))` where `parent` is the previous
 //! block's hash (NONE_HASH for the first block) and `F` is one of vLLM's four

@@ -1,5 +1,6 @@
-//! The worked examples of sections 3.9, 4.8–4.12, 5.5, 5.6 and 6.3 (verified against
-//! vLLM 0.33.0), driven through the facade.
+//! Worked examples, each verified against vLLM 0.33.0: pool order, every attention type,
+//! the hybrid hit search, scheduler and hash block sizes, and `allocate_slots`, driven
+//! through the facade.
 
 use super::*;
 use crate::managers::{AttentionKind as K, ManagerParams, RequestView};

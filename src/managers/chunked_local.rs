@@ -1,4 +1,4 @@
-//! Chunked local attention (section 4.10): only the current chunk is attended; blocks
+//! Chunked local attention: only the current chunk is attended; blocks
 //! of earlier chunks are nulled, and count as hits without a lookup.
 
 use super::{cdiv, HitQuery};

@@ -1,4 +1,4 @@
-//! Cross-attention (section 4.12): blocks for the encoder tokens, allocated once; never
+//! Cross-attention: blocks for the encoder tokens, allocated once; never
 //! cached (encoder-decoder models run with prefix caching off). The coordinator passes
 //! `num_encoder_tokens` as this group's token count.
 

@@ -1,5 +1,5 @@
 //! Full attention (also MLA and sink): every block stays until the request ends, hits
-//! are the longest run of cached blocks from the start (section 4.8).
+//! are the longest run of cached blocks from the start.
 
 use super::{cdiv, HitQuery, RequestBlocks, RequestView, SingleTypeManager};
 use crate::error::Result;

@@ -1,4 +1,4 @@
-//! Mamba state (section 4.11). Mode `"none"` (prefix caching off): one live state block
+//! Mamba state. Mode `"none"` (prefix caching off): one live state block
 //! per request plus the speculative blocks, through the common code. Mode `"align"`
 //! (prefix caching on), for the subset kvblocks supports: the Mamba block size equals
 //! the hash block size (no fine-grained partial hits, no copy-on-write), no speculative

@@ -1,5 +1,5 @@
 //! Single-type managers: the per-group rules of vLLM 0.33.0's
-//! `SingleTypeKVCacheManager` family (section 4 of the semantics reference).
+//! `SingleTypeKVCacheManager` family (docs/ARCHITECTURE.md, "Attention types").
 //!
 //! One [`SingleTypeManager`] per KV cache group. It holds no per-request state itself:
 //! each request's table for the group is a [`RequestBlocks`] owned by the coordinator, so

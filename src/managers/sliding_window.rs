@@ -1,4 +1,4 @@
-//! Sliding-window attention (section 4.9): blocks before the window are nulled and
+//! Sliding-window attention: blocks before the window are nulled and
 //! freed, and a hit needs `cdiv(sw - 1, bs)` contiguous cached blocks ending at the hit.
 
 use super::{cdiv, HitQuery, Retention};

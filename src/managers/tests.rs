@@ -1,4 +1,5 @@
-//! Per-type lookups and window bookkeeping (sections 4.2, 4.9, 4.10), driven directly.
+//! Per-type lookups and window bookkeeping (blocks to allocate, sliding window, chunked
+//! local), driven directly.
 
 use super::*;
 use crate::pool::events::TokensOnly;

@@ -1,6 +1,5 @@
 //! The block pool: blocks as rows addressed by `u32` ids, the LRU free queue and the
-//! prefix cache map, with vLLM 0.33.0's exact ordering (section 3 of the semantics
-//! reference).
+//! prefix cache map, with vLLM 0.33.0's exact ordering (docs/ARCHITECTURE.md, "Pool").
 //!
 //! ```
 //! use kvblocks::pool::BlockPool;
