@@ -1,5 +1,6 @@
-"""A plain-Python reference model of vLLM 0.33.0's KV cache rules, written from the
-semantics reference (sections 3, 4.8, 4.9, 5, 6.3), independent of kvblocks' code.
+"""A plain-Python reference model of vLLM 0.33.0's KV cache rules (the pool, full attention,
+sliding window, the coordinators and `allocate_slots`; see docs/ARCHITECTURE.md), written
+independently of kvblocks' code.
 
 It uses kvblocks only to read a request's block hashes (the hashing itself is checked
 against vLLM elsewhere). Everything else — the free queue, ref counts, the prefix map,
@@ -29,7 +30,7 @@ def external(block_hash: bytes) -> int:
 
 
 class PoolModel:
-    """BlockPool (section 3): a list as the free queue, a dict of lists as the map."""
+    """BlockPool: a list as the free queue, a dict of lists as the map."""
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, events: bool = False) -> None:
         if num_blocks < 1:
@@ -228,14 +229,14 @@ class GroupModel:
     sliding_window: int | None = None
 
     def skipped_tokens(self, num_computed: int) -> int:
-        """Tokens before the window of the next token (section 4.7)."""
+        """Tokens before the window of the next token."""
         if self.sliding_window is None:
             return 0
         return max(0, num_computed - self.sliding_window + 1)
 
 
 class ManagerModel:
-    """KVCacheManager (sections 4.1-4.9, 5, 6.2-6.4) for full-attention and sliding-window
+    """KVCacheManager for full-attention and sliding-window
     groups, dense SWA retention, no EAGLE, no KV connector, no watermark.
 
     Requests are read through `request_id`, `num_tokens`, `num_computed_tokens` and
@@ -418,7 +419,7 @@ class ManagerModel:
         new_computed: list[list[int]] | None = None,
         num_lookahead_tokens: int = 0,
     ) -> list[list[int]] | None:
-        """The new blocks per group, or None if they do not fit (section 6.3)."""
+        """The new blocks per group, or None if they do not fit."""
         if num_new_tokens == 0 and num_new_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0")
         rid = req.request_id

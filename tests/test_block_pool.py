@@ -1,6 +1,5 @@
-"""Behaviour of `kvblocks.BlockPool`: vLLM 0.33.0's BlockPool ordering (traces A and B of
-section 3.9 of the semantics reference), events, reset, and bad input leaving the pool
-unchanged."""
+"""Behaviour of `kvblocks.BlockPool`: vLLM 0.33.0's BlockPool ordering (two worked traces,
+checked against vLLM), events, reset, and bad input leaving the pool unchanged."""
 
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ def test_resolve_block_sizes() -> None:
     assert _config(full()).resolve_block_sizes(dcp_world_size=4) == (64, 64)
     with pytest.raises(ValueError, match="prefix_match_unit"):
         _config(full()).resolve_block_sizes(prefix_match_unit=8)
-    # The semantics 5.6 example: FA bs 32 + SWA bs 16 -> lcm 32, gcd 16.
+    # FA bs 32 + SWA bs 16 -> scheduler block size lcm 32, hash block size gcd 16.
     hybrid = _config(full(32), swa())
     assert hybrid.resolve_block_sizes() == (32, 16)
     assert hybrid.resolve_block_sizes(enable_prefix_caching=False) == (32, 32)

@@ -1,6 +1,6 @@
 """The plain-Python ManagerModel side by side with a real KV cache manager.
 
-A `Driver` plays vLLM's scheduler (section 6.7 of the semantics reference): requests with
+A `Driver` plays vLLM's scheduler: requests with
 shared prefixes, cache salts and LoRA adapters arrive, are admitted with their prefix hit,
 prefilled in chunks, decode with lookahead slots, get preempted when the pool is full,
 finish; blocks are evicted and the prefix cache reset in between. Every call goes to the
@@ -37,7 +37,7 @@ PREFIXES = [[7] * 12, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], []]
 # scheduler block size is the lcm of the group block sizes. A full-attention group with
 # blocks larger than the hash block is left out: vLLM 0.33 then also registers the prompt
 # tail as a partial prefix-cache entry (`FullAttentionManager._cache_partial_tail_block`),
-# which the model (like section 4.8 of the reference) does not implement.
+# which the model does not implement.
 LAYOUTS: list[list[tuple[int, int | None]]] = [
     [(4, None)],
     [(4, 8)],

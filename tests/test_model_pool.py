@@ -27,7 +27,7 @@ from hypothesis.stateful import (
 from model import NULL_BLOCK, PoolModel, event_tuple, pool_state
 
 HBS = 4
-GROUP_BLOCK_SIZES = (HBS, 2 * HBS)  # group 1 uses every second hash (section 3.7)
+GROUP_BLOCK_SIZES = (HBS, 2 * HBS)  # group 1 uses every second hash
 PREFIXES = [[7] * 8, [1, 2, 3, 4, 5, 6, 7, 8, 9], []]
 
 

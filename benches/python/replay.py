@@ -2,9 +2,10 @@
 """Replay a trace through kvblocks (and/or vLLM 0.33) and time the KV cache manager.
 
 The conformance and speed driver of the project: the scheduler loop of
-``tools/vllm-oracle/driver_vllm.py`` (``kvblocks.sim.engine``), the same flags, and ONE JSON line
-on stdout with the driver's field names (``calls``, ``kv_total_ns``, ``request_hash_ns``,
-``digest``, ...). Digests equal to the driver's mean identical block allocation.
+``kvblocks.sim.engine`` (the one the oracle's ``driver_vllm.py`` runs), the same flags, and
+ONE JSON line on stdout with the driver's field names (``calls``, ``kv_total_ns``,
+``request_hash_ns``, ``digest``, ...). Digests equal to the driver's mean identical block
+allocation.
 
     python benches/python/replay.py TRACE.jsonl --config hybrid --num-blocks 32768
     python benches/python/replay.py TRACE.jsonl --impl vllm          # vLLM's manager

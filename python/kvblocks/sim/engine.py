@@ -1,6 +1,6 @@
 """The scheduler loop: a vLLM-style engine driving a KV cache manager, one step at a time.
 
-The loop is the one specified by ``tools/vllm-oracle/driver_vllm.py`` (a faithful subset of
+The loop is the one the vLLM oracle's conformance driver (``driver_vllm.py``) runs (a subset of
 vLLM 0.33's ``Scheduler.schedule`` with sync scheduling, FCFS, no spec decode, no
 connectors, watermark 0). Each executed step (:meth:`Engine.step`):
 

@@ -1,6 +1,7 @@
 """Request workloads for trace replay: built-in generators and trace-file readers.
 
-Token rule (the kvtrace-v1 rule of ``tools/vllm-oracle/trace.py``; all ids in ``[0, vocab)``)::
+Token rule (kvtrace-v1, ``docs/trace-kvtrace.md``; the oracle's ``trace.py`` draws the same;
+all ids in ``[0, vocab)``)::
 
     splitmix64(x) = mix(x + 0x9E3779B97F4A7C15 mod 2**64)
     tok(seed, i)  = splitmix64(splitmix64(seed) + i mod 2**64) mod vocab
