@@ -2,8 +2,8 @@
 //! of block-hash inputs: tuples become arrays, ints use the shortest head, `None` is
 //! `0xf6`, bools `0xf4`/`0xf5`, `str` a text string, `bytes` a byte string.
 
-use super::cbor_tokens;
 use super::encode::Encoder;
+use super::tokens::{self as token_words, CborUint};
 
 /// CBOR encoder writing into a caller-owned, reused buffer.
 pub(crate) struct Cbor<'b> {
@@ -83,11 +83,12 @@ impl Encoder for Cbor<'_> {
     fn tokens(&mut self, tokens: &[u32]) {
         self.head(4, tokens.len() as u64);
         let start = self.buf.len();
-        self.buf.reserve(cbor_tokens::max_len(tokens.len()));
+        self.buf
+            .reserve(token_words::max_len::<CborUint>(tokens.len()));
         // SAFETY: `reserve` made room for `max_len` bytes after `start`; `write` returns
         // how many of them it wrote, all initialized.
         unsafe {
-            let n = cbor_tokens::write(self.buf.as_mut_ptr().add(start), tokens);
+            let n = token_words::write::<CborUint>(self.buf.as_mut_ptr().add(start), tokens);
             self.buf.set_len(start + n);
         }
     }

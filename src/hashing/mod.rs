@@ -14,12 +14,12 @@
 //! ```
 
 mod cbor;
-mod cbor_tokens;
 mod chain;
 mod encode;
 mod extra_keys;
 mod pickle;
 mod sha256;
+mod tokens;
 mod view;
 
 use std::cell::RefCell;

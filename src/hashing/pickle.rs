@@ -26,6 +26,7 @@
 //! one block, pickles differently in CPython.
 
 use super::encode::Encoder;
+use super::tokens::{self as token_words, PickleInt, Words};
 
 const PROTO: u8 = 0x80;
 const FRAME: u8 = 0x95;
@@ -38,10 +39,10 @@ const TUPLE1: u8 = 0x85;
 const NONE: u8 = b'N';
 const NEWTRUE: u8 = 0x88;
 const NEWFALSE: u8 = 0x89;
-const BININT1: u8 = b'K';
-const BININT2: u8 = b'M';
-const BININT: u8 = b'J';
-const LONG1: u8 = 0x8a;
+pub(super) const BININT1: u8 = b'K';
+pub(super) const BININT2: u8 = b'M';
+pub(super) const BININT: u8 = b'J';
+pub(super) const LONG1: u8 = 0x8a;
 const SHORT_BINUNICODE: u8 = 0x8c;
 const BINUNICODE: u8 = b'X';
 const BINUNICODE8: u8 = 0x8d;
@@ -57,26 +58,6 @@ const FRAME_SIZE_TARGET: usize = 64 * 1024;
 const FRAME_SIZE_MIN: usize = 4;
 /// `FRAME` opcode plus its u64 length.
 const FRAME_HEADER: usize = 9;
-/// The widest int opcode a `u32` token needs (`LONG1 5 <5 bytes>`).
-const MAX_TOKEN_BYTES: usize = 7;
-
-/// The pickle int opcode for token `t` as a little-endian word, and its length.
-///
-/// NOTE 2: branch-free for `t < 2**31` (random widths would mispredict): the class
-/// `c = [t >= 256] + [t >= 65536]` picks `K`/`M`/`J` and a payload of `1 << c` bytes.
-/// `t >= 2**31` is `LONG1 5 <t as 5 bytes>`, rare enough for a branch.
-#[inline(always)]
-fn token_word(t: u32) -> (u64, usize) {
-    if t >= 1 << 31 {
-        return (u64::from(LONG1) | (5 << 8) | (u64::from(t) << 16), 7);
-    }
-    let c = u32::from(t >= 256) + u32::from(t >= 65536);
-    // [BININT1, BININT2, BININT][c], as a shift so that it stays branch-free.
-    let ops = u32::from_le_bytes([BININT1, BININT2, BININT, 0]);
-    let op = (ops >> (8 * c)) & 0xff;
-    (u64::from(op) | (u64::from(t) << 8), 1 + (1usize << c))
-}
-
 /// An object CPython shares between all its uses (see NOTE 1).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Shared {
@@ -343,11 +324,12 @@ impl Encoder for Pickle<'_> {
 
     fn tokens(&mut self, tokens: &[u32]) {
         self.tuple_begin(tokens.len());
-        if self.frame_len() + MAX_TOKEN_BYTES * tokens.len() < FRAME_SIZE_TARGET {
+        if self.frame_len() + PickleInt::MAX * tokens.len() < FRAME_SIZE_TARGET {
             // No frame boundary can fall inside: write all ints in one go.
             self.open_frame();
             let start = self.buf.len();
-            self.buf.resize(start + words_len(tokens.len()), 0);
+            self.buf
+                .resize(start + token_words::max_len::<PickleInt>(tokens.len()), 0);
             let n = put_tokens(&mut self.buf[start..], tokens);
             self.buf.truncate(start + n);
         } else {
@@ -359,22 +341,13 @@ impl Encoder for Pickle<'_> {
     }
 }
 
-/// Room [`put_tokens`] needs for `n` tokens: the widest opcodes, each stored as a word.
-fn words_len(n: usize) -> usize {
-    MAX_TOKEN_BYTES * n + 8
-}
-
-/// Writes the int opcodes of `tokens` at the start of `out` (at least `words_len` bytes)
-/// and returns their length.
-#[inline(always)]
+/// Writes the int opcodes of `tokens` at the start of `out`, which holds at least
+/// `max_len::<PickleInt>(tokens.len())` bytes, and returns their length.
+#[inline]
 fn put_tokens(out: &mut [u8], tokens: &[u32]) -> usize {
-    let mut pos = 0;
-    for &t in tokens {
-        let (word, len) = token_word(t);
-        out[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
-        pos += len;
-    }
-    pos
+    assert!(out.len() >= token_words::max_len::<PickleInt>(tokens.len()));
+    // SAFETY: `out` is valid for writes of `max_len` bytes (checked just above).
+    unsafe { token_words::write::<PickleInt>(out.as_mut_ptr(), tokens) }
 }
 
 /// Bytes [`plain_block`] keeps writable past the message (SHA-256 pads in place).
@@ -394,11 +367,11 @@ pub(crate) fn plain_block(buf: &mut Vec<u8>, parent: &[u8], tokens: &[u32]) -> O
     const HEAD: usize = 2 + FRAME_HEADER;
     let n = tokens.len();
     // Frame: parent, MARK, tokens, TUPLE, MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP.
-    let max_frame = 2 + parent.len() + 1 + 1 + MAX_TOKEN_BYTES * n + 6;
+    let max_frame = 2 + parent.len() + 1 + 1 + PickleInt::MAX * n + 6;
     if n == 0 || parent.len() > 0xff || max_frame >= FRAME_SIZE_TARGET {
         return None;
     }
-    let room = HEAD + max_frame + 8 + PLAIN_SLACK;
+    let room = HEAD + max_frame + token_words::max_len::<PickleInt>(0) + PLAIN_SLACK;
     if buf.len() < room {
         buf.resize(room, 0);
     }
@@ -561,7 +534,7 @@ mod tests {
         for t in cases {
             let mut want = [0u8; 11];
             let n = Pickle::put_int(&mut want, i64::from(t));
-            let (word, len) = token_word(t);
+            let (word, len) = PickleInt::word(t);
             assert_eq!(
                 (&word.to_le_bytes()[..len], len),
                 (&want[..n], n),
