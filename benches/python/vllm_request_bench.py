@@ -10,7 +10,9 @@ block of the prompt through the request's `block_hasher`) with
 `vllm.v1.core.kv_cache_utils.get_request_block_hasher` and with
 `kvblocks.vllm.get_request_block_hasher`, in one process, alternating rounds, and reports
 the medians and their ratio per algorithm. Also times a decode step
-(`append_output_token_ids` of one token, the hasher's early return) for each.
+(`append_output_token_ids` of one token, the hasher's early return) for each, and
+`Request()` with a hasher that returns no hash: `Request()`'s own work (copying the
+prompt, ...), which both sides pay and no hasher can remove.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ def _time_ns(fn: Callable[[], object], inner: int) -> float:
         gc.enable()
 
 
+def _no_hash(request: Request) -> list[bytes]:
+    """A block hasher that hashes nothing."""
+    return []
+
+
 def bench_request(
     algo: str = "sha256_cbor",
     prompt_tokens: int = 32 * 1024,
@@ -53,8 +60,8 @@ def bench_request(
     """`Request()` with a `prompt_tokens`-token prompt, vLLM's hasher against kvblocks'.
 
     Alternates one round of `inner` constructions per side, `rounds` times, and returns
-    the median ns per `Request()` of each side, their ratio, and the same for one decode
-    append (no new block) per side.
+    the median ns per `Request()` of each side, their ratio, the same for one decode
+    append (no new block) per side, and the median ns of `Request()` with a no-op hasher.
     """
     fn = get_hash_fn_by_name(algo)
     kcu.init_none_hash(fn)
@@ -74,12 +81,15 @@ def bench_request(
     assert make("kvblocks").block_hashes == want and len(want) == prompt_tokens // hash_block_size
     times: dict[str, list[float]] = {side: [] for side in hashers}
     decode: dict[str, list[float]] = {side: [] for side in hashers}
+    own: list[float] = []
     for r in range(rounds):
         order = list(hashers) if r % 2 == 0 else list(hashers)[::-1]
         for side in order:
             times[side].append(_time_ns(lambda s=side: make(s), inner))
             req = make(side)
             decode[side].append(_time_ns(lambda req=req: req.append_output_token_ids(1), 200))
+        alone = lambda: Request("r", prompt, params, None, block_hasher=_no_hash)  # noqa: E731
+        own.append(_time_ns(alone, inner))
     med = {side: statistics.median(v) for side, v in times.items()}
     dmed = {side: statistics.median(v) for side, v in decode.items()}
     return {
@@ -90,6 +100,7 @@ def bench_request(
         "ratio": med["vllm"] / med["kvblocks"],
         "decode_vllm_ns": dmed["vllm"],
         "decode_kvblocks_ns": dmed["kvblocks"],
+        "request_alone_ns": statistics.median(own),
     }
 
 
@@ -101,7 +112,7 @@ def main() -> None:
     args = ap.parse_args()
     print(
         f"{'algo':<12} {'vLLM Request()':>15} {'kvblocks':>12} {'ratio':>7}"
-        f" {'decode vLLM':>12} {'decode kvb':>11}"
+        f" {'decode vLLM':>12} {'decode kvb':>11} {'no-op hasher':>13}"
     )
     for algo in args.algos.split(","):
         try:
@@ -112,7 +123,7 @@ def main() -> None:
         print(
             f"{algo:<12} {r['vllm_ns'] / 1e3:>12.0f} µs {r['kvblocks_ns'] / 1e3:>9.0f} µs"
             f" {r['ratio']:>6.1f}x {r['decode_vllm_ns']:>9.0f} ns"
-            f" {r['decode_kvblocks_ns']:>8.0f} ns"
+            f" {r['decode_kvblocks_ns']:>8.0f} ns {r['request_alone_ns'] / 1e3:>10.0f} µs"
         )
 
 
