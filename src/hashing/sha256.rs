@@ -39,20 +39,26 @@ pub(crate) fn sha256(data: &[u8]) -> [u8; 32] {
 /// `len + 72` bytes, and those past `len` are overwritten.
 pub(crate) fn sha256_padded(buf: &mut [u8], len: usize) -> [u8; 32] {
     let mut state = H0;
+    buf[len + 1..padded_len(len) - 8].fill(0);
     let end = pad(buf, len, len);
     compress(&mut state, &buf[..end]);
     digest_of(state)
 }
 
 /// Writes SHA-256's padding for a message of `total` bytes whose last `rest` bytes start
-/// `buf` (`rest == total` when all of it does): the 0x80 marker, zeros, the bit length.
-/// Returns where the padded message ends (a multiple of 64).
+/// `buf` (`rest == total` when all of it does), where the bytes after them are zeros: the
+/// 0x80 marker and the bit length. Returns where the padded message ends (a multiple of 64).
 fn pad(buf: &mut [u8], rest: usize, total: usize) -> usize {
-    let end = (rest + 9).next_multiple_of(64);
+    let end = padded_len(rest);
     buf[rest] = 0x80;
-    buf[rest + 1..end - 8].fill(0);
     buf[end - 8..end].copy_from_slice(&(total as u64 * 8).to_be_bytes());
     end
+}
+
+/// The length of a message of `n` bytes with its padding (the 0x80 marker and the 8-byte
+/// bit length), rounded up to 64-byte blocks.
+fn padded_len(n: usize) -> usize {
+    (n + 9).next_multiple_of(64)
 }
 
 fn digest_of(state: [u32; 8]) -> [u8; 32] {
