@@ -1,11 +1,21 @@
 //! One-shot SHA-256 of a short message, as block hashing needs it: this module pads the
 //! message itself and runs `sha2`'s compression function on the 64-byte blocks.
 //!
-//! NOTE: a block of 16 tokens encodes to about 100 bytes, two compressions. Through
+//! NOTE 1: a block of 16 tokens encodes to about 100 bytes, two compressions. Through
 //! `Sha256::digest` (buffering, then finalization) the hash took 128 ns on the project's
 //! machine; padding here and compressing directly takes 115 ns. The two compressions,
 //! the second depending on the first, are the rest of it. [`sha256_padded`] pads in the
 //! caller's buffer, for messages written there with room to spare (no copy of the tail).
+//!
+//! NOTE 2 (the floor of `sha256`): a block's first compression needs its parent, the
+//! previous block's digest, so a request's blocks are one serial run of compressions, each
+//! 32 dependent `sha256rnds2` (SHA-NI). vLLM's pickle of a 32k-token prompt in blocks of 16
+//! (ids below 150000) is 2048 messages of 119 bytes on average, 4905 compressions with
+//! their padding: 205-210 µs on the project's machine (43 ns each, 33 ns of which the
+//! `sha256rnds2` latency), timed alone over exactly those bytes. vLLM's own `Request()`
+//! with that prompt takes ~3000 µs there, of which ~46 µs is its own work (no-op hasher)
+//! and ~32 µs the 2048 `bytes` objects any hasher returns; so no `sha256` hasher can make
+//! it more than ~10.6x faster on that machine, even before reading a token.
 
 use sha2::digest::generic_array::GenericArray;
 
