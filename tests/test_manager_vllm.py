@@ -403,24 +403,6 @@ def test_batch_decode_matches_vllm(cfg: Config) -> None:
     d.check_state()
 
 
-def test_prompt_longer_than_context_matches_vllm() -> None:
-    """Slots stop at max_model_len; blocks past the table are counted as cached (with
-    events on, vLLM 0.33 raises IndexError here)."""
-    cfg = Config("short_context", (("full", {"block_size": 16}),), max_model_len=64, events=False)
-    d = Driver(cfg, 5)
-    long_prompt = list(range(100))
-    p = d.make_pair(long_prompt, 1)
-    d.running.append(p)
-    assert d.allocate(p, 100)
-    d.check_state()
-    q = d.make_pair(long_prompt, 1)
-    d.waiting.append(q)
-    vblocks, vhit, _ = d.vm.get_computed_blocks(q.v)
-    kblocks, khit = d.km.get_computed_blocks(q.k)
-    assert (ids(kblocks), khit) == (ids(vblocks), vhit)
-    d.check_state()
-
-
 def test_lora_and_salt_events_match_vllm() -> None:
     """BlockStored events carry the request's LoRA and untagged extra keys, as vLLM's."""
     from vllm.lora.request import LoRARequest

@@ -241,3 +241,20 @@ def test_vllms_plugin_loader_installs_kvblocks_only_when_switched_on(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
     assert out.stdout.split() == [module, module]
+
+
+def test_prompt_longer_than_context_is_capped_as_vllm() -> None:
+    """vLLM's manager caps a request's slots at max_model_len and counts blocks past the
+    table as cached; `kvblocks.vllm` answers alike (kvblocks' own API refuses such a
+    request instead: tests/test_bad_input.py)."""
+    init_none_hash(sha256)
+    args = dict(max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
+    stock, ours = VllmManager(config(), **args), kv.KVCacheManager(config(), **args)
+    a, b = pair("long", list(range(100)))
+    want = stock.allocate_slots(a, 100)
+    got = ours.allocate_slots(b, 100)
+    assert got.get_block_ids() == want.get_block_ids() == ([1, 2, 3, 4],)
+    c, d = pair("again", list(range(100)))
+    blocks_c, hit_c, _ = stock.get_computed_blocks(c)
+    blocks_d, hit_d, _ = ours.get_computed_blocks(d)
+    assert (blocks_d.get_block_ids(), hit_d) == (blocks_c.get_block_ids(), hit_c)
