@@ -57,7 +57,8 @@ $(LINT_VENV)/.deps-stamp: $(LINT_BIN)/python pyproject.toml
 lint-deps: $(LINT_VENV)/.deps-stamp
 
 # The extension, installed as a plain wheel (not in place: python/kvblocks/ keeps whatever
-# `make dev` put there). Release, as `make dev` builds it, so CI reuses that build.
+# `make dev` put there). Release, as `make dev` builds it, so that after `make test` only
+# pyo3 and kvblocks itself are compiled again (for another interpreter path; ~25 s).
 lint-ext: lint-deps
 	rm -rf $(LINT_WHEEL)
 	VIRTUAL_ENV=$(abspath $(LINT_VENV)) $(LINT_BIN)/maturin build --release -q -o $(LINT_WHEEL)
