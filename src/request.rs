@@ -6,12 +6,12 @@
 //! the last hash. Hence `block_hashes().len() == (num_tokens() - L) / hash_block_size`,
 //! `L` being the hasher's `num_hash_lookahead_tokens` (usually 0).
 
+use crate::attention::SlotHint;
 use crate::error::{KvError, Result};
 use crate::hashing::{
     effective_parent, mm_resume_index, to_event_extra_keys, BlockHashView, BlockHasher, KeySources,
     LoraRequest, MmFeature, PromptEmbeds,
 };
-use crate::managers::SlotHint;
 use crate::types::{BlockHash, KeyValue};
 
 /// Optional per-request inputs that enter the block hashes as extra keys.

@@ -9,8 +9,8 @@ use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
 use pyo3::{intern, PyTraverseError, PyVisit};
 
-use crate::manager::{AllocateArgs, KvCacheManager, ManagerOptions, PrefixCacheStats};
-use crate::managers::{ManagerParams, RequestView};
+use crate::attention::{ManagerParams, RequestView};
+use crate::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions, PrefixCacheStats};
 use crate::python::config::PyKVCacheConfig;
 use crate::python::events::events_to_py;
 use crate::python::ids::{extract_u32s, IdObjects};
@@ -1061,7 +1061,7 @@ impl PyKVCacheManager {
     }
 
     /// The pending (annotated) events as core values, for the event publisher.
-    pub(crate) fn take_core_events(&mut self) -> Vec<crate::pool::events::KvCacheEvent> {
+    pub(crate) fn take_core_events(&mut self) -> Vec<crate::events::event::KvCacheEvent> {
         self.inner.take_events()
     }
 }

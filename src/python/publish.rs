@@ -17,8 +17,8 @@ use super::events::key_value_from_py;
 use super::manager::PyKVCacheManager;
 use super::pool::PyBlockPool;
 
+use crate::events::event::{BlockRemoved, BlockStored, EventExtraKeys, KvCacheEvent};
 use crate::events::{encode_batch, EventBatch, EventSink, PayloadEncoder, WireFormat};
-use crate::pool::events::{BlockRemoved, BlockStored, EventExtraKeys, KvCacheEvent};
 
 /// Media a kvblocks event may name (vLLM's `MEDIUM_*` constants).
 const MEDIA: [&str; 3] = ["GPU", "CPU", "STORAGE"];

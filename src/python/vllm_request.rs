@@ -11,8 +11,8 @@ use std::collections::hash_map::Entry;
 
 use rustc_hash::FxHashMap;
 
-use crate::managers::{RequestView, SlotHint};
-use crate::pool::events::{EventExtraKeys, StoredBlockSource};
+use crate::attention::{RequestView, SlotHint};
+use crate::events::event::{EventExtraKeys, StoredBlockSource};
 use crate::request::Request;
 use crate::types::BlockHash;
 

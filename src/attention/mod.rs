@@ -19,7 +19,7 @@ use rustc_hash::FxHashSet;
 
 use crate::config::KvCacheConfig;
 use crate::error::{KvError, Result};
-use crate::pool::events::StoredBlockSource;
+use crate::events::event::StoredBlockSource;
 use crate::pool::{BlockPool, HashKey};
 use crate::spec::{KvCacheSpec, MambaCacheMode};
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};

@@ -3,8 +3,8 @@
 //! through the facade.
 
 use super::*;
-use crate::managers::{AttentionKind as K, ManagerParams, RequestView};
-use crate::pool::events::{EventExtraKeys, StoredBlockSource};
+use crate::attention::{AttentionKind as K, ManagerParams, RequestView};
+use crate::events::event::{EventExtraKeys, StoredBlockSource};
 use crate::types::{BlockHash, NULL_BLOCK_ID};
 
 /// A request with a toy hash chain (equal prefixes give equal hashes).
@@ -451,7 +451,7 @@ fn bad_arguments_leave_state_unchanged() {
 /// Section 1.4 admission caps and `full_sequence_must_fit`.
 #[test]
 fn admission_caps() {
-    use crate::managers::{chunked_local, sliding_window};
+    use crate::attention::{chunked_local, sliding_window};
     assert_eq!(
         sliding_window::max_admission_blocks(4096, 16, 8192, 32768),
         769

@@ -3,9 +3,9 @@
 //! per-group tables to the [`Coordinator`].
 //!
 //! ```
-//! use kvblocks::managers::{AttentionKind, ManagerParams, RequestView};
-//! use kvblocks::manager::{AllocateArgs, KvCacheManager, ManagerOptions};
-//! use kvblocks::pool::events::{EventExtraKeys, StoredBlockSource};
+//! use kvblocks::attention::{AttentionKind, ManagerParams, RequestView};
+//! use kvblocks::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions};
+//! use kvblocks::events::event::{EventExtraKeys, StoredBlockSource};
 //! use kvblocks::BlockHash;
 //!
 //! struct Req { tokens: Vec<u32>, computed: usize }
@@ -30,10 +30,10 @@
 
 use rustc_hash::FxHashMap;
 
+use crate::attention::{AttentionKind, ManagerParams, RequestBlocks, RequestView, SlotHint};
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
-use crate::managers::{AttentionKind, ManagerParams, RequestBlocks, RequestView, SlotHint};
-use crate::pool::events::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
+use crate::events::event::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
 use crate::pool::BlockPool;
 use crate::request::Request;
 use crate::types::{BlockHash, BlockId};
