@@ -453,7 +453,7 @@ fn bad_arguments_leave_state_unchanged() {
 fn admission_caps() {
     use crate::attention::{chunked_local, sliding_window};
     assert_eq!(
-        sliding_window::max_admission_blocks(4096, 16, 8192, 32768),
+        sliding_window::max_admission_blocks(4096, 0, 16, 8192, 32768),
         769
     );
     assert_eq!(
