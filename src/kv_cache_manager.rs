@@ -30,12 +30,13 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::attention::{AttentionKind, ManagerParams, RequestBlocks, RequestView, SlotHint};
+use crate::attention::{AttentionKind, ManagerParams, RequestBlocks, RequestView};
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
 use crate::events::event::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
 use crate::pool::BlockPool;
 use crate::request::Request;
+use crate::request::SlotHint;
 use crate::types::{BlockHash, BlockId};
 
 /// Construction options (vLLM's `KVCacheManager.__init__` keywords).

@@ -13,14 +13,13 @@ pub mod full;
 pub mod mamba;
 pub mod sliding_window;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-
 use rustc_hash::FxHashSet;
 
 use crate::config::KvCacheConfig;
 use crate::error::{KvError, Result};
 use crate::events::event::StoredBlockSource;
 use crate::pool::{BlockPool, HashKey};
+use crate::request::SlotHint;
 use crate::spec::KvCacheSpec;
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 
@@ -280,56 +279,6 @@ pub trait RequestView: StoredBlockSource {
     /// hash of the id and a table probe on every call.
     fn slot_hint(&self) -> Option<&SlotHint> {
         None
-    }
-}
-
-/// A request's memo of the slot a manager last found it at, with a token naming the
-/// request. A manager trusts the memo only while its slot still carries the same token,
-/// which it sets when it finds or inserts the request and clears when the slot is freed;
-/// any other case falls back to the id lookup. Clones share the token, and their id.
-#[derive(Debug)]
-pub struct SlotHint {
-    token: u64,
-    slot: AtomicUsize,
-}
-
-impl SlotHint {
-    /// A hint with a token no other request has, and no slot.
-    pub fn new() -> Self {
-        static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
-        Self {
-            token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
-            slot: AtomicUsize::new(usize::MAX),
-        }
-    }
-
-    /// The token (never 0, the mark of a free slot).
-    pub(crate) fn token(&self) -> u64 {
-        self.token
-    }
-
-    /// The remembered slot (`usize::MAX` for none).
-    pub(crate) fn slot(&self) -> usize {
-        self.slot.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn set_slot(&self, slot: usize) {
-        self.slot.store(slot, Ordering::Relaxed);
-    }
-}
-
-impl Default for SlotHint {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Clone for SlotHint {
-    fn clone(&self) -> Self {
-        Self {
-            token: self.token,
-            slot: AtomicUsize::new(self.slot()),
-        }
     }
 }
 
