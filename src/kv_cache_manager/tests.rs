@@ -697,3 +697,38 @@ fn block_table_rows_padded_with_nulls() {
         Err(KvError::InvalidArgument(_))
     ));
 }
+
+/// `allocate_slots_batch` allocates in order and stops at the first request that does
+/// not fit; a bad batch is refused before anything changes.
+#[test]
+fn allocate_slots_batch_stops_at_first_miss() {
+    let mut m = KvCacheManager::new(vec![full(4)], 20, None, ManagerOptions::new(1024, 4)).unwrap();
+    let reqs: Vec<TestReq> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|id| TestReq::new(id, toks(0, 40), 4))
+        .collect();
+    let refs: Vec<&TestReq> = reqs.iter().collect();
+    let mut blocks = NewBlocks::default();
+    let mut seen = Vec::new();
+    let mut record = |b: &NewBlocks| -> Result<()> {
+        seen.push(b.groups().map(<[BlockId]>::to_vec).collect::<Vec<_>>());
+        Ok(())
+    };
+    assert!(m
+        .allocate_slots_batch(&refs, &[8, 0, 8, 8], &mut blocks, &mut record)
+        .is_err());
+    assert!(m
+        .allocate_slots_batch(&refs, &[8, 8], &mut blocks, &mut record)
+        .is_err());
+    assert_eq!(m.pool().num_free_blocks(), 19);
+    let fitted = m
+        .allocate_slots_batch(&refs, &[8, 40, 40, 4], &mut blocks, &mut record)
+        .unwrap();
+    assert_eq!(fitted, 2);
+    assert_eq!(
+        seen,
+        vec![vec![vec![1, 2]], vec![(3..=12).collect::<Vec<_>>()]]
+    );
+    assert!(m.get_block_ids("c").iter().all(Vec::is_empty));
+    assert!(m.get_block_ids("d").iter().all(Vec::is_empty));
+}
