@@ -51,7 +51,7 @@ pub(crate) fn find_longest_cache_hit(
                 .into(),
         ));
     }
-    let max_blocks = (q.max_length / bs).min(q.num_hashed_blocks(bs));
+    let max_blocks = q.max_blocks(bs);
     let first = num_skipped_tokens(q.max_length, chunk) / bs;
     for o in out.iter_mut() {
         o.resize(first, NULL_BLOCK_ID);

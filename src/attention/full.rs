@@ -56,7 +56,7 @@ pub(crate) fn find_longest_cache_hit(
     pool: &BlockPool,
     out: &mut [Vec<BlockId>],
 ) -> usize {
-    let max_blocks = (q.max_length / bs).min(q.num_hashed_blocks(bs));
+    let max_blocks = q.max_blocks(bs);
     let mut n = 0;
     if let [single] = out {
         // One group (the common case): no all-groups bookkeeping per block.

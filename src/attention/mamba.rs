@@ -73,7 +73,7 @@ pub(crate) fn find_longest_cache_hit(
     pool: &BlockPool,
     out: &mut [Vec<BlockId>],
 ) -> usize {
-    let max_blocks = (q.max_length / bs).min(q.num_hashed_blocks(bs));
+    let max_blocks = q.max_blocks(bs);
     for i in (0..max_blocks).rev() {
         let h = q.hash(bs, i);
         if q.groups.iter().any(|&g| pool.cached_block(h, g).is_none()) {

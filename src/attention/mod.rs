@@ -351,6 +351,12 @@ impl HitQuery<'_> {
         self.hashes.len() / (bs / self.hash_block_size)
     }
 
+    /// Group blocks a hit may cover: within `max_length` and the hashes.
+    #[inline]
+    pub(crate) fn max_blocks(&self, bs: usize) -> usize {
+        (self.max_length / bs).min(self.num_hashed_blocks(bs))
+    }
+
     /// Looks block `i` up in every group; on a full hit appends one block per group to
     /// `out` and returns true; otherwise leaves `out` as it was.
     #[inline]

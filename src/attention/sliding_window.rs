@@ -56,7 +56,7 @@ pub(crate) fn find_longest_cache_hit(
     out: &mut [Vec<BlockId>],
 ) -> usize {
     let need = contiguous_blocks_for_hit(sliding_window, bs, q.drop_eagle);
-    let max_blocks = (q.max_length / bs).min(q.num_hashed_blocks(bs));
+    let max_blocks = q.max_blocks(bs);
     for o in out.iter_mut() {
         o.resize(max_blocks, NULL_BLOCK_ID);
     }
