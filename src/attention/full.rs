@@ -25,7 +25,7 @@ pub(crate) fn sink_kind(s: &SinkFullAttentionSpec) -> AttentionKind {
 /// The sink blocks a sink manager takes at construction: `sink_len / bs`, which must be
 /// a positive whole number.
 pub(crate) fn num_sink_blocks(sink_len: usize, bs: usize) -> Result<usize> {
-    if sink_len == 0 || sink_len % bs != 0 {
+    if sink_len == 0 || !sink_len.is_multiple_of(bs) {
         return Err(KvError::InvalidSpec(format!(
             "sink_len {sink_len} must be a positive multiple of block_size {bs}"
         )));
