@@ -311,7 +311,7 @@ def test_python_dash_m_help() -> None:
         text=True,
         check=True,
     )
-    assert "--gpu-memory" in out.stdout and "kvblocks-simulate-v2" in out.stdout
+    assert "--gpu-memory" in out.stdout and "kvblocks-simulate-v3" in out.stdout
     assert "meta-llama/Meta-Llama-3-8B" in out.stdout
 
 
@@ -350,9 +350,10 @@ def test_hit_rate_split_of_a_hand_worked_replay(
     code, out, _ = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["schema"] == "kvblocks-simulate-v2"
+    assert doc["schema"] == "kvblocks-simulate-v3"
     assert set(doc) == {
-        "schema", "kvblocks_version", "workload", "model", "scheduler", "sweep", "runs"
+        "schema", "kvblocks_version", "workload", "model", "scheduler", "hardware", "sweep",
+        "runs",
     }  # fmt: skip
     assert doc["kvblocks_version"] == kvblocks.__version__
     assert doc["workload"] == {
