@@ -308,6 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="round-robin",
         help="how the fleet picks an engine per request (default round-robin)",
     )
+    t.add_argument(
+        "--router-load-weight",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="prefix-aware: 0 (default) = longest cached prefix, load breaks ties; W > 0 = "
+        "Dynamo's cost, blocks to prefill + W x active blocks",
+    )
     o = sp.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print JSON (schema in the epilog)")
     o.add_argument(
@@ -473,7 +481,9 @@ def _replay(
         step_s=args.step_ms / 1e3,
     )
     if replicas > 1:
-        fr = Fleet(trace, backends, opts, args.router, layout).run()
+        fr = Fleet(
+            trace, backends, opts, args.router, layout, max(0.0, args.router_load_weight)
+        ).run()
         per = [_replica_json(r) for r in fr.engines]
         return merged_result(fr), {"replicas": replicas, "router": args.router, "per_replica": per}
     bar = _Progress(label, len(trace.requests)) if label is not None else None

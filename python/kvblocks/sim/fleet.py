@@ -15,7 +15,12 @@ Routers (:data:`ROUTERS`):
   KV router) score engines: the longest prefix of the request's block hashes cached on
   each engine, from an index the router builds **only from the engines' KV cache events**
   (``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``, drained after every step
-  with ``take_events()``), the load as the tie-break.
+  with ``take_events()``). Dynamo's cost picks the engine: ``blocks to prefill (the
+  request's blocks minus the cached prefix) + load_weight * active blocks`` (blocks of its
+  running and waiting requests), then fewer requests, then the lowest index.
+  ``load_weight = 0`` (the default) is the pure longest-prefix rule with the load as the
+  tie-break; it piles every session that shares a system prompt onto one engine, which a
+  positive weight (Dynamo's default is 1) spreads at the cost of some moved sessions.
 """
 
 from __future__ import annotations
@@ -50,17 +55,22 @@ class PrefixIndex:
     def __init__(self, replicas: int) -> None:
         self.where: dict[int, set[int]] = {}
         self.per_engine: list[set[int]] = [set() for _ in range(replicas)]
+        self.stored = 0
+        self.removed = 0
+        """Hashes the events stored and removed."""
 
     def apply(self, engine: int, events: Sequence[Any]) -> None:
         """Applies one engine's events, in order."""
         where, mine = self.where, self.per_engine[engine]
         for ev in events:
             if isinstance(ev, kvblocks.BlockStored):
+                self.stored += len(ev.block_hashes)
                 for h in ev.block_hashes:
                     if h not in mine:
                         mine.add(h)
                         where.setdefault(h, set()).add(engine)
             elif isinstance(ev, kvblocks.BlockRemoved):
+                self.removed += len(ev.block_hashes)
                 for h in ev.block_hashes:
                     if h in mine:
                         mine.discard(h)
@@ -115,6 +125,8 @@ class Fleet:
         options: Every engine's options; ``time_model`` is required.
         router: One of :data:`ROUTERS`.
         layout: The backends' layout (for ``options.ceilings``).
+        load_weight: ``prefix-aware``: weight of the active blocks against the blocks to
+            prefill (see the module docs).
     """
 
     def __init__(
@@ -124,6 +136,7 @@ class Fleet:
         options: ReplayOptions,
         router: str,
         layout: Any = None,
+        load_weight: float = 0.0,
     ) -> None:
         if router not in ROUTERS:
             raise ValueError(f"unknown router {router!r}; choose from {', '.join(ROUTERS)}")
@@ -145,6 +158,8 @@ class Fleet:
         heapq.heapify(self._arrivals)
         self.index = PrefixIndex(n) if router == "prefix-aware" else None
         self._rr = 0
+        self.load_weight = load_weight
+        self._block: int = int(backends[0].manager.block_pool.hash_block_size)
         self._make = backends[0].make_request
         self.num_finished = 0
         self.total = len(trace.requests)
@@ -179,7 +194,20 @@ class Fleet:
         if self.index is None:
             return min(range(n), key=lambda e: (loads[e], e))
         match = self.index.prefix_lengths(keys, n)
-        return min(range(n), key=lambda e: (-match[e], loads[e], e))
+        w = self.load_weight
+        if w == 0:
+            return min(range(n), key=lambda e: (-match[e], loads[e], e))
+        nk = len(keys)
+        cost = [nk - match[e] + w * self.active_blocks(e) for e in range(n)]
+        return min(range(n), key=lambda e: (cost[e], loads[e], e))
+
+    def active_blocks(self, e: int) -> int:
+        """Blocks of the requests running or waiting on engine ``e`` (their tokens over
+        the block size), as Dynamo's router counts an engine's load."""
+        eng = self.engines[e]
+        b = self._block
+        tokens = sum(-(-s.num_tokens // b) for s in eng.running)
+        return tokens + sum(-(-s.num_tokens // b) for s in eng.waiting)
 
     def _route(self, arrival: float, idx: int) -> None:
         rec = self.trace.requests[idx]
