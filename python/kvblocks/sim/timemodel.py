@@ -43,10 +43,11 @@ __all__ = [
 ]
 
 DEFAULT_GPU = "h100-sxm"
-DEFAULT_OVERHEAD_S = 0.002
-"""Per-step fixed cost (scheduler, kernel launches, sampling): 2 ms."""
-DEFAULT_EFFICIENCY = 0.7
-"""Fraction of peak FLOPs and bandwidth that kernels reach."""
+DEFAULT_OVERHEAD_S = 0.0005
+"""Per-step fixed cost (scheduler, kernel launches with CUDA graphs, sampling): 0.5 ms."""
+DEFAULT_EFFICIENCY = 0.8
+"""Fraction of peak FLOPs and bandwidth that kernels reach (docs/simulate-time.md fits it
+to published single-request decode speeds: 74-77% of peak bandwidth)."""
 DEFAULT_MEMORY_UTILIZATION = 0.9
 """vLLM's ``gpu_memory_utilization`` default."""
 
@@ -87,6 +88,8 @@ GPU_PRESETS: dict[str, GpuPreset] = {
         # NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): BF16 312 TFLOPS dense
         # (624 sparse), no FP8, 2,039 GB/s HBM2e, 80 GB.
         GpuPreset("a100-80gb", "NVIDIA A100 SXM 80GB", 312 * TB, None, 2.039 * TB, 80 << 30),
+        # Same datasheet, A100 40GB: 1,555 GB/s HBM2, 40 GB.
+        GpuPreset("a100-40gb", "NVIDIA A100 40GB", 312 * TB, None, 1.555 * TB, 40 << 30),
         # NVIDIA DGX B200 datasheet: 8 GPUs, 72 PFLOPS FP8 training / 144 PFLOPS FP4
         # inference (sparse), 1,440 GB HBM3e, 64 TB/s: per GPU 4.5 PFLOPS FP8 dense,
         # 2.25 PFLOPS BF16 dense, 180 GB, 8 TB/s.
