@@ -103,3 +103,15 @@ def test_the_router_index_is_the_union_of_the_engines_caches_at_every_step() -> 
     assert fleet.index.removed > 0  # evictions happened and were followed
     assert sum(r.requests for r in res.engines) == len(trace.requests)
     assert min(r.requests for r in res.engines) > 0
+
+
+def test_mooncake_requests_arrive_at_their_timestamps(capsys: pytest.CaptureFixture[str]) -> None:
+    sample = "docs/examples/mooncake-sample.jsonl"
+    args = ["simulate", "--trace", sample, "--model", "llama-3.1-8b", "--json"]
+    assert main([*args, "--max-requests", "40"]) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    with open(sample) as f:
+        last_ms = max(json.loads(line)["timestamp"] for line in list(f)[:40])
+    # light load: the run ends shortly after the last arrival, and nobody waits long
+    assert last_ms / 1000 < run["simulated_s"] < last_ms / 1000 + 30
+    assert run["latency"]["ttft_s"]["p99"] < 1.0
