@@ -17,6 +17,14 @@ connectors, watermark 0). Each executed step (:meth:`Engine.step`):
    is computed appends output token ``tok(out_seed, k)``; at ``max_output_tokens`` it
    finishes and is freed.
 
+With ``ReplayOptions.time_model`` the loop runs in simulated time: arrivals are keyed by
+seconds instead of steps (a follow-up ``arrival_step * step_s`` after its predecessor
+finished), the clock ``Engine.now`` advances by the model's time of each executed step
+(computed from the scheduled ``(cached tokens, new tokens)`` pairs before the model step)
+and jumps over idle time, and each finished request records its TTFT, TPOT and end-to-end
+latency. With ``external`` a fleet (:mod:`kvblocks.sim.fleet`) feeds the engine through
+:meth:`Engine.submit` and receives its follow-ups.
+
 The allocation digest is sha256 over the driver's lines (``G``/``A``/``P``/``F``/``S``) so an
 implementation with identical behaviour prints the same digest as ``driver_vllm.py``.
 
