@@ -265,6 +265,22 @@ class KVCacheManager(kb.KVCacheManager):
     `NotImplementedError`) here, naming it.
     """
 
+    kv_cache_config: Any
+    max_model_len: int
+    enable_caching: bool
+    enable_kv_cache_events: bool
+    use_eagle: bool
+    log_stats: bool
+    metrics_collector: Any
+    mamba_shared_prefix_checkpoint: bool
+    retained_hit_group_ids: tuple[int, ...]
+    watermark_blocks: int
+    empty_kv_cache_blocks: kb.KVCacheBlocks
+    coordinator: CoordinatorView
+    prefix_cache_stats: Any
+    _vllm_block_pool: BlockPool
+    _stats_class: Any
+
     def __new__(
         cls,
         kv_cache_config: Any,
@@ -296,7 +312,7 @@ class KVCacheManager(kb.KVCacheManager):
                 raise UnsupportedConfigError(f"kvblocks does not support {what}")
         if watermark < 0:
             raise ValueError("watermark must be non-negative")
-        return super().__new__(
+        self = super().__new__(
             cls,
             convert_config(kv_cache_config),
             max_model_len,
@@ -310,26 +326,6 @@ class KVCacheManager(kb.KVCacheManager):
             watermark=watermark,
             record_new_block_ids=kv_cache_config.needs_kv_cache_zeroing,
         )
-
-    def __init__(
-        self,
-        kv_cache_config: Any,
-        max_model_len: int,
-        scheduler_block_size: int,
-        hash_block_size: int,
-        max_in_flight_tokens: int | None = None,
-        enable_caching: bool = True,
-        use_eagle: bool = False,
-        num_hash_lookahead_tokens: int = 0,
-        num_prefill_lookahead: int = 0,
-        log_stats: bool = False,
-        enable_kv_cache_events: bool = False,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        metrics_collector: Any = None,
-        watermark: float = 0.0,
-        enable_mamba_shared_prefix_checkpoint: bool = False,
-    ) -> None:
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -338,7 +334,7 @@ class KVCacheManager(kb.KVCacheManager):
         self.log_stats = log_stats
         self.metrics_collector = metrics_collector
         self.mamba_shared_prefix_checkpoint = False
-        self.retained_hit_group_ids: tuple[int, ...] = ()
+        self.retained_hit_group_ids = ()
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.empty_kv_cache_blocks = self.get_blocks("")
         self._vllm_block_pool = BlockPool(self)
@@ -346,8 +342,12 @@ class KVCacheManager(kb.KVCacheManager):
         from vllm.v1.metrics.stats import PrefixCacheStats
 
         self._stats_class = PrefixCacheStats
-        self.prefix_cache_stats: Any = PrefixCacheStats() if log_stats else None
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.stats_mirror = self.prefix_cache_stats
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Everything is set up in `__new__` (the core object is built there)."""
 
     @property
     def block_pool(self) -> BlockPool:  # type: ignore[override]
