@@ -123,14 +123,15 @@ class StepCost:
     flops: float
     bytes: float
     seconds: float
+    flops_s: float = 0.0
+    """``flops / (peak_flops * efficiency)``."""
+    bytes_s: float = 0.0
+    """``bytes / (hbm_bandwidth * efficiency)``."""
 
     @property
     def bound(self) -> str:
         """``"compute"`` or ``"memory"``: the larger roofline term."""
         return "compute" if self.flops_s >= self.bytes_s else "memory"
-
-    flops_s: float = 0.0
-    bytes_s: float = 0.0
 
 
 class StepTimeModel:
