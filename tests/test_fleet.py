@@ -115,3 +115,12 @@ def test_mooncake_requests_arrive_at_their_timestamps(capsys: pytest.CaptureFixt
     # light load: the run ends shortly after the last arrival, and nobody waits long
     assert last_ms / 1000 < run["simulated_s"] < last_ms / 1000 + 30
     assert run["latency"]["ttft_s"]["p99"] < 1.0
+
+
+def test_no_ceilings_reports_them_as_null(capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--num-requests", "10", "--gpu-memory", "4GiB"]
+    full = _run(capsys, *common)["runs"][0]
+    bare = _run(capsys, *common, "--no-ceilings")["runs"][0]
+    assert bare["infinite_cache_hit_rate"] is None and bare["ideal_hit_tokens"] is None
+    assert bare["prefix_hit_rate"] == full["prefix_hit_rate"]
+    assert bare["latency"] == full["latency"]

@@ -317,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Dynamo's cost, blocks to prefill + W x active blocks",
     )
     o = sp.add_argument_group("output")
+    o.add_argument(
+        "--no-ceilings",
+        action="store_true",
+        help="skip the infinite-cache and Belady ceilings (reported as null): faster on "
+        "long traces",
+    )
     o.add_argument("--json", action="store_true", help="print JSON (schema in the epilog)")
     o.add_argument(
         "--plot",
@@ -475,7 +481,7 @@ def _replay(
         reserve_full_isl=bool(args.reserve_full_isl),
         digest=digest,
         series=True,
-        ceilings=True,
+        ceilings=not args.no_ceilings,
         progress_every=200,
         time_model=tm.step_time,
         step_s=args.step_ms / 1e3,

@@ -107,11 +107,10 @@ def run_json(run: Run, setup: Setup | None = None) -> dict[str, Any]:
     """One element of the document's ``runs`` (see ``docs/simulate-json.md``)."""
     r, lay = run.result, run.layout
     usage = _usage(r)
-    c = r.ceilings
-    assert c is not None, "simulate runs record the ceilings"
+    c = r.ceilings  # None with --no-ceilings
     sim = r.simulated_s
     tenants = None
-    if any(name for name in c.tenants):
+    if c is not None and any(name for name in c.tenants):
         tenants = [
             {
                 "cache_salt": name or None,
@@ -143,10 +142,10 @@ def run_json(run: Run, setup: Setup | None = None) -> dict[str, Any]:
         "preempted_requests": r.resumed[0],
         "preempted_queried_tokens": r.resumed[1],
         "preempted_hit_tokens": r.resumed[2],
-        "infinite_cache_hit_rate": round(c.infinite_hit_rate, 6),
-        "ideal_hit_rate": round(c.ideal_hit_rate, 6),
-        "infinite_cache_hit_tokens": c.infinite_hit_tokens,
-        "ideal_hit_tokens": c.ideal_hit_tokens,
+        "infinite_cache_hit_rate": round(c.infinite_hit_rate, 6) if c else None,
+        "ideal_hit_rate": round(c.ideal_hit_rate, 6) if c else None,
+        "infinite_cache_hit_tokens": c.infinite_hit_tokens if c else None,
+        "ideal_hit_tokens": c.ideal_hit_tokens if c else None,
         "tenants": tenants,
         "peak_usage": round(max(usage, default=0.0), 6),
         "mean_usage": round(sum(usage) / len(usage), 6) if usage else 0.0,
@@ -252,6 +251,10 @@ def _model_line(setup: Setup, run: Run) -> str:
     )
 
 
+def _pct_or(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
 def _fmt_s(v: float | None) -> str:
     if v is None:
         return "-"
@@ -279,8 +282,14 @@ def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
             f"{j['prefix_hit_rate']:.1%} ({j['hit_tokens']:,} of {j['queried_tokens']:,} "
             "prompt tokens at first admission)",
         ),
-        ("  infinite cache", f"{j['infinite_cache_hit_rate']:.1%} (every block ever stored kept)"),
-        ("  ideal (Belady)", f"{j['ideal_hit_rate']:.1%} (same memory, farthest next use out)"),
+        (
+            "  infinite cache",
+            f"{_pct_or(j['infinite_cache_hit_rate'])} (every block ever stored kept)",
+        ),
+        (
+            "  ideal (Belady)",
+            f"{_pct_or(j['ideal_hit_rate'])} (same memory, farthest next use out)",
+        ),
         ("preemptions", f"{j['preemptions']:,}"),
     ]
     if j["preempted_requests"]:
@@ -373,8 +382,8 @@ def print_sweep(out: TextIO, key: str, runs: list[Run], setup: Setup | None = No
         lat = j["latency"]
         row = [
             value, f"{j['num_blocks']:,}", fmt_bytes(j["kv_cache_bytes"]),
-            f"{j['prefix_hit_rate']:.1%}", f"{j['infinite_cache_hit_rate']:.1%}",
-            f"{j['ideal_hit_rate']:.1%}", f"{j['preemptions']:,}", f"{j['peak_usage']:.1%}",
+            f"{j['prefix_hit_rate']:.1%}", _pct_or(j["infinite_cache_hit_rate"]),
+            _pct_or(j["ideal_hit_rate"]), f"{j['preemptions']:,}", f"{j['peak_usage']:.1%}",
             f"{j['mean_usage']:.1%}", f"{j['steps']:,}", _fmt_ns(j["kv_ns_per_step"]),
             _fmt_ns(j["kv_ns_per_generated_token"]), f"{j['steps_per_s']:,.0f}",
             _fmt_s(lat["ttft_s"]["p50"]), _fmt_s(lat["ttft_s"]["p99"]),
