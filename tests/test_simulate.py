@@ -311,7 +311,7 @@ def test_python_dash_m_help() -> None:
         text=True,
         check=True,
     )
-    assert "--gpu-memory" in out.stdout and "kvblocks-simulate-v2" in out.stdout
+    assert "--gpu-memory" in out.stdout and "kvblocks-simulate-v3" in out.stdout
     assert "meta-llama/Meta-Llama-3-8B" in out.stdout
 
 
@@ -339,7 +339,8 @@ RUN_FIELDS = {
     "preempted_queried_tokens", "preempted_hit_tokens", "infinite_cache_hit_rate",
     "ideal_hit_rate", "infinite_cache_hit_tokens", "ideal_hit_tokens", "tenants", "peak_usage",
     "mean_usage", "kv_total_ns", "kv_ns_per_step", "kv_ns_per_generated_token",
-    "request_hash_ns", "wall_s", "synth_s", "steps_per_s",
+    "request_hash_ns", "wall_s", "synth_s", "steps_per_s", "sim_requests_per_s", "simulated_s",
+    "throughput_tokens_per_s", "latency", "slo_attainment", "fleet",
 }  # fmt: skip
 
 
@@ -350,9 +351,10 @@ def test_hit_rate_split_of_a_hand_worked_replay(
     code, out, _ = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["schema"] == "kvblocks-simulate-v2"
+    assert doc["schema"] == "kvblocks-simulate-v3"
     assert set(doc) == {
-        "schema", "kvblocks_version", "workload", "model", "scheduler", "sweep", "runs"
+        "schema", "kvblocks_version", "workload", "model", "scheduler", "hardware", "sweep",
+        "runs",
     }  # fmt: skip
     assert doc["kvblocks_version"] == kvblocks.__version__
     assert doc["workload"] == {

@@ -10,6 +10,9 @@ One module per job:
 * :mod:`~kvblocks.sim.engine`: the vLLM-style scheduler loop, a class that takes one step
   at a time (:class:`Engine`);
 * :mod:`~kvblocks.sim.ceilings`: the infinite-cache and Belady hit-rate ceilings;
+* :mod:`~kvblocks.sim.timemodel`: GPU presets and the step-time model (a roofline);
+* :mod:`~kvblocks.sim.fleet`: N engines behind a router (round robin, least loaded,
+  prefix-aware from the engines' KV cache events);
 * :mod:`~kvblocks.sim.report`: the JSON document, the summary, the sweep table, the plot;
 * :mod:`~kvblocks.sim.cli`: the ``kvblocks simulate`` command line.
 
@@ -25,6 +28,10 @@ In a notebook::
     result = engine.finish()
     print(result.hit_rate, result.ceilings.ideal_hit_rate)
 
+In time (``ReplayOptions(time_model=StepTimeModel(layout, "llama-3-8b",
+GPU_PRESETS["h100-sxm"]).step_time)``), ``result.ttft_s`` and ``result.simulated_s`` fill
+in; ``Fleet(trace, backends, options, "prefix-aware", layout).run()`` runs N engines.
+
 Only :mod:`~kvblocks.sim.report`'s plot needs an optional package (matplotlib, the
 ``kvblocks[sim]`` extra).
 """
@@ -34,20 +41,27 @@ from __future__ import annotations
 from kvblocks.sim.backends import Backend, make_backend, vllm_available
 from kvblocks.sim.ceilings import CeilingResult
 from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, ReplayResult, StepInfo, replay
+from kvblocks.sim.fleet import ROUTERS, Fleet, FleetResult
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, replay_layout
+from kvblocks.sim.timemodel import GPU_PRESETS, StepTimeModel
 from kvblocks.sim.workloads import KINDS, Trace, TraceError, WorkloadParams, generate, read_trace
 
 __all__ = [
+    "GPU_PRESETS",
     "KINDS",
     "MODEL_PRESETS",
+    "ROUTERS",
     "Backend",
     "CeilingResult",
     "Engine",
+    "Fleet",
+    "FleetResult",
     "KVLayout",
     "ReplayError",
     "ReplayOptions",
     "ReplayResult",
     "StepInfo",
+    "StepTimeModel",
     "Trace",
     "TraceError",
     "WorkloadParams",

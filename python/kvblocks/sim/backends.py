@@ -44,11 +44,17 @@ class KvblocksBackend:
 
     name = "kvblocks"
 
-    def __init__(self, layout: KVLayout, hash_algo: str = "sha256_cbor", batch: bool = False):
+    def __init__(
+        self,
+        layout: KVLayout,
+        hash_algo: str = "sha256_cbor",
+        batch: bool = False,
+        events: bool = False,
+    ):
         import kvblocks as kb
 
         k: Any = kb
-        self.manager = build_kvblocks_manager(layout)
+        self.manager = build_kvblocks_manager(layout, events)
         self._request = k.Request
         self._hasher = k.BlockHasher(layout.hash_block_size, hash_algo)
         self.batch = self.manager.allocate_slots_batch if batch else None
@@ -111,11 +117,16 @@ def vllm_available() -> str | None:
 
 
 def make_backend(
-    impl: str, layout: KVLayout, hash_algo: str = "sha256_cbor", batch: bool = False
+    impl: str,
+    layout: KVLayout,
+    hash_algo: str = "sha256_cbor",
+    batch: bool = False,
+    events: bool = False,
 ) -> Backend:
-    """``impl`` = ``"kvblocks"`` or ``"vllm"``; ``batch`` only applies to kvblocks."""
+    """``impl`` = ``"kvblocks"`` or ``"vllm"``; ``batch`` and ``events`` (KV cache events)
+    only apply to kvblocks."""
     if impl == "kvblocks":
-        return KvblocksBackend(layout, hash_algo, batch)
+        return KvblocksBackend(layout, hash_algo, batch, events)
     if impl == "vllm":
         return VllmBackend(layout, hash_algo)
     raise ValueError(f"unknown implementation {impl!r}")

@@ -25,9 +25,27 @@ from typing import Any, NoReturn
 
 import kvblocks
 from kvblocks.sim.backends import make_backend, vllm_available
-from kvblocks.sim.engine import ReplayError, ReplayOptions, replay
+from kvblocks.sim.engine import ReplayError, ReplayOptions, ReplayResult, replay
+from kvblocks.sim.fleet import ROUTERS, Fleet, merged_result
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, parse_memory
-from kvblocks.sim.report import Run, Setup, plot, print_summary, print_sweep, report_json
+from kvblocks.sim.report import (
+    Run,
+    Setup,
+    percentiles,
+    plot,
+    print_summary,
+    print_sweep,
+    report_json,
+)
+from kvblocks.sim.timemodel import (
+    DEFAULT_EFFICIENCY,
+    DEFAULT_GPU,
+    DEFAULT_MEMORY_UTILIZATION,
+    DEFAULT_OVERHEAD_S,
+    GPU_PRESETS,
+    StepTimeModel,
+    kv_memory_after_weights,
+)
 from kvblocks.sim.workloads import KINDS, Trace, TraceError, WorkloadParams, generate, read_trace
 
 __all__ = ["build_parser", "main"]
@@ -41,6 +59,7 @@ SWEEP_KEYS: dict[str, Callable[[str], int]] = {
     "gpu_memory": parse_memory,
     "max_num_seqs": int,
     "max_num_batched_tokens": int,
+    "replicas": int,
 }
 
 
@@ -127,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Replay a request workload through kvblocks' KV cache manager with a "
         "vLLM-style scheduler loop and summarize cache behaviour and manager time.",
         epilog=f"{_presets_help()}\n\n--json prints one object of schema "
-        "kvblocks-simulate-v2 (docs/simulate-json.md).\nTrace formats: "
+        "kvblocks-simulate-v3 (docs/simulate-json.md); the step-time model: "
+        "docs/simulate-time.md.\nTrace formats: "
         "docs/trace-kvtrace.md, docs/trace-mooncake.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -190,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--step-ms",
         type=_positive_float,
         default=50.0,
-        help="ms per scheduler step for Mooncake timestamps (default 50)",
+        help="ms per trace step: maps generator arrival steps and follow-up delays to "
+        "time, and Mooncake timestamps to steps without time (default 50)",
     )
     m = sp.add_argument_group("model and cache")
     m.add_argument(
@@ -247,7 +268,61 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="decode one allocate_slots call per request instead of allocate_slots_batch",
     )
+    t = sp.add_argument_group("time model (docs/simulate-time.md) and fleet")
+    t.add_argument(
+        "--gpu",
+        choices=tuple(GPU_PRESETS),
+        default=None,
+        help=f"GPU of the step-time model (default {DEFAULT_GPU}); given, --gpu-memory "
+        "defaults to what it holds after the weights",
+    )
+    t.add_argument("--tp", type=_positive_int, default=1, help="tensor parallel GPUs (default 1)")
+    t.add_argument("--fp8", action="store_true", help="use the GPU's FP8 peak (default BF16)")
+    t.add_argument(
+        "--step-overhead-ms",
+        type=float,
+        default=DEFAULT_OVERHEAD_S * 1e3,
+        help=f"fixed time per step (default {DEFAULT_OVERHEAD_S * 1e3:g} ms)",
+    )
+    t.add_argument(
+        "--efficiency",
+        type=_positive_float,
+        default=DEFAULT_EFFICIENCY,
+        help=f"fraction of peak FLOPs and bandwidth reached (default {DEFAULT_EFFICIENCY})",
+    )
+    t.add_argument(
+        "--gpu-memory-utilization",
+        type=_positive_float,
+        default=DEFAULT_MEMORY_UTILIZATION,
+        help="fraction of GPU memory for weights and KV cache with --gpu "
+        f"(default {DEFAULT_MEMORY_UTILIZATION}, vLLM's)",
+    )
+    t.add_argument("--slo-ttft", type=_positive_float, metavar="S", help="TTFT target, seconds")
+    t.add_argument("--slo-tpot", type=_positive_float, metavar="S", help="TPOT target, seconds")
+    t.add_argument(
+        "--replicas", type=_positive_int, default=1, help="engines in the fleet (default 1)"
+    )
+    t.add_argument(
+        "--router",
+        choices=ROUTERS,
+        default="round-robin",
+        help="how the fleet picks an engine per request (default round-robin)",
+    )
+    t.add_argument(
+        "--router-load-weight",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="prefix-aware: 0 (default) = longest cached prefix, load breaks ties; W > 0 = "
+        "Dynamo's cost, blocks to prefill + W x active blocks",
+    )
     o = sp.add_argument_group("output")
+    o.add_argument(
+        "--no-ceilings",
+        action="store_true",
+        help="skip the infinite-cache and Belady ceilings (reported as null): faster on "
+        "long traces",
+    )
     o.add_argument("--json", action="store_true", help="print JSON (schema in the epilog)")
     o.add_argument(
         "--plot",
@@ -318,7 +393,18 @@ def _layout(args: argparse.Namespace, **over: int) -> KVLayout:
     elif "gpu_memory" in over:
         opts["num_blocks"] = None
     if opts["num_blocks"] is None and opts["gpu_memory"] is None:
-        opts["gpu_memory"] = parse_memory(DEFAULT_GPU_MEMORY)
+        if args.gpu is not None:
+            gpu = GPU_PRESETS[args.gpu]
+            weights = MODEL_PRESETS[args.model].weights_bytes
+            try:
+                per_gpu = kv_memory_after_weights(
+                    gpu, weights, args.tp, min(1.0, args.gpu_memory_utilization)
+                )
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+            opts["gpu_memory"] = per_gpu * args.tp
+        else:
+            opts["gpu_memory"] = parse_memory(DEFAULT_GPU_MEMORY)
     fields = ("num_layers", "num_kv_heads", "head_size", "dtype", "sliding_window")
     overrides = {k: getattr(args, k) for k in fields if getattr(args, k) is not None}
     try:
@@ -363,12 +449,31 @@ def _replay(
     over: dict[str, int],
     label: str | None,
     digest: bool,
-) -> Any:
+) -> tuple[ReplayResult, dict[str, Any]]:
+    replicas = over.get("replicas", args.replicas)
+    if replicas > 1 and impl != "kvblocks":
+        raise UsageError("--compare-vllm replays one engine; drop --replicas")
+    events = replicas > 1 and args.router == "prefix-aware"
     try:
-        backend = make_backend(impl, layout, args.hash_algo, batch=not args.no_batch)
+        backends = [
+            make_backend(impl, layout, args.hash_algo, batch=not args.no_batch, events=events)
+            for _ in range(replicas)
+        ]
     except OverflowError:
         raise UsageError(f"{layout.num_blocks:,} blocks: more than a pool can hold") from None
     except (ValueError, TypeError) as e:  # a configuration the manager rejects
+        raise UsageError(str(e)) from None
+    try:
+        tm = StepTimeModel(
+            layout,
+            args.model,
+            GPU_PRESETS[args.gpu or DEFAULT_GPU],
+            args.tp,
+            max(0.0, args.step_overhead_ms) / 1e3,
+            min(1.0, args.efficiency),
+            args.fp8,
+        )
+    except ValueError as e:
         raise UsageError(str(e)) from None
     opts = ReplayOptions(
         max_num_batched_tokens=over.get("max_num_batched_tokens", args.max_num_batched_tokens),
@@ -376,23 +481,54 @@ def _replay(
         reserve_full_isl=bool(args.reserve_full_isl),
         digest=digest,
         series=True,
-        ceilings=True,
+        ceilings=not args.no_ceilings,
         progress_every=200,
+        time_model=tm.step_time,
+        step_s=args.step_ms / 1e3,
     )
+    if replicas > 1:
+        fr = Fleet(
+            trace, backends, opts, args.router, layout, max(0.0, args.router_load_weight)
+        ).run()
+        per = [_replica_json(r) for r in fr.engines]
+        return merged_result(fr), {"replicas": replicas, "router": args.router, "per_replica": per}
     bar = _Progress(label, len(trace.requests)) if label is not None else None
     opts.progress = bar
     try:
-        return replay(trace, backend, opts, layout)
+        res = replay(trace, backends[0], opts, layout)
     finally:
         if bar is not None:
             bar.close()
+    return res, {"replicas": 1, "router": None, "per_replica": [_replica_json(res)]}
+
+
+def _replica_json(r: ReplayResult) -> dict[str, Any]:
+    """One engine of a fleet: ``runs[i].fleet.per_replica[j]``."""
+    total = max(1, r.num_blocks - 1)
+    usage = [1.0 - f / total for f in r.series.free_blocks] if r.series is not None else []
+    _, q, h = r.first_admission
+    return {
+        "requests": r.requests,
+        "prefix_hit_rate": round(h / q, 6) if q else 0.0,
+        "queried_tokens": q,
+        "hit_tokens": h,
+        "generated_tokens": r.generated_tokens,
+        "preemptions": r.preemptions,
+        "steps": r.steps,
+        "peak_usage": round(max(usage, default=0.0), 6),
+        "mean_usage": round(sum(usage) / len(usage), 6) if usage else 0.0,
+        "ttft_s": percentiles(r.ttft_s),
+        "simulated_s": round(r.simulated_s, 6),
+    }
 
 
 def _run_one(
     args: argparse.Namespace, trace: Trace, value: int | None, show_progress: bool, vllm: bool
 ) -> Run:
     over: dict[str, int] = {} if value is None else {args.sweep[0]: value}
-    layout = _layout(args, **{k: v for k, v in over.items() if k != "max_num_seqs"})
+    layout = _layout(
+        args, **{k: v for k, v in over.items() if k not in ("max_num_seqs", "replicas")}
+    )
     if trace.max_seq_len > layout.max_model_len:
         raise UsageError(
             f"the workload has a {trace.max_seq_len:,}-token sequence, longer than "
@@ -400,10 +536,11 @@ def _run_one(
         )
     name = "kvblocks" if value is None else f"{args.sweep[0]}={value}"
     label = name if show_progress else None
-    run = Run(value, layout, _replay("kvblocks", args, trace, layout, over, label, vllm))
+    res, fleet = _replay("kvblocks", args, trace, layout, over, label, vllm)
+    run = Run(value, layout, res, fleet=fleet)
     if vllm:
         label = "vLLM" if show_progress else None
-        vres = _replay("vllm", args, trace, layout, over, label, True)
+        vres, _ = _replay("vllm", args, trace, layout, over, label, True)
         ours = run.result.kv_total_ns + run.result.request_hash_ns
         theirs = vres.kv_total_ns + vres.request_hash_ns
         run.vllm = {
@@ -451,6 +588,17 @@ def _simulate(args: argparse.Namespace) -> int:
         args.hash_algo,
         not args.no_batch,
         args.sweep[0] if args.sweep else None,
+        hardware={
+            "gpu": args.gpu or DEFAULT_GPU,
+            "tp": args.tp,
+            "fp8": args.fp8,
+            "step_overhead_s": max(0.0, args.step_overhead_ms) / 1e3,
+            "efficiency": min(1.0, args.efficiency),
+            "gpu_memory_utilization": args.gpu_memory_utilization if args.gpu else None,
+            "step_s": args.step_ms / 1e3,
+        },
+        slo_ttft_s=args.slo_ttft,
+        slo_tpot_s=args.slo_tpot,
     )
     show_progress = args.progress or sys.stderr.isatty()
     values: Sequence[int | None] = args.sweep[1] if args.sweep else [None]
@@ -459,7 +607,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.json:
         out.write(json.dumps(report_json(setup, trace, runs)) + "\n")
     elif args.sweep:
-        print_sweep(out, args.sweep[0], runs)
+        print_sweep(out, args.sweep[0], runs, setup)
     else:
         print_summary(out, setup, trace, runs[0])
     out.flush()

@@ -17,6 +17,14 @@ connectors, watermark 0). Each executed step (:meth:`Engine.step`):
    is computed appends output token ``tok(out_seed, k)``; at ``max_output_tokens`` it
    finishes and is freed.
 
+With ``ReplayOptions.time_model`` the loop runs in simulated time: arrivals are keyed by
+seconds instead of steps (a follow-up ``arrival_step * step_s`` after its predecessor
+finished), the clock ``Engine.now`` advances by the model's time of each executed step
+(computed from the scheduled ``(cached tokens, new tokens)`` pairs before the model step)
+and jumps over idle time, and each finished request records its TTFT, TPOT and end-to-end
+latency. With ``external`` a fleet (:mod:`kvblocks.sim.fleet`) feeds the engine through
+:meth:`Engine.submit` and receives its follow-ups.
+
 The allocation digest is sha256 over the driver's lines (``G``/``A``/``P``/``F``/``S``) so an
 implementation with identical behaviour prints the same digest as ``driver_vllm.py``.
 
@@ -48,7 +56,7 @@ from typing import IO, Any, NamedTuple
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult, Ceilings, block_keys
 from kvblocks.sim.presets import KVLayout
-from kvblocks.sim.workloads import Trace, segment_tokens
+from kvblocks.sim.workloads import Trace, TraceRequest, segment_tokens
 
 __all__ = [
     "CALL_TYPES",
@@ -96,6 +104,17 @@ class ReplayOptions:
         progress: Called as ``progress(steps, finished, total)`` every ``progress_every``
             steps.
         progress_every: See ``progress``.
+        time_model: Seconds of a step from its ``(cached, new)`` token pairs (e.g.
+            :meth:`kvblocks.sim.timemodel.StepTimeModel.step_time`). When set the loop runs
+            in time: requests arrive at their ``arrival_s`` (else ``arrival_step *
+            step_s``), a follow-up ``arrival_step * step_s`` after its predecessor finished,
+            the clock advances by each step's time and jumps over idle time, and the result
+            records each request's latencies.
+        step_s: Seconds per trace step when mapping steps to time (``time_model`` only).
+        external: Requests come only through :meth:`Engine.submit` (a fleet's router),
+            and follow-ups go to ``on_follow`` instead of this engine's queue.
+        on_follow: ``on_follow(trace_index, arrival)`` for each follow-up that became due
+            (``external`` only).
     """
 
     max_num_batched_tokens: int = 8192
@@ -108,6 +127,10 @@ class ReplayOptions:
     ceilings: bool = False
     progress: Callable[[int, int, int], None] | None = None
     progress_every: int = 1000
+    time_model: Callable[[Sequence[tuple[int, int]]], float] | None = None
+    step_s: float = 0.05
+    external: bool = False
+    on_follow: Callable[[int, float], None] | None = None
 
 
 @dataclass
@@ -123,6 +146,8 @@ class StepSeries:
     running: array[int] = field(default_factory=lambda: array("q"))
     waiting: array[int] = field(default_factory=lambda: array("q"))
     preemptions: array[int] = field(default_factory=lambda: array("q"))
+    time_s: array[float] = field(default_factory=lambda: array("d"))
+    """Simulated time at the end of the step (time model only)."""
 
 
 @dataclass
@@ -156,6 +181,17 @@ class ReplayResult:
     """Time in the loop spent making the workload's tokens and the ceilings' block keys
     (the simulator's own work, which numpy speeds up; :attr:`loop_s` leaves it out)."""
     ceilings: CeilingResult | None = None
+    simulated_s: float = 0.0
+    """Simulated time at the end of the run (time model only)."""
+    ttft_s: array[float] = field(default_factory=lambda: array("d"))
+    """Per finished request (time model only): arrival to first output token."""
+    tpot_s: array[float] = field(default_factory=lambda: array("d"))
+    """Per finished request: mean time per output token after the first (NaN for a
+    request with one output token)."""
+    e2e_s: array[float] = field(default_factory=lambda: array("d"))
+    """Per finished request: arrival to last output token."""
+    finish_s: array[float] = field(default_factory=lambda: array("d"))
+    """Per finished request: its finish time (aligned with ``ttft_s`` and ``e2e_s``)."""
 
     @property
     def timed_calls(self) -> int:
@@ -249,7 +285,9 @@ class _Slot:
     """The loop's own record of one live request."""
 
     __slots__ = (
+        "arrival_s",
         "finished",
+        "first_s",
         "keys",
         "max_out",
         "num_computed",
@@ -280,6 +318,8 @@ class _Slot:
         self.salt = salt
         self.keys: list[int] = []  # the ceilings' block keys of prompt + outputs
         self.stored = 0  # blocks of ``keys`` the ceilings saw stored
+        self.arrival_s = 0.0
+        self.first_s = -1.0  # time of the first output token, -1 before it
 
 
 class StepInfo(NamedTuple):
@@ -348,12 +388,19 @@ class Engine:
             capacity = (self.num_blocks - 1) // len(layout.groups)
             self.ceilings = Ceilings(ceiling_block_size(layout), capacity)
         self._followers: dict[str, list[int]] = {}
-        self._pending: list[tuple[int, int]] = []  # (arrival step, trace index)
+        # (arrival step, or arrival time with a time model; trace index)
+        self._pending: list[tuple[float, int]] = []
+        self._timed = opt.time_model is not None
+        self.now = 0.0
+        """The simulated clock (time model only): the end of the last step."""
+        if opt.external:
+            self.result.requests = 0
+            self.result.prompt_tokens = 0
         for idx, rec in enumerate(records):
             if rec.after is not None:
                 self._followers.setdefault(rec.after, []).append(idx)
-            else:
-                self._pending.append((rec.arrival_step, idx))
+            elif not opt.external:
+                self._pending.append((self.arrival_time(rec), idx))
         heapq.heapify(self._pending)
         self.waiting: deque[_Slot] = deque()
         self.running: list[_Slot] = []
@@ -362,10 +409,59 @@ class Engine:
         """The number the next executed step gets."""
         self._t_wall0 = time.perf_counter()
 
+    def arrival_time(self, rec: TraceRequest) -> float:
+        """When a first request arrives: its step, or with a time model its ``arrival_s``
+        (else ``arrival_step * step_s``)."""
+        if not self._timed:
+            return rec.arrival_step
+        if rec.arrival_s is not None:
+            return rec.arrival_s
+        return rec.arrival_step * self.options.step_s
+
     @property
     def done(self) -> bool:
-        """Every request of the trace finished."""
+        """Every request of the trace (or, ``external``, every submitted one) finished."""
         return self.num_finished >= self.result.requests
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running or waiting."""
+        return not self.running and not self.waiting
+
+    def submit(self, idx: int, req: Any, arrival_s: float) -> None:
+        """``external``: request ``idx`` of the trace (built as ``req``) arrives now; an idle
+        engine's clock first jumps to ``arrival_s``."""
+        rec = self.trace.requests[idx]
+        if self.idle and arrival_s > self.now:
+            self.now = arrival_s
+        self.result.requests += 1
+        self.result.prompt_tokens += rec.prompt_len
+        self._new_slot(idx, arrival_s, req)
+
+    def _new_slot(self, idx: int, arrival: float, req: Any = None) -> None:
+        res = self.result
+        rec = self.trace.requests[idx]
+        pc = time.perf_counter_ns
+        t0 = pc()
+        prompt = rec.prompt_ids(self.trace.vocab_size)
+        outputs = segment_tokens(rec.out_seed, rec.max_output_tokens, self.trace.vocab_size)
+        res.synth_ns += pc() - t0
+        if req is None:
+            req, dt = self.backend.make_request(
+                rec.request_id, prompt, rec.max_output_tokens, cache_salt=rec.cache_salt
+            )
+            res.request_init_ns += dt
+            res.hash_calls += 1
+        slot = _Slot(req, rec.request_id, rec.prompt_len, outputs, rec.cache_salt)
+        slot.arrival_s = float(arrival)
+        ceilings = self.ceilings
+        if ceilings is not None:
+            t0 = pc()
+            # the tokens the request will ever compute: the last output is never fed back
+            tokens = prompt + list(outputs[:-1])
+            slot.keys = block_keys(tokens, ceilings.block_size, rec.cache_salt)
+            res.synth_ns += pc() - t0
+        self.waiting.append(slot)
 
     def _ev(self, line: str) -> None:
         self.result.num_events += 1
@@ -375,37 +471,20 @@ class Engine:
             self._events.write(line)
 
     def _arrive(self) -> None:
-        """Step 0: idle steps are skipped; due arrivals join ``waiting``."""
-        res, pending = self.result, self._pending
+        """Step 0: idle steps (idle time) are skipped; due arrivals join ``waiting``."""
+        pending = self._pending
+        timed = self._timed
         if not self.running and not self.waiting:
             if not pending:
                 raise ReplayError("no runnable requests left but the trace is not finished")
-            if pending[0][0] > self.step_number:
-                self.step_number = pending[0][0]
-        records, vocab = self.trace.requests, self.trace.vocab_size
-        make_request = self.backend.make_request
-        ceilings = self.ceilings
-        pc = time.perf_counter_ns
-        while pending and pending[0][0] <= self.step_number:
-            _, idx = heapq.heappop(pending)
-            rec = records[idx]
-            t0 = pc()
-            prompt = rec.prompt_ids(vocab)
-            outputs = segment_tokens(rec.out_seed, rec.max_output_tokens, vocab)
-            res.synth_ns += pc() - t0
-            req, dt = make_request(
-                rec.request_id, prompt, rec.max_output_tokens, cache_salt=rec.cache_salt
-            )
-            res.request_init_ns += dt
-            res.hash_calls += 1
-            slot = _Slot(req, rec.request_id, rec.prompt_len, outputs, rec.cache_salt)
-            if ceilings is not None:
-                t0 = pc()
-                # the tokens the request will ever compute: the last output is never fed back
-                tokens = prompt + list(outputs[:-1])
-                slot.keys = block_keys(tokens, ceilings.block_size, rec.cache_salt)
-                res.synth_ns += pc() - t0
-            self.waiting.append(slot)
+            if timed:
+                self.now = max(self.now, pending[0][0])
+            elif pending[0][0] > self.step_number:
+                self.step_number = int(pending[0][0])
+        clock = self.now if timed else self.step_number
+        while pending and pending[0][0] <= clock:
+            arrival, idx = heapq.heappop(pending)
+            self._new_slot(idx, arrival)
 
     def _stored(self, slot: _Slot, upto_tokens: int) -> None:
         """The ceilings see the blocks an allocation up to ``upto_tokens`` cached."""
@@ -446,6 +525,9 @@ class Engine:
                 f"({head.num_tokens if head else 0} tokens) into an idle cache of "
                 f"{self.num_blocks} blocks; raise the number of blocks"
             )
+        tm = opt.time_model
+        if tm is not None:
+            self.now += tm([(slot.num_computed, n) for slot, n in scheduled])
         finished = self._model_step(scheduled)
         free_blocks = self._num_free()
         if self._digest_on:
@@ -460,6 +542,8 @@ class Engine:
             series.running.append(len(self.running))
             series.waiting.append(len(self.waiting))
             series.preemptions.append(preempted)
+            if self._timed:
+                series.time_s.append(self.now)
         info = StepInfo(
             self.step_number, len(scheduled), admitted, preempted, finished, free_blocks
         )
@@ -643,6 +727,8 @@ class Engine:
                 res.hash_calls += 1
         finished = 0
         records, pending = self.trace.requests, self._pending
+        timed, step_s = self._timed, self.options.step_s
+        on_follow = self.options.on_follow if self.options.external else None
         for slot, n in scheduled:
             c = slot.num_computed + n
             slot.num_computed = c
@@ -651,6 +737,8 @@ class Engine:
             if c >= slot.num_tokens:
                 slot.prefill_done = True
                 k = slot.num_out
+                if slot.first_s < 0:
+                    slot.first_s = self.now
                 if append_batch is None:
                     tok = slot.outputs[k]  # outside the timed window, as driver_vllm.py
                     t0 = pc()
@@ -669,9 +757,22 @@ class Engine:
                     slot.finished = True
                     finished += 1
                     self.num_finished += 1
+                    if timed:
+                        now = self.now
+                        res.ttft_s.append(slot.first_s - slot.arrival_s)
+                        res.e2e_s.append(now - slot.arrival_s)
+                        res.finish_s.append(now)
+                        n_later = slot.max_out - 1
+                        res.tpot_s.append((now - slot.first_s) / n_later if n_later else math.nan)
                     for fidx in self._followers.get(slot.rid, ()):
-                        arrival = self.step_number + records[fidx].arrival_step
-                        heapq.heappush(pending, (arrival, fidx))
+                        if timed:
+                            arrival: float = self.now + records[fidx].arrival_step * step_s
+                        else:
+                            arrival = self.step_number + records[fidx].arrival_step
+                        if on_follow is not None:
+                            on_follow(fidx, arrival)
+                        else:
+                            heapq.heappush(pending, (arrival, fidx))
         if finished:
             self.running = [s for s in self.running if not s.finished]
         return finished
@@ -687,10 +788,14 @@ class Engine:
         if not self.done:
             raise ReplayError(f"{res.requests - self.num_finished} requests are not finished")
         res.wall_s = time.perf_counter() - self._t_wall0
+        res.simulated_s = self.now
         res.last_step = self.step_number - 1
         res.digest = self._digest.hexdigest() if self._digest is not None else None
         res.series = self._series
-        expect = sum(r.max_output_tokens for r in self.trace.requests)
+        if self.options.external:
+            expect = res.generated_tokens  # the fleet checks the sum over its engines
+        else:
+            expect = sum(r.max_output_tokens for r in self.trace.requests)
         if res.generated_tokens != expect:
             raise ReplayError(f"generated {res.generated_tokens} tokens, expected {expect}")
         res.final_free_blocks = self._num_free()

@@ -149,8 +149,9 @@ def build_kvblocks_config(layout: KVLayout) -> Any:
     return k.KVCacheConfig(layout.num_blocks, [], groups)
 
 
-def build_kvblocks_manager(layout: KVLayout) -> Any:
-    """``kvblocks.KVCacheManager`` for ``layout``."""
+def build_kvblocks_manager(layout: KVLayout, events: bool = False) -> Any:
+    """``kvblocks.KVCacheManager`` for ``layout``; ``events`` publishes KV cache events
+    (``take_events()``), as a fleet's prefix-aware router needs."""
     import kvblocks as kb
 
     k: Any = kb
@@ -162,6 +163,7 @@ def build_kvblocks_manager(layout: KVLayout) -> Any:
         max_in_flight_tokens=layout.max_in_flight_tokens,
         enable_caching=layout.enable_caching,
         use_eagle=layout.use_eagle,
+        enable_kv_cache_events=events,
     )
 
 
@@ -324,6 +326,13 @@ class ModelPreset:
         description: The KV cache shape in words.
         groups: The attention groups.
         max_model_len: The model's context length (the default ``--max-model-len``).
+        params: Parameters (all experts of a mixture of experts).
+        active_params: Parameters a token passes through (the FLOPs of the step-time
+            model); None = ``params``.
+        weight_bytes: Bytes of the weights on the GPUs; None = 2 bytes per parameter.
+        hidden_size: Hidden size.
+        num_q_heads: Query heads of an attention layer (KV heads and head size are the
+            groups').
     """
 
     name: str
@@ -331,9 +340,26 @@ class ModelPreset:
     description: str
     groups: tuple[GroupDesc, ...]
     max_model_len: int
+    params: int = 8_030_261_248
+    active_params: int | None = None
+    weight_bytes: int | None = None
+    hidden_size: int = 4096
+    num_q_heads: int = 32
+
+    @property
+    def flop_params(self) -> int:
+        """Parameters per token: ``active_params`` or ``params``."""
+        return self.active_params if self.active_params is not None else self.params
+
+    @property
+    def weights_bytes(self) -> int:
+        """``weight_bytes`` or 2 bytes per parameter (bf16)."""
+        return self.weight_bytes if self.weight_bytes is not None else 2 * self.params
 
 
-def _gpt_oss(name: str, num_layers: int) -> ModelPreset:
+def _gpt_oss(
+    name: str, num_layers: int, params: int, active: int, weight_bytes: int
+) -> ModelPreset:
     half = num_layers // 2
     return ModelPreset(
         name,
@@ -345,6 +371,11 @@ def _gpt_oss(name: str, num_layers: int) -> ModelPreset:
             GroupDesc("sliding_window", half, 16, 8, 64, sliding_window=128, layer_offset=half),
         ),
         131072,
+        params=params,
+        active_params=active,
+        weight_bytes=weight_bytes,
+        hidden_size=2880,
+        num_q_heads=64,
     )
 
 
@@ -357,6 +388,7 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
             "32 full-attention layers, 8 KV heads x 128, bf16",
             (GroupDesc("full", 32, 16, 8, 128),),
             8192,
+            # config.json: hidden 4096, 32 heads, 8 KV heads; 8.03 B parameters
         ),
         ModelPreset(
             "llama-3.1-8b",
@@ -365,8 +397,10 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
             (GroupDesc("full", 32, 16, 8, 128),),
             131072,
         ),
-        _gpt_oss("gpt-oss-20b", 24),
-        _gpt_oss("gpt-oss-120b", 36),
+        # OpenAI's gpt-oss model card: 20.9 B / 3.6 B active, 116.8 B / 5.1 B active;
+        # MXFP4 MoE weights, checkpoints of 12.8 GiB and 60.8 GiB.
+        _gpt_oss("gpt-oss-20b", 24, 20_900_000_000, 3_600_000_000, 13_800_000_000),
+        _gpt_oss("gpt-oss-120b", 36, 116_800_000_000, 5_100_000_000, 65_300_000_000),
         ModelPreset(
             "hybrid-mamba",
             "synthetic (no released model)",
@@ -374,6 +408,9 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
             "(conv 3x2048 bf16, SSM 32x64x128 fp32)",
             (GroupDesc("full", 8, 16, 8, 128), GroupDesc("mamba", 8, 16, layer_offset=8)),
             32768,
+            params=1_500_000_000,  # synthetic
+            hidden_size=2048,
+            num_q_heads=16,
         ),
     )
 }

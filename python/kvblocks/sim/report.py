@@ -1,12 +1,14 @@
 """What ``kvblocks simulate`` reports: the JSON document, the summary, the sweep table and
 the plot, all from the same :class:`Run` records.
 
-The JSON schema (``kvblocks-simulate-v2``) is documented in ``docs/simulate-json.md``;
+The JSON schema (``kvblocks-simulate-v3``) is documented in ``docs/simulate-json.md``;
 a change to a field's name or meaning bumps the version.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -20,14 +22,16 @@ __all__ = [
     "Run",
     "Setup",
     "fmt_bytes",
+    "percentiles",
     "plot",
     "print_summary",
     "print_sweep",
     "report_json",
     "run_json",
+    "slo_attainment",
 ]
 
-SCHEMA = "kvblocks-simulate-v2"
+SCHEMA = "kvblocks-simulate-v3"
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,10 @@ class Setup:
     hash_algo: str
     batch: bool
     sweep: str | None = None
+    hardware: dict[str, Any] | None = None
+    """The step-time model's GPU and settings (``hardware`` in the JSON)."""
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
 
 
 @dataclass
@@ -53,6 +61,8 @@ class Run:
     layout: KVLayout
     result: ReplayResult
     vllm: dict[str, Any] | None = None
+    fleet: dict[str, Any] | None = None
+    """``{replicas, router, per_replica: [...]}``."""
 
 
 def _rate(hits: int, queried: int) -> float:
@@ -66,14 +76,41 @@ def _usage(res: ReplayResult) -> list[float]:
     return [1.0 - f / total for f in res.series.free_blocks]
 
 
-def run_json(run: Run) -> dict[str, Any]:
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    """``{p50, p90, p99}`` (nearest rank) of the non-NaN ``values``; None when empty."""
+    v = sorted(x for x in values if not math.isnan(x))
+    if not v:
+        return {"p50": None, "p90": None, "p99": None}
+    out: dict[str, float | None] = {}
+    for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+        k = min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))
+        out[name] = round(v[k], 6)
+    return out
+
+
+def slo_attainment(res: ReplayResult, ttft: float | None, tpot: float | None) -> float | None:
+    """Fraction of finished requests with TTFT <= ``ttft`` and TPOT <= ``tpot`` (a bound
+    not given always holds; a one-token request has no TPOT); None without bounds."""
+    if ttft is None and tpot is None:
+        return None
+    n = len(res.ttft_s)
+    if not n:
+        return 0.0
+    ok = 0
+    for a, b in zip(res.ttft_s, res.tpot_s, strict=True):
+        if (ttft is None or a <= ttft) and (tpot is None or math.isnan(b) or b <= tpot):
+            ok += 1
+    return round(ok / n, 6)
+
+
+def run_json(run: Run, setup: Setup | None = None) -> dict[str, Any]:
     """One element of the document's ``runs`` (see ``docs/simulate-json.md``)."""
     r, lay = run.result, run.layout
     usage = _usage(r)
-    c = r.ceilings
-    assert c is not None, "simulate runs record the ceilings"
+    c = r.ceilings  # None with --no-ceilings
+    sim = r.simulated_s
     tenants = None
-    if any(name for name in c.tenants):
+    if c is not None and any(name for name in c.tenants):
         tenants = [
             {
                 "cache_salt": name or None,
@@ -105,10 +142,10 @@ def run_json(run: Run) -> dict[str, Any]:
         "preempted_requests": r.resumed[0],
         "preempted_queried_tokens": r.resumed[1],
         "preempted_hit_tokens": r.resumed[2],
-        "infinite_cache_hit_rate": round(c.infinite_hit_rate, 6),
-        "ideal_hit_rate": round(c.ideal_hit_rate, 6),
-        "infinite_cache_hit_tokens": c.infinite_hit_tokens,
-        "ideal_hit_tokens": c.ideal_hit_tokens,
+        "infinite_cache_hit_rate": round(c.infinite_hit_rate, 6) if c else None,
+        "ideal_hit_rate": round(c.ideal_hit_rate, 6) if c else None,
+        "infinite_cache_hit_tokens": c.infinite_hit_tokens if c else None,
+        "ideal_hit_tokens": c.ideal_hit_tokens if c else None,
         "tenants": tenants,
         "peak_usage": round(max(usage, default=0.0), 6),
         "mean_usage": round(sum(usage) / len(usage), 6) if usage else 0.0,
@@ -121,6 +158,20 @@ def run_json(run: Run) -> dict[str, Any]:
         "wall_s": round(r.wall_s, 3),
         "synth_s": round(r.synth_ns / 1e9, 3),
         "steps_per_s": round(r.steps / loop_s, 1) if loop_s > 0 else 0.0,
+        "sim_requests_per_s": round(r.requests / loop_s, 1) if loop_s > 0 else 0.0,
+        "simulated_s": round(sim, 6),
+        "throughput_tokens_per_s": round(r.generated_tokens / sim, 3) if sim > 0 else 0.0,
+        "latency": {
+            "ttft_s": percentiles(r.ttft_s),
+            "tpot_s": percentiles(r.tpot_s),
+            "e2e_s": percentiles(r.e2e_s),
+        },
+        "slo_attainment": slo_attainment(
+            r,
+            setup.slo_ttft_s if setup else None,
+            setup.slo_tpot_s if setup else None,
+        ),
+        "fleet": run.fleet,
     }
     if run.vllm is not None:
         out["vllm"] = run.vllm
@@ -164,8 +215,9 @@ def report_json(setup: Setup, trace: Trace, runs: list[Run]) -> dict[str, Any]:
             "hash_algo": setup.hash_algo,
             "batch": setup.batch,
         },
+        "hardware": setup.hardware,
         "sweep": setup.sweep,
-        "runs": [run_json(r) for r in runs],
+        "runs": [run_json(r, setup) for r in runs],
     }
 
 
@@ -199,9 +251,25 @@ def _model_line(setup: Setup, run: Run) -> str:
     )
 
 
+def _pct_or(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def _fmt_s(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v >= 1:
+        return f"{v:.2f} s"
+    return f"{v * 1e3:.1f} ms"
+
+
+def _pcts(p: dict[str, float | None]) -> str:
+    return f"p50 {_fmt_s(p['p50'])}, p90 {_fmt_s(p['p90'])}, p99 {_fmt_s(p['p99'])}"
+
+
 def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
     """The table of one run."""
-    j = run_json(run)
+    j = run_json(run, setup)
     rows = [
         ("workload", _workload_name(trace)),
         ("model", _model_line(setup, run)),
@@ -214,8 +282,14 @@ def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
             f"{j['prefix_hit_rate']:.1%} ({j['hit_tokens']:,} of {j['queried_tokens']:,} "
             "prompt tokens at first admission)",
         ),
-        ("  infinite cache", f"{j['infinite_cache_hit_rate']:.1%} (every block ever stored kept)"),
-        ("  ideal (Belady)", f"{j['ideal_hit_rate']:.1%} (same memory, farthest next use out)"),
+        (
+            "  infinite cache",
+            f"{_pct_or(j['infinite_cache_hit_rate'])} (every block ever stored kept)",
+        ),
+        (
+            "  ideal (Belady)",
+            f"{_pct_or(j['ideal_hit_rate'])} (same memory, farthest next use out)",
+        ),
         ("preemptions", f"{j['preemptions']:,}"),
     ]
     if j["preempted_requests"]:
@@ -235,6 +309,33 @@ def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
                 f"{t['ideal_hit_rate']:.1%} ideal ({t['requests']:,} requests)",
             )
         )
+    hw = setup.hardware or {}
+    lat = j["latency"]
+    rows += [
+        (
+            "simulated time",
+            f"{j['simulated_s']:,.1f} s on {hw.get('gpu', '?')} x tp {hw.get('tp', 1)} "
+            "(step-time model)",
+        ),
+        ("TTFT", _pcts(lat["ttft_s"])),
+        ("TPOT", _pcts(lat["tpot_s"])),
+        ("end to end", _pcts(lat["e2e_s"])),
+        ("throughput", f"{j['throughput_tokens_per_s']:,.0f} generated tokens / s"),
+    ]
+    if j["slo_attainment"] is not None:
+        rows.append(
+            (
+                "SLO attainment",
+                f"{j['slo_attainment']:.1%} (TTFT <= {setup.slo_ttft_s} s, "
+                f"TPOT <= {setup.slo_tpot_s} s)",
+            )
+        )
+    fl = j["fleet"]
+    if fl is not None and fl["replicas"] > 1:
+        per = ", ".join(f"{p['prefix_hit_rate']:.0%}/{p['requests']}" for p in fl["per_replica"])
+        rows.append(
+            ("fleet", f"{fl['replicas']} replicas, {fl['router']} (hit rate/requests: {per})")
+        )
     rows += [
         ("peak usage", f"{j['peak_usage']:.1%}"),
         ("mean usage", f"{j['mean_usage']:.1%}"),
@@ -247,6 +348,7 @@ def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
             f"{j['steps_per_s']:,.0f} (simulated, wall {j['wall_s']:.2f} s, of which "
             f"{j['synth_s']:.2f} s making tokens and ceilings)",
         ),
+        ("requests / s", f"{j['sim_requests_per_s']:,.0f} (simulated per wall second)"),
     ]
     if run.vllm is not None:
         v = run.vllm
@@ -262,24 +364,34 @@ def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
         out.write(f"  {k:<{width}}  {val}\n")
 
 
-def print_sweep(out: TextIO, key: str, runs: list[Run]) -> None:
+def print_sweep(out: TextIO, key: str, runs: list[Run], setup: Setup | None = None) -> None:
     """One row per swept value."""
     head = [key, "blocks", "memory", "hit rate", "infinite", "ideal", "preempt", "peak use",
-            "mean use", "steps", "KV/step", "KV/token", "steps/s"]  # fmt: skip
+            "mean use", "steps", "KV/step", "KV/token", "steps/s", "TTFT p50", "TTFT p99",
+            "TPOT p50", "tok/s", "sim s", "req/s"]  # fmt: skip
+    slo = setup is not None and (setup.slo_ttft_s is not None or setup.slo_tpot_s is not None)
+    if slo:
+        head.append("SLO")
     compare = any(run.vllm is not None for run in runs)
     if compare:
         head += ["vs vLLM", "digests"]
     rows = [head]
     for run in runs:
-        j = run_json(run)
+        j = run_json(run, setup)
         value = fmt_bytes(run.value or 0) if key == "gpu_memory" else f"{run.value:,}"
+        lat = j["latency"]
         row = [
             value, f"{j['num_blocks']:,}", fmt_bytes(j["kv_cache_bytes"]),
-            f"{j['prefix_hit_rate']:.1%}", f"{j['infinite_cache_hit_rate']:.1%}",
-            f"{j['ideal_hit_rate']:.1%}", f"{j['preemptions']:,}", f"{j['peak_usage']:.1%}",
+            f"{j['prefix_hit_rate']:.1%}", _pct_or(j["infinite_cache_hit_rate"]),
+            _pct_or(j["ideal_hit_rate"]), f"{j['preemptions']:,}", f"{j['peak_usage']:.1%}",
             f"{j['mean_usage']:.1%}", f"{j['steps']:,}", _fmt_ns(j["kv_ns_per_step"]),
             _fmt_ns(j["kv_ns_per_generated_token"]), f"{j['steps_per_s']:,.0f}",
+            _fmt_s(lat["ttft_s"]["p50"]), _fmt_s(lat["ttft_s"]["p99"]),
+            _fmt_s(lat["tpot_s"]["p50"]), f"{j['throughput_tokens_per_s']:,.0f}",
+            f"{j['simulated_s']:,.1f}", f"{j['sim_requests_per_s']:,.0f}",
         ]  # fmt: skip
+        if slo:
+            row.append(f"{j['slo_attainment']:.1%}")
         if compare:
             v = run.vllm or {}
             row += [f"{v.get('speedup', '-')}x", "agree" if v.get("digests_agree") else "DIFFER"]
@@ -290,8 +402,9 @@ def print_sweep(out: TextIO, key: str, runs: list[Run]) -> None:
 
 
 def plot(path: str, setup: Setup, trace: Trace, runs: list[Run]) -> None:
-    """Usage and cumulative hit rate over the steps of every run, preemptions marked, the
-    ceilings as dashed lines; the title names workload, model, memory and blocks.
+    """Usage, cumulative hit rate and TTFT over simulated time (over steps for runs
+    without time) of every run, preemptions marked, the ceilings as dashed lines; the
+    title names workload, model, memory and blocks.
 
     Raises:
         ImportError: matplotlib is not installed.
@@ -302,16 +415,21 @@ def plot(path: str, setup: Setup, trace: Trace, runs: list[Run]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_u, ax_h) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
+    fig, (ax_u, ax_h, ax_l) = plt.subplots(3, 1, sharex=True, figsize=(10, 9))
+    timed = all(run.result.series is not None and len(run.result.series.time_s) for run in runs)
     for run in runs:
         series = run.result.series
         assert series is not None
+        xs = list(series.time_s) if timed else list(series.step)
         hit = [h / q if q else 0.0 for h, q in zip(series.hits, series.queried, strict=True)]
         label = f"{setup.sweep}={run.value}" if setup.sweep else "kvblocks"
-        (line,) = ax_u.plot(list(series.step), _usage(run.result), label=label, linewidth=0.8)
+        (line,) = ax_u.plot(xs, _usage(run.result), label=label, linewidth=0.8)
         color = line.get_color()
-        ax_h.plot(list(series.step), hit, color=color, linewidth=0.8, label=label)
-        marks = [s for s, p in zip(series.step, series.preemptions, strict=True) if p]
+        ax_h.plot(xs, hit, color=color, linewidth=0.8, label=label)
+        if timed:
+            ax_l.plot(list(run.result.finish_s), list(run.result.ttft_s), ".", color=color,
+                      markersize=2, label=f"{label} TTFT")  # fmt: skip
+        marks = [s for s, p in zip(xs, series.preemptions, strict=True) if p]
         if marks:
             ax_u.plot(marks, [1.02] * len(marks), "v", color=color, markersize=4,
                       label=f"preemptions ({run.result.preemptions:,})")  # fmt: skip
@@ -339,9 +457,12 @@ def plot(path: str, setup: Setup, trace: Trace, runs: list[Run]) -> None:
     ax_u.set_ylim(0, 1.06)
     ax_h.set_ylabel("prefix hit rate\n(first admissions, cumulative)")
     ax_h.set_ylim(0, 1)
-    ax_h.set_xlabel("scheduler step")
+    ax_l.set_ylabel("TTFT (s), at each\nrequest's finish")
+    ax_l.set_xlabel("simulated time (s)" if timed else "scheduler step")
     ax_u.legend(fontsize="small", loc="lower right")
     ax_h.legend(fontsize="small", loc="lower right")
+    if timed:
+        ax_l.legend(fontsize="small", loc="upper left")
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=100)

@@ -118,6 +118,9 @@ class TraceRequest:
         token_ids: Explicit prompt token ids, or None.
         cache_salt: The tenant's cache salt (vLLM's ``cache_salt``: requests share cached
             blocks only within one salt), or None.
+        arrival_s: Arrival time in seconds when the trace gives one (Mooncake's
+            ``timestamp`` / 1000); None = ``arrival_step`` times the step length. Only the
+            time model reads it.
     """
 
     request_id: str
@@ -128,6 +131,7 @@ class TraceRequest:
     after: str | None = None
     token_ids: tuple[int, ...] | None = None
     cache_salt: str | None = None
+    arrival_s: float | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -465,7 +469,9 @@ def _mooncake_request(obj: dict[str, Any], index: int, block: int, step_ms: floa
     last_seed, _ = segs[-1]
     segs[-1] = (last_seed, n_in - (need - 1) * block)
     out_seed = splitmix64(index ^ _MOONCAKE_SALT)
-    return TraceRequest(f"mc-{index:06d}", int(ts // step_ms), tuple(segs), out_seed, n_out)
+    return TraceRequest(
+        f"mc-{index:06d}", int(ts // step_ms), tuple(segs), out_seed, n_out, arrival_s=ts / 1000
+    )
 
 
 def read_trace(path: str, *, mooncake_block: int = 512, step_ms: float = 50.0) -> Trace:

@@ -1,0 +1,327 @@
+"""A fleet: N engines, each with its own KV cache manager, behind a router.
+
+Requests arrive in time (the engines run a step-time model); at each arrival the router
+picks one engine, which queues the request. The engines step independently, each on its
+own clock; the fleet loop always handles the earliest event next: an arrival (routed when
+no busy engine's clock is behind it) or the step of the busy engine whose clock is
+earliest. A follow-up turn becomes an arrival when its predecessor finishes, and is routed
+again like any request.
+
+Routers (:data:`ROUTERS`):
+
+* ``round-robin``: engines in turn;
+* ``least-loaded``: the fewest running plus waiting requests (lowest index on ties);
+* ``prefix-aware``: as KV-aware routers (llm-d's precise prefix-cache scorer, Dynamo's
+  KV router) score engines: the longest prefix of the request's block hashes cached on
+  each engine, from an index the router builds **only from the engines' KV cache events**
+  (``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``, drained after every step
+  with ``take_events()``). Dynamo's cost picks the engine: ``blocks to prefill (the
+  request's blocks minus the cached prefix) + load_weight * active blocks`` (blocks of its
+  running and waiting requests), then fewer requests, then the lowest index.
+  ``load_weight = 0`` (the default) is the pure longest-prefix rule with the load as the
+  tie-break; it piles every session that shares a system prompt onto one engine, which a
+  positive weight (Dynamo's default is 1) spreads at the cost of some moved sessions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kvblocks
+from kvblocks.sim.backends import Backend
+from kvblocks.sim.ceilings import CeilingResult
+from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, ReplayResult, StepSeries
+from kvblocks.sim.workloads import Trace
+
+__all__ = ["ROUTERS", "Fleet", "FleetResult", "PrefixIndex", "hash_key", "merged_result"]
+
+ROUTERS = ("round-robin", "least-loaded", "prefix-aware")
+
+
+def hash_key(block_hash: bytes) -> int:
+    """A request's block hash as the events publish it (vLLM's
+    ``maybe_convert_block_hash``: the last 8 bytes, big-endian)."""
+    return int.from_bytes(block_hash[-8:], "big")
+
+
+class PrefixIndex:
+    """The router's view of which engine caches which block, from KV cache events only."""
+
+    def __init__(self, replicas: int) -> None:
+        self.where: dict[int, set[int]] = {}
+        self.per_engine: list[set[int]] = [set() for _ in range(replicas)]
+        self.stored = 0
+        self.removed = 0
+        """Hashes the events stored and removed."""
+
+    def apply(self, engine: int, events: Sequence[Any]) -> None:
+        """Applies one engine's events, in order."""
+        where, mine = self.where, self.per_engine[engine]
+        for ev in events:
+            if isinstance(ev, kvblocks.BlockStored):
+                self.stored += len(ev.block_hashes)
+                for h in ev.block_hashes:
+                    if h not in mine:
+                        mine.add(h)
+                        where.setdefault(h, set()).add(engine)
+            elif isinstance(ev, kvblocks.BlockRemoved):
+                self.removed += len(ev.block_hashes)
+                for h in ev.block_hashes:
+                    if h in mine:
+                        mine.discard(h)
+                        s = where[h]
+                        s.discard(engine)
+                        if not s:
+                            del where[h]
+            elif isinstance(ev, kvblocks.AllBlocksCleared):
+                for h in mine:
+                    s = where[h]
+                    s.discard(engine)
+                    if not s:
+                        del where[h]
+                mine.clear()
+
+    def prefix_lengths(self, keys: Sequence[int], replicas: int) -> list[int]:
+        """Per engine: how many leading ``keys`` it caches."""
+        out = [0] * replicas
+        alive: set[int] | None = None
+        where = self.where
+        for i, h in enumerate(keys):
+            on = where.get(h)
+            if not on:
+                break
+            alive = set(on) if alive is None else alive & on
+            if not alive:
+                break
+            for e in alive:
+                out[e] = i + 1
+        return out
+
+
+@dataclass
+class FleetResult:
+    """A fleet run: the engines' results plus the fleet's own series and routing."""
+
+    router: str
+    engines: list[ReplayResult]
+    series: StepSeries = field(default_factory=StepSeries)
+    wall_s: float = 0.0
+    simulated_s: float = 0.0
+    requests: int = 0
+
+
+class Fleet:
+    """N engines over one trace behind a router (see the module docs).
+
+    Args:
+        trace: The workload.
+        backends: One backend per engine (prefix-aware routing needs managers built with
+            ``enable_kv_cache_events=True``).
+        options: Every engine's options; ``time_model`` is required.
+        router: One of :data:`ROUTERS`.
+        layout: The backends' layout (for ``options.ceilings``).
+        load_weight: ``prefix-aware``: weight of the active blocks against the blocks to
+            prefill (see the module docs).
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        backends: Sequence[Backend],
+        options: ReplayOptions,
+        router: str,
+        layout: Any = None,
+        load_weight: float = 0.0,
+    ) -> None:
+        if router not in ROUTERS:
+            raise ValueError(f"unknown router {router!r}; choose from {', '.join(ROUTERS)}")
+        if options.time_model is None:
+            raise ValueError("a fleet runs in time: options.time_model is required")
+        self.trace = trace
+        self.router = router
+        self.replicas = n = len(backends)
+        self._arrivals: list[tuple[float, int]] = []
+        self.engines: list[Engine] = []
+        for b in backends:
+            opt = ReplayOptions(**{**options.__dict__, "external": True, "progress": None})
+            opt.on_follow = self._follow
+            self.engines.append(Engine(trace, b, opt, layout))
+        first = self.engines[0]
+        for idx, rec in enumerate(trace.requests):
+            if rec.after is None:
+                self._arrivals.append((first.arrival_time(rec), idx))
+        heapq.heapify(self._arrivals)
+        self.index = PrefixIndex(n) if router == "prefix-aware" else None
+        self._rr = 0
+        self.load_weight = load_weight
+        self._block: int = int(backends[0].manager.block_pool.hash_block_size)
+        self._make = backends[0].make_request
+        self.num_finished = 0
+        self.total = len(trace.requests)
+        self.series = StepSeries()
+        self._queried = 0
+        self._hits = 0
+        self._free = [e.num_blocks - 1 for e in self.engines]
+        self.routed = [0] * n
+        self._t0 = time.perf_counter()
+
+    def _follow(self, idx: int, arrival: float) -> None:
+        heapq.heappush(self._arrivals, (arrival, idx))
+
+    @property
+    def done(self) -> bool:
+        """Every request finished."""
+        return sum(e.num_finished for e in self.engines) >= self.total
+
+    def load(self, e: int) -> int:
+        """Requests running or waiting on engine ``e``."""
+        eng = self.engines[e]
+        return len(eng.running) + len(eng.waiting)
+
+    def choose(self, keys: Sequence[int]) -> int:
+        """The engine the router sends a request with block hashes ``keys`` to."""
+        n = self.replicas
+        if self.router == "round-robin":
+            e = self._rr
+            self._rr = (e + 1) % n
+            return e
+        loads = [self.load(e) for e in range(n)]
+        if self.index is None:
+            return min(range(n), key=lambda e: (loads[e], e))
+        match = self.index.prefix_lengths(keys, n)
+        w = self.load_weight
+        if w == 0:
+            return min(range(n), key=lambda e: (-match[e], loads[e], e))
+        nk = len(keys)
+        cost = [nk - match[e] + w * self.active_blocks(e) for e in range(n)]
+        return min(range(n), key=lambda e: (cost[e], loads[e], e))
+
+    def active_blocks(self, e: int) -> int:
+        """Blocks of the requests running or waiting on engine ``e`` (their tokens over
+        the block size), as Dynamo's router counts an engine's load."""
+        eng = self.engines[e]
+        b = self._block
+        tokens = sum(-(-s.num_tokens // b) for s in eng.running)
+        return tokens + sum(-(-s.num_tokens // b) for s in eng.waiting)
+
+    def _route(self, arrival: float, idx: int) -> None:
+        rec = self.trace.requests[idx]
+        eng0 = self.engines[0]
+        t0 = time.perf_counter_ns()
+        prompt = rec.prompt_ids(self.trace.vocab_size)
+        synth = time.perf_counter_ns() - t0
+        req, dt = self._make(
+            rec.request_id, prompt, rec.max_output_tokens, cache_salt=rec.cache_salt
+        )
+        keys = [hash_key(h) for h in req.block_hashes] if self.index is not None else []
+        e = self.choose(keys)
+        eng = self.engines[e]
+        eng.result.request_init_ns += dt
+        eng.result.hash_calls += 1
+        eng0.result.synth_ns += synth
+        eng.submit(idx, req, arrival)
+        self.routed[e] += 1
+
+    def step(self) -> None:
+        """Handles the earliest event: an arrival, or one engine's step."""
+        busy = [e for e in self.engines if not e.idle]
+        nxt = min(busy, key=lambda e: e.now) if busy else None
+        arrivals = self._arrivals
+        if arrivals and (nxt is None or arrivals[0][0] <= nxt.now):
+            arrival, idx = heapq.heappop(arrivals)
+            self._route(arrival, idx)
+            return
+        if nxt is None:
+            raise ReplayError("no runnable requests left but the trace is not finished")
+        i = self.engines.index(nxt)
+        n = self.replicas
+        before = nxt.result.first_admission[1:]
+        info = nxt.step()
+        after = nxt.result.first_admission
+        self._queried += after[1] - before[0]
+        self._hits += after[2] - before[1]
+        if self.index is not None:
+            self.index.apply(i, nxt.backend.manager.take_events())
+        self._free[i] = info.free_blocks
+        s = self.series
+        s.step.append(len(s.step))
+        s.time_s.append(nxt.now)
+        s.free_blocks.append(sum(self._free) // n)  # the mean engine's free blocks
+        s.queried.append(self._queried)
+        s.hits.append(self._hits)
+        s.running.append(sum(len(e.running) for e in self.engines))
+        s.waiting.append(sum(len(e.waiting) for e in self.engines))
+        s.preemptions.append(info.preempted)
+
+    def run(self) -> FleetResult:
+        """Runs to the end; checks every engine's end state."""
+        while not self.done:
+            self.step()
+        results = [e.finish() for e in self.engines]
+        expect = sum(r.max_output_tokens for r in self.trace.requests)
+        got = sum(r.generated_tokens for r in results)
+        if got != expect:
+            raise ReplayError(f"generated {got} tokens, expected {expect}")
+        out = FleetResult(self.router, results, self.series)
+        out.wall_s = time.perf_counter() - self._t0
+        out.simulated_s = max(e.now for e in self.engines)
+        out.requests = self.total
+        return out
+
+
+def merged_result(fr: FleetResult) -> ReplayResult:
+    """The fleet as one :class:`ReplayResult`: counts, manager timings and latencies summed
+    or pooled over the engines; ``steps`` counts every engine's steps; ``series`` is the
+    fleet's (one point per engine step: the mean engine's free blocks, the fleet's
+    cumulative hits); ``wall_s`` the fleet loop's. The ceilings are each engine's (over
+    the requests routed to it, with its memory), summed."""
+    first = fr.engines[0]
+    out = ReplayResult(
+        first.impl,
+        first.num_blocks,
+        sum(r.requests for r in fr.engines),
+        sum(r.prompt_tokens for r in fr.engines),
+        {k: array("q") for k in first.samples},
+    )
+    for r in fr.engines:
+        for k, v in r.samples.items():
+            out.samples[k].extend(v)
+        out.request_init_ns += r.request_init_ns
+        out.append_ns += r.append_ns
+        out.hash_calls += r.hash_calls
+        out.steps += r.steps
+        out.generated_tokens += r.generated_tokens
+        out.preemptions += r.preemptions
+        out.alloc_failures += r.alloc_failures
+        out.batched_requests += r.batched_requests
+        out.synth_ns += r.synth_ns
+        out.num_events += r.num_events
+        for i in range(3):
+            out.first_admission[i] += r.first_admission[i]
+            out.resumed[i] += r.resumed[i]
+        for name in ("ttft_s", "tpot_s", "e2e_s", "finish_s"):
+            getattr(out, name).extend(getattr(r, name))
+    out.wall_s = fr.wall_s
+    out.simulated_s = fr.simulated_s
+    out.series = fr.series
+    out.final_free_blocks = first.final_free_blocks
+    ceilings = [r.ceilings for r in fr.engines if r.ceilings is not None]
+    if ceilings:
+        tenants: dict[str, list[int]] = {}
+        for c in ceilings:
+            for name, vals in c.tenants.items():
+                acc = tenants.setdefault(name, [0] * len(vals))
+                for j, x in enumerate(vals):
+                    acc[j] += x
+        out.ceilings = CeilingResult(
+            sum(c.queried_tokens for c in ceilings),
+            sum(c.infinite_hit_tokens for c in ceilings),
+            sum(c.ideal_hit_tokens for c in ceilings),
+            tenants,
+        )
+    return out

@@ -1,0 +1,126 @@
+"""The fleet: N engines behind a router, in simulated time (kvblocks.sim.fleet)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kvblocks.sim.backends import make_backend
+from kvblocks.sim.cli import main
+from kvblocks.sim.engine import ReplayOptions
+from kvblocks.sim.fleet import Fleet, hash_key
+from kvblocks.sim.presets import model_layout
+from kvblocks.sim.timemodel import GPU_PRESETS, StepTimeModel
+from kvblocks.sim.workloads import WorkloadParams, generate
+
+AGENTIC = ["--workload", "agentic", "--model", "llama-3.1-8b", "--json"]
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["simulate", *AGENTIC, *args]) == 0
+    doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return doc
+
+
+def test_prefix_aware_beats_round_robin_on_agentic(capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--num-requests", "60", "--gpu-memory", "4GiB", "--replicas", "4"]
+    rr = _run(capsys, *common, "--router", "round-robin")["runs"][0]
+    pa = _run(capsys, *common, "--router", "prefix-aware")["runs"][0]
+    assert rr["fleet"]["router"] == "round-robin" and pa["fleet"]["replicas"] == 4
+    assert len(pa["fleet"]["per_replica"]) == 4
+    assert sum(p["requests"] for p in pa["fleet"]["per_replica"]) == pa["requests"]
+    assert pa["prefix_hit_rate"] >= rr["prefix_hit_rate"] + 0.05
+    assert rr["generated_tokens"] == pa["generated_tokens"]
+
+
+def test_prefix_aware_matches_one_engine_with_n_times_the_memory(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # one tenant per session: sessions share nothing, and each fits one engine
+    common = ["--num-requests", "40", "--tenants", "40"]
+    one = _run(capsys, *common, "--gpu-memory", "64GiB")["runs"][0]
+    fleet = _run(
+        capsys, *common, "--gpu-memory", "16GiB", "--replicas", "4", "--router", "prefix-aware"
+    )["runs"][0]
+    assert abs(fleet["prefix_hit_rate"] - one["prefix_hit_rate"]) <= 0.01
+
+
+def test_ttft_does_not_rise_as_memory_grows(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _run(capsys, "--num-requests", "40", "--sweep", "gpu_memory=3GiB,4GiB,8GiB,16GiB,32GiB")
+    p50 = [r["latency"]["ttft_s"]["p50"] for r in doc["runs"]]
+    assert p50 == sorted(p50, reverse=True), p50
+    assert doc["runs"][-1]["simulated_s"] <= doc["runs"][0]["simulated_s"]
+
+
+def test_sweep_replicas_and_slo(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _run(
+        capsys, "--num-requests", "20", "--gpu-memory", "4GiB", "--sweep", "replicas=1,2",
+        "--router", "least-loaded", "--slo-ttft", "1", "--slo-tpot", "0.05",
+    )  # fmt: skip
+    assert doc["sweep"] == "replicas"
+    assert [r["fleet"]["replicas"] for r in doc["runs"]] == [1, 2]
+    for r in doc["runs"]:
+        assert 0.0 <= r["slo_attainment"] <= 1.0
+        lat = r["latency"]
+        assert lat["ttft_s"]["p50"] <= lat["ttft_s"]["p90"] <= lat["ttft_s"]["p99"]
+        assert lat["ttft_s"]["p50"] <= lat["e2e_s"]["p50"]
+        assert r["throughput_tokens_per_s"] == pytest.approx(
+            r["generated_tokens"] / r["simulated_s"], rel=1e-3
+        )
+
+
+def _cached(manager: Any, num_blocks: int) -> set[int]:
+    pool = manager.block_pool
+    out = set()
+    for b in range(1, num_blocks):
+        h = pool.get_block_hash(b)
+        if h is not None:
+            out.add(hash_key(h))
+    return out
+
+
+def test_the_router_index_is_the_union_of_the_engines_caches_at_every_step() -> None:
+    trace = generate("agentic", 1, WorkloadParams(12))
+    layout = model_layout("llama-3.1-8b", num_blocks=1100, max_model_len=32768)
+    tm = StepTimeModel(layout, "llama-3.1-8b", GPU_PRESETS["h100-sxm"])
+    backends = [make_backend("kvblocks", layout, batch=True, events=True) for _ in range(3)]
+    opts = ReplayOptions(time_model=tm.step_time, digest=False)
+    fleet = Fleet(trace, backends, opts, "prefix-aware", layout)
+    assert fleet.index is not None
+    steps = 0
+    while not fleet.done:
+        fleet.step()
+        steps += 1
+        union: set[int] = set()
+        for e, b in enumerate(backends):
+            mine = _cached(b.manager, layout.num_blocks)
+            assert fleet.index.per_engine[e] == mine
+            union |= mine
+        assert set(fleet.index.where) == union
+    res = fleet.run()
+    assert steps > 100
+    assert fleet.index.removed > 0  # evictions happened and were followed
+    assert sum(r.requests for r in res.engines) == len(trace.requests)
+    assert min(r.requests for r in res.engines) > 0
+
+
+def test_mooncake_requests_arrive_at_their_timestamps(capsys: pytest.CaptureFixture[str]) -> None:
+    sample = "docs/examples/mooncake-sample.jsonl"
+    args = ["simulate", "--trace", sample, "--model", "llama-3.1-8b", "--json"]
+    assert main([*args, "--max-requests", "40"]) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    with open(sample) as f:
+        last_ms = max(json.loads(line)["timestamp"] for line in list(f)[:40])
+    # light load: the run ends shortly after the last arrival, and nobody waits long
+    assert last_ms / 1000 < run["simulated_s"] < last_ms / 1000 + 30
+    assert run["latency"]["ttft_s"]["p99"] < 1.0
+
+
+def test_no_ceilings_reports_them_as_null(capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--num-requests", "10", "--gpu-memory", "4GiB"]
+    full = _run(capsys, *common)["runs"][0]
+    bare = _run(capsys, *common, "--no-ceilings")["runs"][0]
+    assert bare["infinite_cache_hit_rate"] is None and bare["ideal_hit_tokens"] is None
+    assert bare["prefix_hit_rate"] == full["prefix_hit_rate"]
+    assert bare["latency"] == full["latency"]
