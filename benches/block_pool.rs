@@ -5,7 +5,7 @@
 #![allow(missing_docs)]
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use kvblocks::pool::events::TokensOnly;
+use kvblocks::events::event::TokensOnly;
 use kvblocks::pool::BlockPool;
 use kvblocks::{BlockHash, BlockId};
 

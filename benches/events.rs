@@ -9,10 +9,10 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use kvblocks::events::event::{BlockRemoved, BlockStored, KvCacheEvent, MEDIUM_GPU};
 use kvblocks::events::{
     encode_batch_into, EventBatch, EventSink, PayloadEncoder, WireFormat, Work,
 };
-use kvblocks::pool::events::{BlockRemoved, BlockStored, KvCacheEvent, MEDIUM_GPU};
 
 const EVENTS_PER_STEP: usize = 1_000;
 

@@ -3,9 +3,9 @@
 #![allow(missing_docs)] // criterion_group! generates undocumented public functions
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kvblocks::attention::{AttentionKind, ManagerParams};
 use kvblocks::hashing::{BlockHasher, HashAlgo};
-use kvblocks::manager::{AllocateArgs, KvCacheManager, ManagerOptions};
-use kvblocks::managers::{AttentionKind, ManagerParams};
+use kvblocks::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions};
 use kvblocks::request::{Request, RequestOptions};
 use std::hint::black_box;
 

@@ -6,11 +6,11 @@
 //! The coordinator keeps no request map: callers pass the request's per-group
 //! [`RequestBlocks`] (one per group, in group order).
 
-use crate::error::{KvError, Result};
-use crate::managers::{
+use crate::attention::{
     cdiv, mamba, AttentionKind, HitQuery, ManagerParams, RequestBlocks, RequestView, Retention,
     SingleTypeManager,
 };
+use crate::error::{KvError, Result};
 use crate::pool::BlockPool;
 use crate::types::{BlockHash, BlockId, GroupId};
 use crate::zeroing::ZeroingLog;

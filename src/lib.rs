@@ -7,13 +7,13 @@
 //! (block hash, group id) to block ids. Python bindings live in `src/python/` behind the
 //! `python` feature and only convert; every rule of behaviour lives here.
 
+pub mod attention;
 pub mod config;
 pub mod coordinator;
 pub mod error;
 pub mod events;
 pub mod hashing;
-pub mod manager;
-pub mod managers;
+pub mod kv_cache_manager;
 pub mod pool;
 pub mod request;
 pub mod spec;

@@ -6,12 +6,13 @@
 //! the last hash. Hence `block_hashes().len() == (num_tokens() - L) / hash_block_size`,
 //! `L` being the hasher's `num_hash_lookahead_tokens` (usually 0).
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
 use crate::error::{KvError, Result};
 use crate::hashing::{
     effective_parent, mm_resume_index, to_event_extra_keys, BlockHashView, BlockHasher, KeySources,
     LoraRequest, MmFeature, PromptEmbeds,
 };
-use crate::managers::SlotHint;
 use crate::types::{BlockHash, KeyValue};
 
 /// Optional per-request inputs that enter the block hashes as extra keys.
@@ -25,6 +26,56 @@ pub struct RequestOptions {
     pub mm_features: Vec<MmFeature>,
     /// Prompt embeddings; with no prompt token ids the prompt is that many zero tokens.
     pub prompt_embeds: Option<PromptEmbeds>,
+}
+
+/// A request's memo of the slot a manager last found it at, with a token naming the
+/// request. A manager trusts the memo only while its slot still carries the same token,
+/// which it sets when it finds or inserts the request and clears when the slot is freed;
+/// any other case falls back to the id lookup. Clones share the token, and their id.
+#[derive(Debug)]
+pub struct SlotHint {
+    token: u64,
+    slot: AtomicUsize,
+}
+
+impl SlotHint {
+    /// A hint with a token no other request has, and no slot.
+    pub fn new() -> Self {
+        static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+        Self {
+            token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
+            slot: AtomicUsize::new(usize::MAX),
+        }
+    }
+
+    /// The token (never 0, the mark of a free slot).
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// The remembered slot (`usize::MAX` for none).
+    pub(crate) fn slot(&self) -> usize {
+        self.slot.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_slot(&self, slot: usize) {
+        self.slot.store(slot, Ordering::Relaxed);
+    }
+}
+
+impl Default for SlotHint {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clone for SlotHint {
+    fn clone(&self) -> Self {
+        Self {
+            token: self.token,
+            slot: AtomicUsize::new(self.slot()),
+        }
+    }
 }
 
 /// One request as the KV cache manager sees it.

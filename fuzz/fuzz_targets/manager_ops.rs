@@ -12,8 +12,8 @@
 #![no_main]
 
 use kvblocks::hashing::{BlockHasher, HashAlgo, LoraRequest};
-use kvblocks::manager::{AllocateArgs, KvCacheManager, ManagerOptions};
-use kvblocks::managers::{AttentionKind, ManagerParams};
+use kvblocks::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions};
+use kvblocks::attention::{AttentionKind, ManagerParams};
 use kvblocks::request::{Request, RequestOptions};
 use kvblocks::{BlockId, NULL_BLOCK_ID};
 use libfuzzer_sys::fuzz_target;

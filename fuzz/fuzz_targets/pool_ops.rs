@@ -14,7 +14,7 @@
 #![no_main]
 
 use kvblocks::hashing::{BlockHasher, HashAlgo, LoraRequest};
-use kvblocks::pool::events::TokensOnly;
+use kvblocks::events::event::TokensOnly;
 use kvblocks::pool::BlockPool;
 use kvblocks::request::{Request, RequestOptions};
 use kvblocks::{BlockHash, BlockId, NULL_BLOCK_ID};

@@ -18,7 +18,7 @@
 //! `lookahead_token_ids`) are always `None`.
 
 use super::msgpack::MsgpackWriter;
-use crate::pool::events::{BlockRemoved, BlockStored, KvCacheEvent};
+use crate::events::event::{BlockRemoved, BlockStored, KvCacheEvent};
 
 /// How events are laid out on the wire (the envelope is positional in both).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,7 +50,7 @@ const REMOVED_TRAILING_NONE: usize = 2;
 ///
 /// ```
 /// use kvblocks::events::{encode_batch_into, WireFormat};
-/// use kvblocks::pool::events::KvCacheEvent;
+/// use kvblocks::events::event::KvCacheEvent;
 /// let mut out = Vec::new();
 /// encode_batch_into(&mut out, 1.0, &[KvCacheEvent::AllBlocksCleared], None, WireFormat::Map);
 /// assert_eq!(&out[..10], b"\x93\xcb\x3f\xf0\0\0\0\0\0\0");
@@ -207,7 +207,7 @@ fn write_removed(w: &mut MsgpackWriter<'_>, e: &BlockRemoved, format: WireFormat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::events::MEDIUM_GPU;
+    use crate::events::event::MEDIUM_GPU;
     use crate::types::KeyValue;
 
     fn stored() -> BlockStored {

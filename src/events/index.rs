@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::pool::events::{BlockStored, EventExtraKeys, KvCacheEvent};
+use crate::events::event::{BlockStored, EventExtraKeys, KvCacheEvent};
 
 /// What a snapshot re-emits for one cached (hash, group) entry.
 #[derive(Debug, Clone)]
@@ -192,7 +192,7 @@ impl CacheIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::events::{BlockRemoved, MEDIUM_GPU};
+    use crate::events::event::{BlockRemoved, MEDIUM_GPU};
 
     fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>, group: u32) -> KvCacheEvent {
         KvCacheEvent::BlockStored(BlockStored {
@@ -307,7 +307,7 @@ mod tests {
         use proptest::prelude::*;
 
         use super::super::CacheIndex;
-        use crate::pool::events::TokensOnly;
+        use crate::events::event::TokensOnly;
         use crate::pool::BlockPool;
         use crate::types::BlockHash;
 

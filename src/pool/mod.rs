@@ -11,7 +11,6 @@
 //! assert_eq!(pool.free_block_ids().take(4).collect::<Vec<_>>(), vec![3, 2, 1, 4]);
 //! ```
 
-pub mod events;
 pub mod free_queue;
 mod id_set;
 pub mod prefix_map;
@@ -19,8 +18,10 @@ pub mod prefix_map;
 use rustc_hash::FxHashMap;
 
 use crate::error::{KvError, Result};
+use crate::events::event::{
+    BlockRemoved, BlockStored, KvCacheEvent, StoredBlockSource, MEDIUM_GPU,
+};
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
-use events::{BlockRemoved, BlockStored, KvCacheEvent, StoredBlockSource, MEDIUM_GPU};
 use free_queue::FreeQueue;
 use id_set::IdSet;
 pub use prefix_map::HashKey;

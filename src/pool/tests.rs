@@ -1,5 +1,5 @@
-use super::events::{KvCacheEvent, TokensOnly};
 use super::*;
+use crate::events::event::{KvCacheEvent, TokensOnly};
 
 fn h(i: u8) -> BlockHash {
     BlockHash::from_slice(&[i; 32]).unwrap()

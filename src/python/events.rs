@@ -6,7 +6,7 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyString, PyTuple};
 
-use crate::pool::events::{EventExtraKeys, KvCacheEvent};
+use crate::events::event::{EventExtraKeys, KvCacheEvent};
 use crate::types::KeyValue;
 
 /// A `KeyValue` as the Python object it stands for.

@@ -9,14 +9,17 @@ use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
 use pyo3::{intern, PyTraverseError, PyVisit};
 
-use crate::manager::{AllocateArgs, KvCacheManager, ManagerOptions, PrefixCacheStats};
-use crate::managers::{ManagerParams, RequestView};
+use crate::attention::{ManagerParams, RequestView};
+use crate::kv_cache_manager::{
+    AllocateArgs, KvCacheManager, ManagerOptions, NewBlocks, PrefixCacheStats,
+};
 use crate::python::config::PyKVCacheConfig;
 use crate::python::events::events_to_py;
 use crate::python::ids::{extract_u32s, IdObjects};
 use crate::python::pool::PyBlockPool;
 use crate::python::request::{request_list, PyRequest};
 use crate::python::vllm_request::{request_id, AnyRequest, Reads, RequestMemos, VllmRequest};
+use crate::request::Request;
 use crate::types::BlockId;
 
 /// Prompts at least this long are looked up with the GIL released.
@@ -313,7 +316,7 @@ pub(crate) struct PyKVCacheManager {
     /// What has been converted of each vLLM request.
     memos: RequestMemos,
     /// The blocks one allocation added (reused by every call).
-    added: AddedBlocks,
+    added: NewBlocks,
     /// The `KVCacheBlocks` with every group empty, shared as vLLM's
     /// `empty_kv_cache_blocks` (the class is frozen).
     empty_blocks: Py<PyKVCacheBlocks>,
@@ -324,37 +327,6 @@ pub(crate) struct PyKVCacheManager {
     block_objects: Vec<Option<Py<PyKVCacheBlock>>>,
     /// See `stats_mirror`.
     stats_mirror: Option<Py<PyAny>>,
-}
-
-/// The blocks one `allocate_slots_with` call added: every group's ids back to back.
-#[derive(Default)]
-struct AddedBlocks {
-    ids: Vec<BlockId>,
-    ends: Vec<usize>,
-}
-
-impl AddedBlocks {
-    fn clear(&mut self) {
-        self.ids.clear();
-        self.ends.clear();
-    }
-
-    /// Records the next group's ids.
-    fn push(&mut self, ids: &[BlockId]) {
-        self.ids.extend_from_slice(ids);
-        self.ends.push(self.ids.len());
-    }
-
-    /// Whether no group got a block.
-    fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-
-    /// Each group's ids, in group order.
-    fn groups(&self) -> impl Iterator<Item = &[BlockId]> {
-        let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        starts.zip(&self.ends).map(|(s, &e)| &self.ids[s..e])
-    }
 }
 
 fn hits_of<'py>(
@@ -427,7 +399,7 @@ impl PyKVCacheManager {
         Ok(Self {
             inner,
             id_objects: IdObjects::default(),
-            added: AddedBlocks::default(),
+            added: NewBlocks::default(),
             empty_blocks,
             no_new_blocks,
             memos: RequestMemos::default(),
@@ -625,46 +597,31 @@ impl PyKVCacheManager {
         num_new_tokens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let requests = request_list(requests)?;
-        let counts = extract_u32s(num_new_tokens, "num_new_tokens")?;
-        if requests.len() != counts.len() {
-            return Err(invalid_argument(format!(
-                "{} requests but {} token counts",
-                requests.len(),
-                counts.len()
-            )));
-        }
-        if counts.contains(&0) {
-            return Err(invalid_argument(
-                "num_new_tokens must be greater than 0 for every request",
-            ));
-        }
-        for req in &requests {
-            self.inner.check_length(&req.borrow().inner)?;
-        }
+        let counts: Vec<usize> = extract_u32s(num_new_tokens, "num_new_tokens")?
+            .into_iter()
+            .map(|n| n as usize)
+            .collect();
+        let guards: Vec<PyRef<'_, PyRequest>> = requests.iter().map(Bound::borrow).collect();
+        let requests: Vec<&Request> = guards.iter().map(|r| &r.inner).collect();
         let no_new_blocks = self.no_new_blocks.bind(py);
+        let id_objects = &mut self.id_objects;
         let mut out = Vec::with_capacity(requests.len());
-        for (req, &n) in requests.iter().zip(&counts) {
-            self.added.clear();
-            let added = &mut self.added;
-            let fitted = self.inner.allocate_slots_with(
-                &req.borrow().inner,
-                &AllocateArgs::new(n as usize),
-                |_, ids| added.push(ids),
-            )?;
-            if !fitted {
-                out.push(py.None().into_bound(py));
-                break;
-            }
-            if self.added.is_empty() {
-                out.push(no_new_blocks.clone().into_any());
-                continue;
-            }
-            let groups = self
-                .added
-                .groups()
-                .map(|ids| self.id_objects.tuple(py, ids))
-                .collect::<PyResult<Vec<_>>>()?;
-            out.push(PyTuple::new(py, groups)?.into_any());
+        let fitted =
+            self.inner
+                .allocate_slots_batch(&requests, &counts, &mut self.added, |blocks| {
+                    if blocks.is_empty() {
+                        out.push(no_new_blocks.clone().into_any());
+                        return Ok(());
+                    }
+                    let groups = blocks
+                        .groups()
+                        .map(|ids| id_objects.tuple(py, ids))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    out.push(PyTuple::new(py, groups)?.into_any());
+                    PyResult::Ok(())
+                })?;
+        if fitted < requests.len() {
+            out.push(py.None().into_bound(py));
         }
         PyList::new(py, out)
     }
@@ -1061,7 +1018,7 @@ impl PyKVCacheManager {
     }
 
     /// The pending (annotated) events as core values, for the event publisher.
-    pub(crate) fn take_core_events(&mut self) -> Vec<crate::pool::events::KvCacheEvent> {
+    pub(crate) fn take_core_events(&mut self) -> Vec<crate::events::event::KvCacheEvent> {
         self.inner.take_events()
     }
 }

@@ -10,7 +10,7 @@ use pyo3::types::{PyBytes, PyList};
 
 use super::events::events_to_py;
 use super::manager::PyKVCacheManager;
-use crate::pool::events::TokensOnly;
+use crate::events::event::TokensOnly;
 use crate::pool::BlockPool;
 use crate::types::{BlockHash, BlockId, GroupId};
 
@@ -254,7 +254,7 @@ impl PyBlockPool {
     pub(crate) fn take_core_events(
         &mut self,
         py: Python<'_>,
-    ) -> PyResult<Vec<crate::pool::events::KvCacheEvent>> {
+    ) -> PyResult<Vec<crate::events::event::KvCacheEvent>> {
         Ok(self.home.pool(py)?.take_events())
     }
 

@@ -17,24 +17,12 @@ use super::events::key_value_from_py;
 use super::manager::PyKVCacheManager;
 use super::pool::PyBlockPool;
 
+use crate::attention::SPEC_KINDS;
+use crate::events::event::{BlockRemoved, BlockStored, EventExtraKeys, KvCacheEvent};
 use crate::events::{encode_batch, EventBatch, EventSink, PayloadEncoder, WireFormat};
-use crate::pool::events::{BlockRemoved, BlockStored, EventExtraKeys, KvCacheEvent};
 
 /// Media a kvblocks event may name (vLLM's `MEDIUM_*` constants).
 const MEDIA: [&str; 3] = ["GPU", "CPU", "STORAGE"];
-/// vLLM 0.33.0's `KVCacheSpecKind` values.
-const SPEC_KINDS: [&str; 10] = [
-    "full_attention",
-    "mla_attention",
-    "sliding_window",
-    "sliding_window_mla",
-    "mamba",
-    "chunked_local_attention",
-    "sink_full_attention",
-    "encoder_only_attention",
-    "cross_attention",
-    "unknown",
-];
 /// `BlockStored` fields kvblocks never sets; a value other than `None` is refused.
 const STORED_UNSUPPORTED: [&str; 4] =
     ["locality", "ownership", "session_id", "lookahead_token_ids"];

@@ -11,9 +11,10 @@ use std::collections::hash_map::Entry;
 
 use rustc_hash::FxHashMap;
 
-use crate::managers::{RequestView, SlotHint};
-use crate::pool::events::{EventExtraKeys, StoredBlockSource};
+use crate::attention::RequestView;
+use crate::events::event::{EventExtraKeys, StoredBlockSource};
 use crate::request::Request;
+use crate::request::SlotHint;
 use crate::types::BlockHash;
 
 /// vLLM's `RequestStatus.WAITING` and `RequestStatus.PREEMPTED` (an `IntEnum`).

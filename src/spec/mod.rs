@@ -1,6 +1,6 @@
 //! KV cache specs: what one layer (or one group of layers) stores per block, how big a
-//! page is, how much memory a request can need at most, and which single-type manager
-//! serves it. Mirrors vLLM 0.33.0's `vllm/v1/kv_cache_interface.py`.
+//! page is, and how much memory a request can need at most (the attention type's rule,
+//! from `src/attention/`, applied to the spec). Mirrors vLLM 0.33.0's `vllm/v1/kv_cache_interface.py`.
 //!
 //! Specs are plain values: equality is by value (what groups layers in vLLM), and they
 //! are hashable. Build one through [`KvCacheSpec::build`], which validates it and applies
@@ -20,6 +20,9 @@ use std::hash::{Hash, Hasher};
 
 pub use dtype::Dtype;
 
+use crate::attention::{
+    self, chunked_local, cross_attention, full, mamba, sliding_window, AttentionKind,
+};
 use crate::error::{KvError, Result};
 
 /// Ceiling division.
@@ -331,23 +334,6 @@ impl UniformTypeSpecs {
     }
 }
 
-/// The single-type manager that serves a spec (vLLM's spec -> manager registry).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ManagerKind {
-    /// `FullAttentionManager` (full and MLA attention).
-    FullAttention,
-    /// `SinkFullAttentionManager`.
-    SinkFullAttention,
-    /// `SlidingWindowManager`.
-    SlidingWindow,
-    /// `ChunkedLocalAttentionManager`.
-    ChunkedLocalAttention,
-    /// `MambaManager`.
-    Mamba,
-    /// `CrossAttentionManager`.
-    CrossAttention,
-}
-
 /// The explicit numbers vLLM's `max_memory_usage_bytes` reads from its `VllmConfig`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryParams {
@@ -619,26 +605,20 @@ impl KvCacheSpec {
     }
 
     /// The per-request admission cap in blocks for specs that recycle blocks
-    /// (sliding window, chunked local); `None` for the others.
-    ///
-    /// * sliding window: `cdiv(min(sw - 1 + extra + T, max_model_len), bs) + 1`
-    /// * chunked local: `cdiv(min(chunk + T, max_model_len), bs)`
+    /// (sliding window, chunked local); `None` for the others. The rules are the
+    /// attention types' ([`attention::sliding_window`], [`attention::chunked_local`]).
     pub fn max_admission_blocks_per_request(
         &self,
         max_in_flight_tokens: usize,
         max_model_len: usize,
     ) -> Option<usize> {
         match self {
-            KvCacheSpec::SlidingWindow(s) => {
-                let held = (s.sliding_window - 1)
-                    .saturating_add(s.extra_retained_tokens)
-                    .saturating_add(max_in_flight_tokens);
-                // +1: the window need not start on a block boundary.
-                Some(cdiv(held.min(max_model_len), s.attn.block_size) + 1)
-            }
-            KvCacheSpec::ChunkedLocalAttention(c) => {
-                let held = c.attention_chunk_size.saturating_add(max_in_flight_tokens);
-                Some(cdiv(held.min(max_model_len), c.attn.block_size))
+            KvCacheSpec::SlidingWindow(_) | KvCacheSpec::ChunkedLocalAttention(_) => {
+                AttentionKind::from_spec(self).ok()?.max_admission_blocks(
+                    self.block_size(),
+                    max_in_flight_tokens,
+                    max_model_len,
+                )
             }
             _ => None,
         }
@@ -651,13 +631,12 @@ impl KvCacheSpec {
         let blocks = match self {
             KvCacheSpec::FullAttention(_)
             | KvCacheSpec::MlaAttention(_)
-            | KvCacheSpec::SinkFullAttention(_) => {
-                let mut len = p.max_model_len;
-                if self.dcp_sharded() && p.dcp_world_size > 1 {
-                    len = cdiv(len, p.dcp_world_size);
-                }
-                cdiv(len, self.block_size())
-            }
+            | KvCacheSpec::SinkFullAttention(_) => full::max_blocks_per_request(
+                p.max_model_len,
+                self.dcp_sharded(),
+                p.dcp_world_size,
+                self.block_size(),
+            ),
             KvCacheSpec::SlidingWindow(s) => {
                 if s.attn.dcp_sharded && p.dcp_world_size != 1 {
                     return Err(KvError::Unsupported(
@@ -670,19 +649,11 @@ impl KvCacheSpec {
             KvCacheSpec::ChunkedLocalAttention(_) => self
                 .max_admission_blocks_per_request(p.max_in_flight_tokens()?, p.max_model_len)
                 .unwrap_or(0),
-            KvCacheSpec::Mamba(m) => match m.mamba_cache_mode {
-                MambaCacheMode::Align => 2usize
-                    .checked_add(m.num_speculative_blocks)
-                    .and_then(|b| b.checked_add(m.num_prefill_checkpoint_blocks))
-                    .ok_or_else(overflow)?,
-                MambaCacheMode::None => m
-                    .num_speculative_blocks
-                    .checked_add(1)
-                    .ok_or_else(overflow)?,
-            },
-            KvCacheSpec::CrossAttention(_) => {
-                cdiv(p.max_num_encoder_input_tokens, self.block_size())
-            }
+            KvCacheSpec::Mamba(m) => mamba::max_blocks_per_request(m).ok_or_else(overflow)?,
+            KvCacheSpec::CrossAttention(_) => cross_attention::max_blocks_per_request(
+                p.max_num_encoder_input_tokens,
+                self.block_size(),
+            ),
             KvCacheSpec::UniformType(u) => {
                 let mut most = 0;
                 for s in u.kv_cache_specs.specs() {
@@ -695,27 +666,26 @@ impl KvCacheSpec {
     }
 
     /// The spec kind string vLLM attaches to KV cache events
-    /// (`get_kv_cache_spec_kind`): `"full_attention"`, `"mla_attention"`,
-    /// `"sink_full_attention"`, `"sliding_window"`, `"chunked_local_attention"`,
-    /// `"mamba"`, `"cross_attention"`. A uniform group reports its members' kind, or
-    /// `"full_attention"` when it mixes full attention subclasses.
+    /// (`get_kv_cache_spec_kind`), written in each attention type's file: MLA reports
+    /// its own kind. A uniform group reports its members' kind, or full attention's when
+    /// it mixes full attention subclasses.
     pub fn kind(&self) -> &'static str {
         match self {
-            KvCacheSpec::FullAttention(_) => "full_attention",
-            KvCacheSpec::MlaAttention(_) => "mla_attention",
-            KvCacheSpec::SinkFullAttention(_) => "sink_full_attention",
-            KvCacheSpec::SlidingWindow(_) => "sliding_window",
-            KvCacheSpec::ChunkedLocalAttention(_) => "chunked_local_attention",
-            KvCacheSpec::Mamba(_) => "mamba",
-            KvCacheSpec::CrossAttention(_) => "cross_attention",
+            KvCacheSpec::FullAttention(_) => full::SPEC_KIND,
+            KvCacheSpec::MlaAttention(_) => full::MLA_SPEC_KIND,
+            KvCacheSpec::SinkFullAttention(_) => full::SINK_SPEC_KIND,
+            KvCacheSpec::SlidingWindow(_) => sliding_window::SPEC_KIND,
+            KvCacheSpec::ChunkedLocalAttention(_) => chunked_local::SPEC_KIND,
+            KvCacheSpec::Mamba(_) => mamba::SPEC_KIND,
+            KvCacheSpec::CrossAttention(_) => cross_attention::SPEC_KIND,
             KvCacheSpec::UniformType(u) => {
                 let mut kinds = u.kv_cache_specs.specs().map(KvCacheSpec::kind);
-                let first = kinds.next().unwrap_or("unknown");
+                let first = kinds.next().unwrap_or(attention::UNKNOWN_SPEC_KIND);
                 if kinds.all(|k| k == first) {
                     first
                 } else {
                     // Built uniform groups only mix kinds within the full attention family.
-                    "full_attention"
+                    full::SPEC_KIND
                 }
             }
         }
@@ -737,26 +707,6 @@ impl KvCacheSpec {
                 }
             }
             _ => None,
-        }
-    }
-
-    /// The single-type manager serving this spec (a uniform group: its members').
-    pub fn manager_kind(&self) -> ManagerKind {
-        match self {
-            KvCacheSpec::FullAttention(_) | KvCacheSpec::MlaAttention(_) => {
-                ManagerKind::FullAttention
-            }
-            KvCacheSpec::SinkFullAttention(_) => ManagerKind::SinkFullAttention,
-            KvCacheSpec::SlidingWindow(_) => ManagerKind::SlidingWindow,
-            KvCacheSpec::ChunkedLocalAttention(_) => ManagerKind::ChunkedLocalAttention,
-            KvCacheSpec::Mamba(_) => ManagerKind::Mamba,
-            KvCacheSpec::CrossAttention(_) => ManagerKind::CrossAttention,
-            // vLLM's scheduler serves a uniform group with its first layer's spec.
-            KvCacheSpec::UniformType(u) => u
-                .kv_cache_specs
-                .specs()
-                .next()
-                .map_or(ManagerKind::FullAttention, KvCacheSpec::manager_kind),
         }
     }
 
@@ -1234,7 +1184,10 @@ mod tests {
         // Both need cdiv(4096, 16) = 256 pages.
         assert_eq!(u.max_memory_usage_bytes(&p).unwrap(), 256 * 98_304);
         assert_eq!(u.kind(), "full_attention");
-        assert_eq!(u.manager_kind(), ManagerKind::FullAttention);
+        assert_eq!(
+            AttentionKind::from_spec(&u).unwrap(),
+            AttentionKind::FullAttention
+        );
     }
 
     #[test]
@@ -1290,10 +1243,19 @@ mod tests {
     fn kinds_windows_and_managers() {
         assert_eq!(full(16).kind(), "full_attention");
         assert_eq!(mla(None).kind(), "mla_attention");
-        assert_eq!(mla(None).manager_kind(), ManagerKind::FullAttention);
+        assert_eq!(
+            AttentionKind::from_spec(&mla(None)).unwrap(),
+            AttentionKind::FullAttention
+        );
         assert_eq!(swa(16, 8).kind(), "sliding_window");
         assert_eq!(swa(16, 8).sliding_window(), Some(8));
-        assert_eq!(swa(16, 8).manager_kind(), ManagerKind::SlidingWindow);
+        assert_eq!(
+            AttentionKind::from_spec(&swa(16, 8)).unwrap(),
+            AttentionKind::SlidingWindow {
+                sliding_window: 8,
+                extra_retained_tokens: 0
+            }
+        );
         let u = KvCacheSpec::from(UniformTypeSpecs {
             block_size: 16,
             kv_cache_specs: LayerSpecs(vec![("a".into(), full(16)), ("b".into(), mla(None))]),
@@ -1309,7 +1271,13 @@ mod tests {
         .build()
         .unwrap();
         assert_eq!((w.kind(), w.sliding_window()), ("sliding_window", Some(8)));
-        assert_eq!(w.manager_kind(), ManagerKind::SlidingWindow);
+        assert_eq!(
+            AttentionKind::from_spec(&w).unwrap(),
+            AttentionKind::SlidingWindow {
+                sliding_window: 8,
+                extra_retained_tokens: 0
+            }
+        );
         assert!(mla(None).is_instance(SpecClass::FullAttention));
         assert!(mla(None).is_instance(SpecClass::Base));
         assert!(!swa(16, 8).is_instance(SpecClass::FullAttention));

@@ -2,7 +2,7 @@
 //! local), driven directly.
 
 use super::*;
-use crate::pool::events::TokensOnly;
+use crate::events::event::TokensOnly;
 
 const NO_TOKENS: TokensOnly<'static> = TokensOnly(&[]);
 

@@ -1,9 +1,21 @@
 //! Sliding-window attention: blocks before the window are nulled and
 //! freed, and a hit needs `cdiv(sw - 1, bs)` contiguous cached blocks ending at the hit.
 
-use super::{cdiv, HitQuery, Retention};
+use super::{cdiv, AttentionKind, HitQuery, Retention};
 use crate::pool::BlockPool;
+use crate::spec::SlidingWindowSpec;
 use crate::types::{BlockId, NULL_BLOCK_ID};
+
+/// The `kv_cache_spec_kind` of this type's events.
+pub(crate) const SPEC_KIND: &str = "sliding_window";
+
+/// The manager parameters of a sliding window spec.
+pub(crate) fn kind(s: &SlidingWindowSpec) -> AttentionKind {
+    AttentionKind::SlidingWindow {
+        sliding_window: s.sliding_window,
+        extra_retained_tokens: s.extra_retained_tokens,
+    }
+}
 
 /// `max(0, n - sw + 1 - extra)`: tokens before the window of token `n`.
 #[inline]
@@ -11,16 +23,21 @@ pub(crate) fn num_skipped_tokens(n: usize, sliding_window: usize, extra: usize) 
     (n + 1).saturating_sub(sliding_window + extra)
 }
 
-/// `max_admission_blocks_per_request`: `cdiv(min(sw - 1 + extra + T, L), bs) + 1`, where
-/// `window_plus_extra = sw + extra`.
+/// `max_admission_blocks_per_request`: `cdiv(min(sw - 1 + extra + T, L), bs) + 1`, the
+/// most blocks a request holds at once (it is also the spec's maximum memory per request).
 pub(crate) fn max_admission_blocks(
-    window_plus_extra: usize,
+    sliding_window: usize,
+    extra_retained_tokens: usize,
     bs: usize,
     max_in_flight_tokens: usize,
     max_model_len: usize,
 ) -> usize {
-    let tokens = (window_plus_extra.saturating_sub(1) + max_in_flight_tokens).min(max_model_len);
-    cdiv(tokens, bs) + 1
+    let held = sliding_window
+        .saturating_sub(1)
+        .saturating_add(extra_retained_tokens)
+        .saturating_add(max_in_flight_tokens);
+    // +1: the window need not start on a block boundary.
+    cdiv(held.min(max_model_len), bs) + 1
 }
 
 /// Contiguous blocks a hit needs (one more with EAGLE, which drops it afterwards).
@@ -39,7 +56,7 @@ pub(crate) fn find_longest_cache_hit(
     out: &mut [Vec<BlockId>],
 ) -> usize {
     let need = contiguous_blocks_for_hit(sliding_window, bs, q.drop_eagle);
-    let max_blocks = (q.max_length / bs).min(q.num_hashed_blocks(bs));
+    let max_blocks = q.max_blocks(bs);
     for o in out.iter_mut() {
         o.resize(max_blocks, NULL_BLOCK_ID);
     }

@@ -3,8 +3,8 @@
 //! through the facade.
 
 use super::*;
-use crate::managers::{AttentionKind as K, ManagerParams, RequestView};
-use crate::pool::events::{EventExtraKeys, StoredBlockSource};
+use crate::attention::{AttentionKind as K, ManagerParams, RequestView};
+use crate::events::event::{EventExtraKeys, StoredBlockSource};
 use crate::types::{BlockHash, NULL_BLOCK_ID};
 
 /// A request with a toy hash chain (equal prefixes give equal hashes).
@@ -451,9 +451,9 @@ fn bad_arguments_leave_state_unchanged() {
 /// Section 1.4 admission caps and `full_sequence_must_fit`.
 #[test]
 fn admission_caps() {
-    use crate::managers::{chunked_local, sliding_window};
+    use crate::attention::{chunked_local, sliding_window};
     assert_eq!(
-        sliding_window::max_admission_blocks(4096, 16, 8192, 32768),
+        sliding_window::max_admission_blocks(4096, 0, 16, 8192, 32768),
         769
     );
     assert_eq!(
@@ -696,4 +696,39 @@ fn block_table_rows_padded_with_nulls() {
         m.block_table_into(&["a"], 2, &mut out),
         Err(KvError::InvalidArgument(_))
     ));
+}
+
+/// `allocate_slots_batch` allocates in order and stops at the first request that does
+/// not fit; a bad batch is refused before anything changes.
+#[test]
+fn allocate_slots_batch_stops_at_first_miss() {
+    let mut m = KvCacheManager::new(vec![full(4)], 20, None, ManagerOptions::new(1024, 4)).unwrap();
+    let reqs: Vec<TestReq> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|id| TestReq::new(id, toks(0, 40), 4))
+        .collect();
+    let refs: Vec<&TestReq> = reqs.iter().collect();
+    let mut blocks = NewBlocks::default();
+    let mut seen = Vec::new();
+    let mut record = |b: &NewBlocks| -> Result<()> {
+        seen.push(b.groups().map(<[BlockId]>::to_vec).collect::<Vec<_>>());
+        Ok(())
+    };
+    assert!(m
+        .allocate_slots_batch(&refs, &[8, 0, 8, 8], &mut blocks, &mut record)
+        .is_err());
+    assert!(m
+        .allocate_slots_batch(&refs, &[8, 8], &mut blocks, &mut record)
+        .is_err());
+    assert_eq!(m.pool().num_free_blocks(), 19);
+    let fitted = m
+        .allocate_slots_batch(&refs, &[8, 40, 40, 4], &mut blocks, &mut record)
+        .unwrap();
+    assert_eq!(fitted, 2);
+    assert_eq!(
+        seen,
+        vec![vec![vec![1, 2]], vec![(3..=12).collect::<Vec<_>>()]]
+    );
+    assert!(m.get_block_ids("c").iter().all(Vec::is_empty));
+    assert!(m.get_block_ids("d").iter().all(Vec::is_empty));
 }

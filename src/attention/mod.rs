@@ -13,15 +13,14 @@ pub mod full;
 pub mod mamba;
 pub mod sliding_window;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-
 use rustc_hash::FxHashSet;
 
 use crate::config::KvCacheConfig;
 use crate::error::{KvError, Result};
-use crate::pool::events::StoredBlockSource;
+use crate::events::event::StoredBlockSource;
 use crate::pool::{BlockPool, HashKey};
-use crate::spec::{KvCacheSpec, MambaCacheMode};
+use crate::request::SlotHint;
+use crate::spec::KvCacheSpec;
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 
 /// Ceiling division.
@@ -64,11 +63,112 @@ pub enum AttentionKind {
     CrossAttention,
 }
 
+/// The `kv_cache_spec_kind` of an empty uniform group (vLLM's `"unknown"`).
+pub(crate) const UNKNOWN_SPEC_KIND: &str = "unknown";
+
+/// Every `KVCacheSpecKind` value of vLLM 0.33.0: the kinds of kvblocks' attention types,
+/// and those its specs never produce (an event from vLLM may still carry them).
+pub const SPEC_KINDS: [&str; 10] = [
+    full::SPEC_KIND,
+    full::MLA_SPEC_KIND,
+    sliding_window::SPEC_KIND,
+    "sliding_window_mla",
+    mamba::SPEC_KIND,
+    chunked_local::SPEC_KIND,
+    full::SINK_SPEC_KIND,
+    "encoder_only_attention",
+    cross_attention::SPEC_KIND,
+    UNKNOWN_SPEC_KIND,
+];
+
 impl AttentionKind {
     /// Whether vLLM counts the spec as a `FullAttentionSpec` (full, MLA, sink).
     #[inline]
     pub fn is_full_attention(&self) -> bool {
         matches!(self, Self::FullAttention | Self::SinkFullAttention { .. })
+    }
+
+    /// The attention type that serves `spec` (vLLM's spec-to-manager mapping): MLA is
+    /// full attention, and a uniform group is served as its first layer's spec.
+    pub fn from_spec(spec: &KvCacheSpec) -> Result<Self> {
+        Ok(match spec {
+            KvCacheSpec::FullAttention(_) | KvCacheSpec::MlaAttention(_) => Self::FullAttention,
+            KvCacheSpec::SinkFullAttention(s) => full::sink_kind(s),
+            KvCacheSpec::SlidingWindow(s) => sliding_window::kind(s),
+            KvCacheSpec::ChunkedLocalAttention(s) => chunked_local::kind(s),
+            KvCacheSpec::Mamba(m) => mamba::kind(m)?,
+            KvCacheSpec::CrossAttention(_) => Self::CrossAttention,
+            KvCacheSpec::UniformType(u) => {
+                let layer =
+                    u.kv_cache_specs.specs().next().ok_or_else(|| {
+                        KvError::InvalidSpec("a uniform group without layers".into())
+                    })?;
+                if matches!(layer, KvCacheSpec::UniformType(_)) {
+                    return Err(KvError::InvalidSpec("nested uniform groups".into()));
+                }
+                Self::from_spec(layer)?
+            }
+        })
+    }
+
+    /// The `kv_cache_spec_kind` of this type's events (a spec knows more: MLA reports
+    /// its own kind, see [`KvCacheSpec::kind`]).
+    pub fn spec_kind(&self) -> &'static str {
+        match self {
+            Self::FullAttention => full::SPEC_KIND,
+            Self::SinkFullAttention { .. } => full::SINK_SPEC_KIND,
+            Self::SlidingWindow { .. } => sliding_window::SPEC_KIND,
+            Self::ChunkedLocal { .. } => chunked_local::SPEC_KIND,
+            Self::Mamba { .. } => mamba::SPEC_KIND,
+            Self::CrossAttention => cross_attention::SPEC_KIND,
+        }
+    }
+
+    /// The per-request admission cap in blocks of the types that recycle blocks (sliding
+    /// window, chunked local), for blocks of `bs` tokens; `None` for the others.
+    pub fn max_admission_blocks(
+        &self,
+        bs: usize,
+        max_in_flight_tokens: usize,
+        max_model_len: usize,
+    ) -> Option<usize> {
+        match *self {
+            Self::SlidingWindow {
+                sliding_window,
+                extra_retained_tokens,
+            } => Some(sliding_window::max_admission_blocks(
+                sliding_window,
+                extra_retained_tokens,
+                bs,
+                max_in_flight_tokens,
+                max_model_len,
+            )),
+            Self::ChunkedLocal {
+                attention_chunk_size,
+            } => Some(chunked_local::max_admission_blocks(
+                attention_chunk_size,
+                bs,
+                max_in_flight_tokens,
+                max_model_len,
+            )),
+            _ => None,
+        }
+    }
+
+    /// Tokens before the attention window of the next token, given `n` computed tokens.
+    #[inline]
+    pub fn num_skipped_tokens(&self, n: usize) -> usize {
+        match *self {
+            Self::SlidingWindow {
+                sliding_window,
+                extra_retained_tokens,
+            } => sliding_window::num_skipped_tokens(n, sliding_window, extra_retained_tokens),
+            Self::ChunkedLocal {
+                attention_chunk_size,
+            } => chunked_local::num_skipped_tokens(n, attention_chunk_size),
+            Self::Mamba { .. } => mamba::num_skipped_tokens(n),
+            _ => 0,
+        }
     }
 }
 
@@ -93,20 +193,16 @@ pub struct ManagerParams {
 impl ManagerParams {
     /// Parameters of a group with default annotations and its own spec class.
     pub fn new(kind: AttentionKind, block_size: usize, spec_class: usize) -> Self {
-        let (spec_kind, window) = match &kind {
-            AttentionKind::FullAttention => ("full_attention", None),
-            AttentionKind::SinkFullAttention { .. } => ("sink_full_attention", None),
+        let window = match kind {
             AttentionKind::SlidingWindow { sliding_window, .. } => {
-                ("sliding_window", u32::try_from(*sliding_window).ok())
+                u32::try_from(sliding_window).ok()
             }
-            AttentionKind::ChunkedLocal { .. } => ("chunked_local_attention", None),
-            AttentionKind::Mamba { .. } => ("mamba", None),
-            AttentionKind::CrossAttention => ("cross_attention", None),
+            _ => None,
         };
         Self {
+            spec_kind: kind.spec_kind(),
             kind,
             block_size,
-            spec_kind,
             event_sliding_window: window,
             is_eagle_group: false,
             spec_class,
@@ -129,47 +225,7 @@ impl ManagerParams {
                     .iter()
                     .position(|o| o.kv_cache_spec == *spec)
                     .unwrap_or(i);
-                let layer = match spec {
-                    KvCacheSpec::UniformType(u) => {
-                        u.kv_cache_specs.specs().next().ok_or_else(|| {
-                            KvError::InvalidSpec("a uniform group without layers".into())
-                        })?
-                    }
-                    other => other,
-                };
-                let kind = match layer {
-                    KvCacheSpec::FullAttention(_) | KvCacheSpec::MlaAttention(_) => {
-                        AttentionKind::FullAttention
-                    }
-                    KvCacheSpec::SinkFullAttention(s) => AttentionKind::SinkFullAttention {
-                        sink_len: s.sink_len,
-                    },
-                    KvCacheSpec::SlidingWindow(s) => AttentionKind::SlidingWindow {
-                        sliding_window: s.sliding_window,
-                        extra_retained_tokens: s.extra_retained_tokens,
-                    },
-                    KvCacheSpec::ChunkedLocalAttention(s) => AttentionKind::ChunkedLocal {
-                        attention_chunk_size: s.attention_chunk_size,
-                    },
-                    KvCacheSpec::Mamba(m) => {
-                        let align = m.mamba_cache_mode == MambaCacheMode::Align;
-                        if align
-                            && (m.num_speculative_blocks > 0 || m.num_prefill_checkpoint_blocks > 0)
-                        {
-                            return Err(mamba::unsupported(
-                                "\"align\" mode with speculative or prefill-checkpoint blocks",
-                            ));
-                        }
-                        AttentionKind::Mamba {
-                            num_speculative_blocks: m.num_speculative_blocks,
-                            align,
-                        }
-                    }
-                    KvCacheSpec::CrossAttention(_) => AttentionKind::CrossAttention,
-                    KvCacheSpec::UniformType(_) => {
-                        return Err(KvError::InvalidSpec("nested uniform groups".into()))
-                    }
-                };
+                let kind = AttentionKind::from_spec(spec)?;
                 Ok(Self {
                     kind,
                     block_size: spec.block_size(),
@@ -223,56 +279,6 @@ pub trait RequestView: StoredBlockSource {
     /// hash of the id and a table probe on every call.
     fn slot_hint(&self) -> Option<&SlotHint> {
         None
-    }
-}
-
-/// A request's memo of the slot a manager last found it at, with a token naming the
-/// request. A manager trusts the memo only while its slot still carries the same token,
-/// which it sets when it finds or inserts the request and clears when the slot is freed;
-/// any other case falls back to the id lookup. Clones share the token, and their id.
-#[derive(Debug)]
-pub struct SlotHint {
-    token: u64,
-    slot: AtomicUsize,
-}
-
-impl SlotHint {
-    /// A hint with a token no other request has, and no slot.
-    pub fn new() -> Self {
-        static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
-        Self {
-            token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
-            slot: AtomicUsize::new(usize::MAX),
-        }
-    }
-
-    /// The token (never 0, the mark of a free slot).
-    pub(crate) fn token(&self) -> u64 {
-        self.token
-    }
-
-    /// The remembered slot (`usize::MAX` for none).
-    pub(crate) fn slot(&self) -> usize {
-        self.slot.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn set_slot(&self, slot: usize) {
-        self.slot.store(slot, Ordering::Relaxed);
-    }
-}
-
-impl Default for SlotHint {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Clone for SlotHint {
-    fn clone(&self) -> Self {
-        Self {
-            token: self.token,
-            slot: AtomicUsize::new(self.slot()),
-        }
     }
 }
 
@@ -345,6 +351,12 @@ impl HitQuery<'_> {
         self.hashes.len() / (bs / self.hash_block_size)
     }
 
+    /// Group blocks a hit may cover: within `max_length` and the hashes.
+    #[inline]
+    pub(crate) fn max_blocks(&self, bs: usize) -> usize {
+        (self.max_length / bs).min(self.num_hashed_blocks(bs))
+    }
+
     /// Looks block `i` up in every group; on a full hit appends one block per group to
     /// `out` and returns true; otherwise leaves `out` as it was.
     #[inline]
@@ -405,34 +417,13 @@ impl SingleTypeManager {
         if bs == 0 {
             return Err(KvError::InvalidSpec("block_size must be positive".into()));
         }
-        let max_admission_blocks = match params.kind {
-            AttentionKind::SlidingWindow {
-                sliding_window,
-                extra_retained_tokens,
-            } => Some(sliding_window::max_admission_blocks(
-                sliding_window + extra_retained_tokens,
-                bs,
-                max_in_flight_tokens,
-                max_model_len,
-            )),
-            AttentionKind::ChunkedLocal {
-                attention_chunk_size,
-            } => Some(chunked_local::max_admission_blocks(
-                attention_chunk_size,
-                bs,
-                max_in_flight_tokens,
-                max_model_len,
-            )),
-            _ => None,
-        };
+        let max_admission_blocks =
+            params
+                .kind
+                .max_admission_blocks(bs, max_in_flight_tokens, max_model_len);
         let sink_blocks = match params.kind {
             AttentionKind::SinkFullAttention { sink_len } => {
-                if sink_len == 0 || sink_len % bs != 0 {
-                    return Err(KvError::InvalidSpec(format!(
-                        "sink_len {sink_len} must be a positive multiple of block_size {bs}"
-                    )));
-                }
-                pool.get_new_blocks(sink_len / bs)?
+                pool.get_new_blocks(full::num_sink_blocks(sink_len, bs)?)?
             }
             _ => Vec::new(),
         };
@@ -481,17 +472,7 @@ impl SingleTypeManager {
     /// Tokens before the attention window of the next token, given `n` computed tokens.
     #[inline]
     pub fn num_skipped_tokens(&self, n: usize) -> usize {
-        match self.params.kind {
-            AttentionKind::SlidingWindow {
-                sliding_window,
-                extra_retained_tokens,
-            } => sliding_window::num_skipped_tokens(n, sliding_window, extra_retained_tokens),
-            AttentionKind::ChunkedLocal {
-                attention_chunk_size,
-            } => chunked_local::num_skipped_tokens(n, attention_chunk_size),
-            AttentionKind::Mamba { .. } => mamba::num_skipped_tokens(n),
-            _ => 0,
-        }
+        self.params.kind.num_skipped_tokens(n)
     }
 
     /// Slots the table must cover for `num_tokens` tokens (Mamba adds its speculative

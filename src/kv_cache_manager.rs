@@ -3,9 +3,9 @@
 //! per-group tables to the [`Coordinator`].
 //!
 //! ```
-//! use kvblocks::managers::{AttentionKind, ManagerParams, RequestView};
-//! use kvblocks::manager::{AllocateArgs, KvCacheManager, ManagerOptions};
-//! use kvblocks::pool::events::{EventExtraKeys, StoredBlockSource};
+//! use kvblocks::attention::{AttentionKind, ManagerParams, RequestView};
+//! use kvblocks::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions};
+//! use kvblocks::events::event::{EventExtraKeys, StoredBlockSource};
 //! use kvblocks::BlockHash;
 //!
 //! struct Req { tokens: Vec<u32>, computed: usize }
@@ -30,12 +30,13 @@
 
 use rustc_hash::FxHashMap;
 
+use crate::attention::{AttentionKind, ManagerParams, RequestBlocks, RequestView};
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
-use crate::managers::{AttentionKind, ManagerParams, RequestBlocks, RequestView, SlotHint};
-use crate::pool::events::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
+use crate::events::event::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
 use crate::pool::BlockPool;
 use crate::request::Request;
+use crate::request::SlotHint;
 use crate::types::{BlockHash, BlockId};
 
 /// Construction options (vLLM's `KVCacheManager.__init__` keywords).
@@ -166,6 +167,39 @@ impl PrefixCacheStats {
             self.queries += t;
             self.hits += h;
         }
+    }
+}
+
+/// The blocks one allocation added: every group's ids back to back, in group order
+/// (reused from call to call).
+#[derive(Debug, Clone, Default)]
+pub struct NewBlocks {
+    ids: Vec<BlockId>,
+    ends: Vec<usize>,
+}
+
+impl NewBlocks {
+    /// Forgets the blocks, keeping the capacity.
+    pub fn clear(&mut self) {
+        self.ids.clear();
+        self.ends.clear();
+    }
+
+    /// Records the next group's ids.
+    pub fn push(&mut self, ids: &[BlockId]) {
+        self.ids.extend_from_slice(ids);
+        self.ends.push(self.ids.len());
+    }
+
+    /// Whether no group got a block.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Each group's ids, in group order.
+    pub fn groups(&self) -> impl Iterator<Item = &[BlockId]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts.zip(&self.ends).map(|(s, &e)| &self.ids[s..e])
     }
 }
 
@@ -516,6 +550,51 @@ impl KvCacheManager {
             new_blocks.push(ids.to_vec());
         })?;
         Ok(fitted.then_some(new_blocks))
+    }
+
+    /// [`allocate_slots`](Self::allocate_slots) with only `num_new_tokens[i]` for each
+    /// request of a batch (the decoding requests of a step), in order, stopping at the
+    /// first that does not fit: later requests are not tried. The batch is checked before
+    /// anything changes: one count per request, every count positive, no request longer
+    /// than `max_model_len`. `fitted` sees each fitted request's new blocks in turn, in
+    /// `blocks`; the call returns how many requests fitted.
+    pub fn allocate_slots_batch<R, E>(
+        &mut self,
+        requests: &[&R],
+        num_new_tokens: &[usize],
+        blocks: &mut NewBlocks,
+        mut fitted: impl FnMut(&NewBlocks) -> std::result::Result<(), E>,
+    ) -> std::result::Result<usize, E>
+    where
+        R: RequestView,
+        E: From<KvError>,
+    {
+        if requests.len() != num_new_tokens.len() {
+            return Err(KvError::InvalidArgument(format!(
+                "{} requests but {} token counts",
+                requests.len(),
+                num_new_tokens.len()
+            ))
+            .into());
+        }
+        if num_new_tokens.contains(&0) {
+            return Err(KvError::InvalidArgument(
+                "num_new_tokens must be greater than 0 for every request".into(),
+            )
+            .into());
+        }
+        for request in requests {
+            self.check_length(*request)?;
+        }
+        for (i, (request, &n)) in requests.iter().zip(num_new_tokens).enumerate() {
+            blocks.clear();
+            let args = AllocateArgs::new(n);
+            if !self.allocate_slots_with(*request, &args, |_, ids| blocks.push(ids))? {
+                return Ok(i);
+            }
+            fitted(blocks)?;
+        }
+        Ok(requests.len())
     }
 
     /// [`allocate_slots`](Self::allocate_slots) without building the result: on success

@@ -16,7 +16,7 @@ use crossbeam_queue::ArrayQueue;
 use super::encode::{encode_batch_into, WireFormat};
 use super::index::CacheIndex;
 use crate::error::{KvError, Result};
-use crate::pool::events::KvCacheEvent;
+use crate::events::event::KvCacheEvent;
 
 /// One scheduler step's events (`KVEventBatch`).
 #[derive(Debug, Clone, PartialEq)]
@@ -327,7 +327,7 @@ impl PayloadEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::events::{BlockRemoved, MEDIUM_GPU};
+    use crate::events::event::{BlockRemoved, MEDIUM_GPU};
 
     fn batch(hashes: &[u64]) -> EventBatch {
         EventBatch {

@@ -1,10 +1,52 @@
 //! Full attention (also MLA and sink): every block stays until the request ends, hits
 //! are the longest run of cached blocks from the start.
 
-use super::{cdiv, HitQuery, RequestBlocks, RequestView, SingleTypeManager};
-use crate::error::Result;
+use super::{cdiv, AttentionKind, HitQuery, RequestBlocks, RequestView, SingleTypeManager};
+use crate::error::{KvError, Result};
 use crate::pool::BlockPool;
+use crate::spec::SinkFullAttentionSpec;
 use crate::types::BlockId;
+
+/// The `kv_cache_spec_kind` of full attention's events.
+pub(crate) const SPEC_KIND: &str = "full_attention";
+/// The `kv_cache_spec_kind` of MLA's events (served as full attention).
+pub(crate) const MLA_SPEC_KIND: &str = "mla_attention";
+/// The `kv_cache_spec_kind` of sink full attention's events.
+pub(crate) const SINK_SPEC_KIND: &str = "sink_full_attention";
+
+/// The manager parameters of a sink spec (full and MLA specs are
+/// [`AttentionKind::FullAttention`]).
+pub(crate) fn sink_kind(s: &SinkFullAttentionSpec) -> AttentionKind {
+    AttentionKind::SinkFullAttention {
+        sink_len: s.sink_len,
+    }
+}
+
+/// The sink blocks a sink manager takes at construction: `sink_len / bs`, which must be
+/// a positive whole number.
+pub(crate) fn num_sink_blocks(sink_len: usize, bs: usize) -> Result<usize> {
+    if sink_len == 0 || !sink_len.is_multiple_of(bs) {
+        return Err(KvError::InvalidSpec(format!(
+            "sink_len {sink_len} must be a positive multiple of block_size {bs}"
+        )));
+    }
+    Ok(sink_len / bs)
+}
+
+/// The most blocks one request holds: the whole context, `cdiv(L, bs)`, where decode
+/// context parallelism over `dcp_world_size` ranks shards the tokens of a sharded cache.
+pub(crate) fn max_blocks_per_request(
+    max_model_len: usize,
+    dcp_sharded: bool,
+    dcp_world_size: usize,
+    bs: usize,
+) -> usize {
+    let mut len = max_model_len;
+    if dcp_sharded && dcp_world_size > 1 {
+        len = cdiv(len, dcp_world_size);
+    }
+    cdiv(len, bs)
+}
 
 /// Scans left to right and stops at the first miss: chained hashes make the set of
 /// cached prefixes downward-closed. EAGLE drops one block; the result is aligned down.
@@ -14,7 +56,7 @@ pub(crate) fn find_longest_cache_hit(
     pool: &BlockPool,
     out: &mut [Vec<BlockId>],
 ) -> usize {
-    let max_blocks = (q.max_length / bs).min(q.num_hashed_blocks(bs));
+    let max_blocks = q.max_blocks(bs);
     let mut n = 0;
     if let [single] = out {
         // One group (the common case): no all-groups bookkeeping per block.

@@ -6,10 +6,41 @@
 //! is the state after token `(i + 1) * bs`; only the live state (and the previous step's,
 //! which the kernel copies from) is real, the rest are nulls.
 
-use super::{cdiv, HitQuery, RequestBlocks, SingleTypeManager};
+use super::{cdiv, AttentionKind, HitQuery, RequestBlocks, SingleTypeManager};
 use crate::error::{KvError, Result};
 use crate::pool::BlockPool;
+use crate::spec::{MambaCacheMode, MambaSpec};
 use crate::types::{BlockId, NULL_BLOCK_ID};
+
+/// The `kv_cache_spec_kind` of this type's events.
+pub(crate) const SPEC_KIND: &str = "mamba";
+
+/// The manager parameters of a Mamba spec; "align" mode with speculative or
+/// prefill-checkpoint blocks is not supported.
+pub(crate) fn kind(m: &MambaSpec) -> Result<AttentionKind> {
+    let align = m.mamba_cache_mode == MambaCacheMode::Align;
+    if align && (m.num_speculative_blocks > 0 || m.num_prefill_checkpoint_blocks > 0) {
+        return Err(unsupported(
+            "\"align\" mode with speculative or prefill-checkpoint blocks",
+        ));
+    }
+    Ok(AttentionKind::Mamba {
+        num_speculative_blocks: m.num_speculative_blocks,
+        align,
+    })
+}
+
+/// The most state blocks one request holds: "align" keeps the live state, the previous
+/// one and the speculative and prefill-checkpoint blocks; "none" the live state and the
+/// speculative blocks. `None` on overflow.
+pub(crate) fn max_blocks_per_request(m: &MambaSpec) -> Option<usize> {
+    match m.mamba_cache_mode {
+        MambaCacheMode::Align => 2usize
+            .checked_add(m.num_speculative_blocks)?
+            .checked_add(m.num_prefill_checkpoint_blocks),
+        MambaCacheMode::None => m.num_speculative_blocks.checked_add(1),
+    }
+}
 
 /// Per-request state of an align-mode Mamba group.
 #[derive(Debug, Clone, Copy, Default)]
@@ -42,7 +73,7 @@ pub(crate) fn find_longest_cache_hit(
     pool: &BlockPool,
     out: &mut [Vec<BlockId>],
 ) -> usize {
-    let max_blocks = (q.max_length / bs).min(q.num_hashed_blocks(bs));
+    let max_blocks = q.max_blocks(bs);
     for i in (0..max_blocks).rev() {
         let h = q.hash(bs, i);
         if q.groups.iter().any(|&g| pool.cached_block(h, g).is_none()) {
