@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,7 +107,7 @@ def test_the_router_index_is_the_union_of_the_engines_caches_at_every_step() -> 
 
 
 def test_mooncake_requests_arrive_at_their_timestamps(capsys: pytest.CaptureFixture[str]) -> None:
-    sample = "docs/examples/mooncake-sample.jsonl"
+    sample = str(Path(__file__).resolve().parent.parent / "docs/examples/mooncake-sample.jsonl")
     args = ["simulate", "--trace", sample, "--model", "llama-3.1-8b", "--json"]
     assert main([*args, "--max-requests", "40"]) == 0
     run = json.loads(capsys.readouterr().out)["runs"][0]

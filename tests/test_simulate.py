@@ -45,8 +45,8 @@ def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     name: str = request.param
     if name == "vllm":
         monkeypatch.setattr(
-            cli, "make_backend", lambda _impl, layout, algo, batch=False: make_backend(
-                "vllm", layout, algo
+            cli, "make_backend", lambda _impl, layout, algo, batch=False, events=False: (
+                make_backend("vllm", layout, algo, events=events)
             )
         )  # fmt: skip
     return name
