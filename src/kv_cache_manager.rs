@@ -708,14 +708,8 @@ impl KvCacheManager {
                     .into(),
             ));
         }
+        self.check_hit_groups(args.new_computed_blocks)?;
         let hits = match args.new_computed_blocks {
-            Some(h) if h.len() != self.num_groups => {
-                return Err(KvError::InvalidArgument(format!(
-                    "new_computed_blocks has {} groups, the manager has {}",
-                    h.len(),
-                    self.num_groups
-                )))
-            }
             Some(h) if h.iter().any(|g| !g.is_empty()) => h,
             // Hit tokens without hit blocks (vLLM's scheduler never passes them) made the
             // capacity check disagree with the allocation, which then failed after
@@ -752,6 +746,18 @@ impl KvCacheManager {
             }
         }
         self.check_adopt(slot, args, Some(hits))
+    }
+
+    /// A prefix hit gives one block list per group.
+    fn check_hit_groups(&self, hits: Option<&[Vec<BlockId>]>) -> Result<()> {
+        match hits {
+            Some(h) if h.len() != self.num_groups => Err(KvError::InvalidArgument(format!(
+                "new_computed_blocks has {} groups, the manager has {}",
+                h.len(),
+                self.num_groups
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// A hit or external tokens are adopted only by a request no group knows yet, whose
@@ -1029,15 +1035,7 @@ impl KvCacheManager {
         total_computed_tokens: usize,
         apply_admission_cap: bool,
     ) -> Result<isize> {
-        if let Some(h) = hits {
-            if h.len() != self.num_groups {
-                return Err(KvError::InvalidArgument(format!(
-                    "new_computed_blocks has {} groups, the manager has {}",
-                    h.len(),
-                    self.num_groups
-                )));
-            }
-        }
+        self.check_hit_groups(hits)?;
         let slot = self.requests.get(request_id).copied();
         Ok(self.coord.get_num_blocks_to_allocate(
             self.tables_or_empty(slot),
