@@ -19,6 +19,7 @@ quotas) against the plain-Python model of docs/retention.md (tests/model_retenti
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -65,7 +66,7 @@ def policies(draw: st.DrawFn) -> PolicyModel:
         tenant_quotas=draw(
             st.dictionaries(st.sampled_from(TENANTS), st.integers(0, 4), max_size=2)
         ),
-        default_tenant_quota=draw(st.sampled_from([None, 0, 1, 3])),
+        default_tenant_quota=draw(st.sampled_from([None, None, 1, 3])),
     )
 
 
@@ -97,24 +98,25 @@ class FreeInfo:
 def eviction_rank(
     policy: PolicyModel | None, info: FreeInfo | None, cached: bool, now: float
 ) -> tuple[float, ...]:
-    """How early a free block must be evicted, from the rules alone: uncached and expired
-    blocks first (any order between them), then class 0, ..., class k-1 (LRU inside, by
-    idle time), then blocks in their session window. With no policy: uncached first, then
-    cached ones in the order they were freed (vLLM's LRU)."""
+    """How early a free block must be evicted, from the rules alone: uncached blocks first,
+    then expired ones, then class 0, ..., class k-1 (LRU inside: by
+    idle time, then the order of the frees), then blocks in their session window (in the
+    order they were freed). With no policy: cached blocks in the order they were freed
+    (vLLM's LRU)."""
     if not cached or info is None:
         return (0.0,)
     if policy is None:
-        return (1.0, float(info.seq))
+        return (1.0, 0.0, float(info.seq))
     cls = policy.default_class if info.tags.priority_class is None else info.tags.priority_class
     idle = info.at
     if info.tags.session and policy.session_s is not None:
         idle = info.at + policy.session_s
         if idle > now:
-            return (2.0 + policy.classes, info.at)
+            return (2.0 + policy.classes, info.at, float(info.seq))
     ttl = policy.ttl(cls)
     if ttl is not None and idle + ttl <= now:
-        return (0.0,)
-    return (1.0 + cls, idle)
+        return (0.5,)
+    return (1.0 + cls, idle, float(info.seq))
 
 
 # --- the pool ----------------------------------------------------------------------------
@@ -145,10 +147,10 @@ class PoolRetentionMachine(RuleBasedStateMachine):
         self.now = 0.0
 
     @initialize(
-        num_blocks=st.integers(2, 24),
-        caching=st.booleans(),
+        num_blocks=st.integers(2, 16),
+        caching=st.sampled_from([True, True, True, False]),
         events=st.booleans(),
-        policy=st.none() | policies(),
+        policy=st.one_of(policies(), st.none()),
     )
     def init(
         self, num_blocks: int, caching: bool, events: bool, policy: PolicyModel | None
@@ -190,17 +192,20 @@ class PoolRetentionMachine(RuleBasedStateMachine):
         """Allocates, checking the eviction order against the rules directly."""
         free = self.pool.get_free_block_ids()
         cached = {b: self.pool.get_block_hash(b) is not None for b in free}
-        got = self.both("get_new_blocks", n)
-        assert isinstance(got, list)
+        new = self.both("get_new_blocks", n)
+        assert isinstance(new, list)
+        got = list(new)
         ranks = {b: eviction_rank(self.policy, self.info.get(b), cached[b], self.now) for b in free}
         rest = [b for b in free if b not in got]
+        if self.policy is None:  # vLLM leaves a block whose hash was dropped in place
+            got, rest = [b for b in got if cached[b]], [b for b in rest if cached[b]]
         for taken in got:
             for left in rest:
                 mine, other = ranks[taken], ranks[left]
                 assert mine[0] <= other[0], f"evicted {taken} {mine} before {left} {other}"
                 if mine[0] == other[0] and mine[0] >= 1:
                     assert mine <= other, f"not LRU: {taken} {mine} before {left} {other}"
-        return got
+        return new
 
     def free(self, blocks: list[int], tags: Tags) -> None:
         before = {b: self.pool.get_ref_cnt(b) for b in blocks}
@@ -250,14 +255,14 @@ class PoolRetentionMachine(RuleBasedStateMachine):
         return Tags(
             data.draw(st.none() | st.integers(0, k - 1), label="class"),
             data.draw(st.booleans(), label="session"),
-            data.draw(st.sampled_from([None, *TENANTS]), label="tenant"),
+            data.draw(st.sampled_from([None, None, *TENANTS]), label="tenant"),
         )
 
     # --- rules -----------------------------------------------------------------------
     @rule(
         data=st.data(),
         prefix=st.sampled_from(PREFIXES),
-        tail=st.lists(st.integers(0, 3), min_size=1, max_size=16),
+        tail=st.lists(st.integers(0, 3), min_size=1, max_size=12),
     )
     def add_request(self, data: st.DataObject, prefix: list[int], tail: list[int]) -> None:
         self.next_id += 1
@@ -292,11 +297,27 @@ class PoolRetentionMachine(RuleBasedStateMachine):
             return
         self.grow(live)
 
-    @rule(data=st.data(), n=st.integers(1, 6))
-    def grab(self, data: st.DataObject, n: int) -> None:
+    @precondition(lambda self: self.model.num_free() >= 2)
+    @rule(data=st.data())
+    def churn(self, data: st.DataObject) -> None:
+        """A short request of fresh tokens, computed and freed at once under drawn tags:
+        cached free blocks of every class, session and tenant, for the evictions to order."""
+        blocks = data.draw(st.integers(1, min(4, self.model.num_free() * 2 // 3)), label="blocks")
+        self.next_id += 1
+        tokens = [1000 * self.next_id + i for i in range(blocks * HBS)]
+        req = kb.Request(f"c{self.next_id}", tokens, kb.BlockHasher(HBS))
+        self.known += req.block_hashes
+        live = Live(req, self.draw_tags(data))
+        self.grow(live)
+        self.live[req.request_id] = live
+        self.finish_one(req.request_id)
+
+    @precondition(lambda self: self.model.num_free())
+    @rule(data=st.data())
+    def grab(self, data: st.DataObject) -> None:
         """Blocks taken without caching them (memory pressure: evicts cached ones)."""
-        if n > self.model.num_free():
-            return
+        free = self.model.num_free()
+        n = data.draw(st.sampled_from(sorted({1, (free + 1) // 2, free})), label="n")
         self.next_id += 1
         self.live[f"g{self.next_id}"] = Live(None, self.draw_tags(data), [self.get_new_blocks(n)])
 
@@ -336,9 +357,10 @@ class PoolRetentionMachine(RuleBasedStateMachine):
         for b, key in list(self.watch.items()):
             if key not in self.pins:
                 del self.watch[b]
-        for b in range(1, self.pool.num_gpu_blocks):  # released: freed untagged
+        # Released blocks are freed untagged, in an order the rules leave open: one rank.
+        self.seq += 1
+        for b in range(1, self.pool.num_gpu_blocks):
             if before[b] and self.pool.get_ref_cnt(b) == 0:
-                self.seq += 1
                 self.info[b] = FreeInfo(self.now, Tags(), self.seq)
 
     @precondition(lambda self: self.known)
@@ -408,6 +430,22 @@ class PoolRetentionMachine(RuleBasedStateMachine):
         assert [h + p for h, p in zip(held, pinned, strict=True)][1:] == self.model.ref_cnt[1:]
 
     @invariant()
+    def free_order_follows_the_rules(self) -> None:
+        """The free list is the eviction order (`get_new_blocks` takes its head): ranks
+        never decrease along it. With no policy only cached blocks are ordered (vLLM leaves
+        a block whose hash was dropped where it is)."""
+        now = self.now
+        ranked = []
+        for b in self.pool.get_free_block_ids():
+            cached = self.pool.get_block_hash(b) is not None
+            if cached or self.policy is not None:
+                ranked.append((eviction_rank(self.policy, self.info.get(b), cached, now), b))
+        for (first, a), (then, b) in itertools.pairwise(ranked):
+            if first[0] == then[0] and first[0] < 1:
+                continue  # uncached among themselves, expired among themselves: any order
+            assert first <= then, f"free block {a} {first} is ahead of {b} {then}"
+
+    @invariant()
     def pinned_blocks_stay(self) -> None:
         """A cached block under a pinned key keeps its hash and stays out of the free list,
         however much memory the other requests need."""
@@ -437,7 +475,7 @@ class PoolRetentionMachine(RuleBasedStateMachine):
 
 TestPoolRetention = PoolRetentionMachine.TestCase
 TestPoolRetention.settings = settings(
-    max_examples=120,
+    max_examples=250,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -584,7 +622,7 @@ class ManagerRetentionMachine(RuleBasedStateMachine):
     @initialize(
         layout=st.sampled_from(tmm.LAYOUTS[2:] + tmm.LAYOUTS[:1]),
         num_blocks=st.sampled_from([8, 12, 24]),
-        policy=st.none() | policies(),
+        policy=st.one_of(policies(), st.none()),
     )
     def init(
         self, layout: list[tuple[int, int | None]], num_blocks: int, policy: PolicyModel | None
@@ -598,6 +636,7 @@ class ManagerRetentionMachine(RuleBasedStateMachine):
         lora=st.sampled_from([None, 1]),
         priority=st.integers(-1, 2),
         session=st.sampled_from([None, "s1", "s2"]),
+        chunk=st.sampled_from([None, 4, 16, 80]),
     )
     def arrive(
         self,
@@ -607,8 +646,13 @@ class ManagerRetentionMachine(RuleBasedStateMachine):
         lora: int | None,
         priority: int,
         session: str | None,
+        chunk: int | None,
     ) -> None:
+        """A new request (a priority, a session, a tenant), admitted at once unless `chunk`
+        is None."""
         self.driver.arrive(prefix, tail, salt, lora, priority, session)
+        if chunk is not None:
+            self.driver.admit(chunk, 0)
 
     @rule(index=st.integers(0, 63))
     def arrive_again(self, index: int) -> None:
@@ -627,9 +671,12 @@ class ManagerRetentionMachine(RuleBasedStateMachine):
         index=st.integers(0, 63),
         chunk=st.sampled_from([1, 4, 9, 80]),
         token=st.integers(0, 3),
+        steps=st.integers(1, 4),
     )
-    def step(self, index: int, chunk: int, token: int) -> None:
-        self.driver.step(index, chunk, 0, token)
+    def step(self, index: int, chunk: int, token: int, steps: int) -> None:
+        for _ in range(steps):
+            self.driver.step(index, chunk, 0, token)
+            self.driver.check()
 
     @precondition(lambda self: self.driver.running)
     @rule(index=st.integers(0, 63))
@@ -673,32 +720,33 @@ class ManagerRetentionMachine(RuleBasedStateMachine):
             assert isinstance(err.value, kb.KVBlocksError)
             assert (pool_state(pool), pool.num_pinned_blocks) == before
 
-    @rule(step=st.sampled_from(STEPS))
-    def advance_time(self, step: float) -> None:
-        self.now += step
-        self.driver.engine.mgr.advance_time(self.now)
-        self.driver.rmodel.pool.advance_time(self.now)
-        assert self.driver.engine.mgr.now == self.now
-
-    @rule()
-    def advance_time_backwards(self) -> None:
+    @rule(
+        op=st.sampled_from(["time", "time", "time", "back", "evict", "reset"]),
+        step=st.sampled_from(STEPS),
+        ids=st.sets(st.integers(1, 23), max_size=3),
+    )
+    def clock_and_cache(self, op: str, step: float, ids: set[int]) -> None:
+        """The clock goes on (or is refused going back); blocks are evicted; the prefix
+        cache is reset."""
         mgr = self.driver.engine.mgr
-        before = pool_state(mgr.block_pool)
-        with pytest.raises(ValueError):
-            mgr.advance_time(self.now - 1.0)
-        assert mgr.now == self.now
-        assert pool_state(mgr.block_pool) == before
-
-    @rule(ids=st.sets(st.integers(1, 23), max_size=3))
-    def evict(self, ids: set[int]) -> None:
-        self.driver.evict(ids)
-        self.watch = {k: v for k, v in self.watch.items() if k[1] not in ids}
-
-    @rule()
-    def reset(self) -> None:
-        self.driver.reset()
-        if not self.driver.running:
-            self.watch.clear()
+        if op == "time":
+            self.now += step
+            mgr.advance_time(self.now)
+            self.driver.rmodel.pool.advance_time(self.now)
+            assert mgr.now == self.now
+        elif op == "back":
+            before = pool_state(mgr.block_pool)
+            with pytest.raises(ValueError):
+                mgr.advance_time(self.now - 1.0)
+            assert mgr.now == self.now
+            assert pool_state(mgr.block_pool) == before
+        elif op == "evict":
+            self.driver.evict(ids)
+            self.watch = {k: v for k, v in self.watch.items() if k[1] not in ids}
+        else:
+            self.driver.reset()
+            if not self.driver.running:
+                self.watch.clear()
 
     @invariant()
     def agree(self) -> None:
