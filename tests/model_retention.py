@@ -159,7 +159,6 @@ class RetentionPoolModel(PoolModel):
         else:
             self.idle_since[block] = self.now
             self.classes[cls].append(block)
-        self._enforce_quota(tags.tenant)
 
     def _enforce_quota(self, tenant: str | None) -> None:
         """Drops the tenant's least recently freed unheld blocks until it is at its quota."""
@@ -243,6 +242,7 @@ class RetentionPoolModel(PoolModel):
                 else:
                     first.append(b)
         self.front[:0] = first  # vLLM: the uncached blocks of a free go to the head
+        self._enforce_quota(tags.tenant)  # once the free is done: its victims go ahead
 
     def cache_full_blocks(
         self,
@@ -279,13 +279,13 @@ class RetentionPoolModel(PoolModel):
     def reset_prefix_cache(self) -> bool:
         if any(self.ref_cnt[b] - self.pinned[b] > 0 for b in range(1, self.num_blocks)):
             return False
-        for b in range(1, self.num_blocks):
-            if self.pinned[b]:
-                self.pinned[b] = False
-                self.ref_cnt[b] = 0
-                self._release(b)
-        order = self.queue
-        self.queue = order  # nothing is cached any more: one list, in the same order
+        released = [b for b in range(1, self.num_blocks) if self.pinned[b]]
+        for b in released:
+            self.pinned[b] = False
+            self.ref_cnt[b] = 0
+        # Nothing is cached any more: one list, in the same order, and the blocks the pins
+        # held after it, by block id.
+        self.queue = self.queue + released
         self.tenant_of = [None] * self.num_blocks
         return super().reset_prefix_cache()
 
