@@ -308,10 +308,11 @@ class RetentionPoolModel(PoolModel):
                     self._sync_pin(b)
 
     def pin(self, hashes: Sequence[bytes], group_ids: Sequence[int]) -> None:
-        self.pin_keys([(h, g) for h in hashes for g in group_ids])
+        self.pin_keys([(h, g) for g in group_ids for h in hashes])
 
     def unpin(self, hashes: Sequence[bytes], group_ids: Sequence[int]) -> None:
-        self.unpin_keys([(h, g) for h in hashes for g in group_ids])
+        """Keys group by group, as given (the order in which released blocks are freed)."""
+        self.unpin_keys([(h, g) for g in group_ids for h in hashes])
 
     # --- the clock -------------------------------------------------------------------
     def advance_time(self, now: float) -> None:

@@ -344,7 +344,7 @@ class PoolRetentionMachine(RuleBasedStateMachine):
         self.finish_one(data.draw(st.sampled_from(sorted(self.live))))
 
     @precondition(lambda self: self.known)
-    @rule(data=st.data(), groups=st.sampled_from([[0], [1], [0, 1]]))
+    @rule(data=st.data(), groups=st.sampled_from([[0], [1], [0, 1], [1, 0]]))
     def pin(self, data: st.DataObject, groups: list[int]) -> None:
         hashes = data.draw(
             st.lists(st.sampled_from(self.known), min_size=1, max_size=3, unique=True)
@@ -355,16 +355,16 @@ class PoolRetentionMachine(RuleBasedStateMachine):
         self.vllm = None  # a pin changes vLLM's order (it takes blocks out of the queue)
 
     @precondition(lambda self: self.pins)
-    @rule(data=st.data())
-    def unpin(self, data: st.DataObject) -> None:
-        group = data.draw(st.sampled_from(sorted({g for _, g in self.pins})))
-        pinned = sorted(h for h, g in self.pins if g == group)
+    @rule(data=st.data(), groups=st.sampled_from([[0], [1], [0, 1], [1, 0]]))
+    def unpin(self, data: st.DataObject, groups: list[int]) -> None:
+        pinned = sorted({h for h, _ in self.pins if all((h, g) in self.pins for g in groups)})
+        if not pinned:
+            return
         hashes = data.draw(st.lists(st.sampled_from(pinned), min_size=1, unique=True))
         before = {b: self.pool.get_ref_cnt(b) for b in range(self.pool.num_gpu_blocks)}
-        self.pool.unpin(hashes, group_ids=[group])
-        self.model.unpin(hashes, [group])
-        for h in hashes:
-            self.pins[(h, group)] -= 1
+        self.pool.unpin(hashes, group_ids=groups)
+        self.model.unpin(hashes, groups)
+        self.pins.subtract((h, g) for h in hashes for g in groups)
         self.pins = +self.pins
         for b, key in list(self.watch.items()):
             if key not in self.pins:
