@@ -397,6 +397,13 @@ class RetentionManagerModel(ManagerModel):
             keys += [(h, gid) for h in view[: req.num_prompt_tokens // g.block_size]]
         return keys
 
+    def hash_keys(self, hashes: list[bytes]) -> list[Key]:
+        """The keys `pin_hashes` names: the full blocks of each group the hashes cover."""
+        keys: list[Key] = []
+        for gid, g in enumerate(self.groups):
+            keys += [(h, gid) for h in self._hashes(hashes, g.block_size)]
+        return keys
+
     def pin(self, req: Any) -> None:
         self.pool.pin_keys(self.prompt_keys(req))
 

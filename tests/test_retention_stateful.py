@@ -630,7 +630,7 @@ class ManagerRetentionMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.pinned: list[Any] = []  # requests pinned (a request may be pinned twice)
+        self.pinned: list[Any] = []  # requests, or hash lists, pinned (maybe twice)
         self.watch: dict[tuple[int, int], Key] = {}  # (group, block): its pinned key
         self.now = 0.0
 
@@ -709,12 +709,28 @@ class ManagerRetentionMachine(RuleBasedStateMachine):
         self.driver.rmodel.pin(req)
         self.pinned.append(req)
 
+    @precondition(lambda self: self.driver.running or self.driver.waiting)
+    @rule(data=st.data())
+    def pin_hashes(self, data: st.DataObject) -> None:
+        """A prefix pinned by its hashes (at the hash block size), e.g. a system prompt."""
+        req = data.draw(st.sampled_from(self.driver.running + self.driver.waiting))
+        if not req.block_hashes:
+            return
+        hashes = req.block_hashes[: data.draw(st.integers(1, len(req.block_hashes)))]
+        self.driver.engine.mgr.pin_hashes(hashes)
+        self.driver.rmodel.pool.pin_keys(self.driver.rmodel.hash_keys(hashes))
+        self.pinned.append(hashes)
+
     @precondition(lambda self: self.pinned)
     @rule(data=st.data())
     def unpin(self, data: st.DataObject) -> None:
-        req = self.pinned.pop(data.draw(st.integers(0, len(self.pinned) - 1)))
-        self.driver.engine.mgr.unpin(req)
-        self.driver.rmodel.unpin(req)
+        pinned = self.pinned.pop(data.draw(st.integers(0, len(self.pinned) - 1)))
+        if isinstance(pinned, list):
+            self.driver.engine.mgr.unpin_hashes(pinned)
+            self.driver.rmodel.pool.unpin_keys(self.driver.rmodel.hash_keys(pinned))
+        else:
+            self.driver.engine.mgr.unpin(pinned)
+            self.driver.rmodel.unpin(pinned)
         pins = self.driver.rmodel.pool.pins
         self.watch = {k: v for k, v in self.watch.items() if v in pins}
 
@@ -884,8 +900,9 @@ NEGATIVE_COUNT = pytest.mark.xfail(raises=OverflowError, strict=True, reason="Ov
 )
 def test_invalid_policy_raises_value_error(bad: dict[str, Any]) -> None:
     kb.RetentionPolicy(**VALID)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as err:
         kb.RetentionPolicy(**(VALID | bad))
+    assert isinstance(err.value, kb.KVBlocksError)
 
 
 def cached_pool(policy: PolicyModel | None) -> tuple[kb.BlockPool, list[bytes], list[int]]:
@@ -897,6 +914,21 @@ def cached_pool(policy: PolicyModel | None) -> tuple[kb.BlockPool, list[bytes], 
     pool.free_blocks(blocks[::-1])
     pool.take_events()
     return pool, req.block_hashes, blocks
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [2, pytest.param(-1, marks=NEGATIVE_COUNT)],
+)
+def test_free_with_a_class_out_of_range_changes_nothing(cls: int) -> None:
+    pool = kb.BlockPool(6, True, HBS, retention=make_policy(PolicyModel(classes=2)))
+    blocks = pool.get_new_blocks(2)
+    before = pool_state(pool)
+    with pytest.raises(ValueError) as err:
+        pool.free_blocks(blocks, priority_class=cls)
+    assert isinstance(err.value, kb.KVBlocksError)
+    assert pool_state(pool) == before
+    pool.free_blocks(blocks, priority_class=1)
 
 
 @pytest.mark.parametrize("policy", [None, PolicyModel(classes=2, ttl_s=5.0)], ids=["none", "ttl"])
@@ -927,8 +959,9 @@ def test_clock_going_back_changes_nothing(policy: PolicyModel | None) -> None:
     pool.advance_time(3.0)
     before = pool_state(pool)
     for now in (2.5, -1.0, math.nan):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError) as err:
             pool.advance_time(now)
+        assert isinstance(err.value, kb.KVBlocksError)
         assert pool_state(pool) == before
     pool.advance_time(3.0)  # the same time again is not going back
     mgr = kb.KVCacheManager(tmm_config(), 64, HBS, retention=make_policy(policy))
