@@ -13,7 +13,10 @@ quotas) against the plain-Python model of docs/retention.md (tests/model_retenti
   with requests that carry a priority, a session and a tenant (cache salt or LoRA), pinned
   and unpinned whole, against `RetentionManagerModel`, with the same properties across
   groups.
-* Bad input: unknown unpins, a clock that goes back, invalid policies.
+  Prefixes are also pinned by hash (`pin_hashes`).
+* `test_model_without_policy_is_vllm`: the model itself, with no policy, is `PoolModel`.
+* Bad input: unknown unpins, a clock that goes back, invalid policies, a class out of
+  range; each raises a `KVBlocksError` and changes nothing.
 """
 
 from __future__ import annotations
@@ -99,12 +102,12 @@ def eviction_rank(
     policy: PolicyModel | None, info: FreeInfo | None, cached: bool, now: float
 ) -> tuple[float, ...]:
     """How early a free block must be evicted, from the rules alone: uncached blocks first,
-    then expired ones, then class 0, ..., class k-1 (LRU inside: by
-    idle time, then the order of the frees), then blocks in their session window (in the
-    order they were freed). With no policy: cached blocks in the order they were freed
-    (vLLM's LRU)."""
-    if not cached or info is None:
+    then expired ones, then class 0, ..., class k-1 (LRU inside: by idle time, then the
+    order of the frees), then blocks in their session window (in the order they were
+    freed). With no policy: cached blocks in the order they were freed (vLLM's LRU)."""
+    if not cached:
         return (0.0,)
+    assert info is not None, "a cached block became free unseen"
     if policy is None:
         return (1.0, 0.0, float(info.seq))
     cls = policy.default_class if info.tags.priority_class is None else info.tags.priority_class
