@@ -1001,3 +1001,38 @@ def test_manager_unpin_of_unpinned_request_raises() -> None:
     assert mgr.block_pool.num_pinned_blocks == 0
     with pytest.raises(KeyError):
         mgr.unpin(req)
+
+
+def test_worked_example() -> None:
+    """The rules by hand, on kvblocks and the model: classes, a TTL, a session window, a
+    quota and a pin, one step at a time."""
+    policy = PolicyModel(classes=2, ttl_s=[5.0, None], session_s=3.0, tenant_quotas={"a": 1})
+    hashes = [bytes([i]) * 32 for i in range(1, 9)]
+    pool = kb.BlockPool(8, True, HBS, retention=make_policy(policy))
+    model = RetentionPoolModel(8, True, False, policy)
+    for p in (pool, model):
+        assert p.get_new_blocks(6) == [1, 2, 3, 4, 5, 6]
+    pool.cache_full_blocks(hashes, [1, 2, 3, 4, 5, 6], 0, 6, HBS, 0)
+    model.cache_full_blocks(hashes, [1, 2, 3, 4, 5, 6], 0, 6, HBS, 0, HBS)
+
+    def step(call: str, *args: Any, want: list[int], **kw: Any) -> None:
+        getattr(pool, call)(*args, **kw)
+        if call == "free_blocks":
+            model.free_blocks(*args, tags=Tags(**kw))
+        else:
+            getattr(model, call)(*args)
+        assert pool.get_free_block_ids() == model.queue == want
+
+    step("free_blocks", [1], priority_class=1, want=[7, 1])
+    step("free_blocks", [2], priority_class=0, want=[7, 2, 1])  # class 0 goes first
+    step("free_blocks", [3], session=True, want=[7, 2, 1, 3])  # the session window: last
+    step("advance_time", 3.0, want=[7, 2, 3, 1])  # window over: class 0, idle from 3.0
+    step("advance_time", 5.0, want=[7, 2, 3, 1])  # 2 expires at 5.0: already at the head
+    step("free_blocks", [4], tenant="a", want=[7, 2, 3, 4, 1])
+    step("free_blocks", [5], tenant="a", want=[4, 7, 2, 3, 5, 1])  # over the quota: 4 goes
+    assert pool.get_block_hash(4) is None and pool.get_tenant_cached_blocks() == {"a": 1}
+    step("pin", [hashes[0]], [0], want=[4, 7, 2, 3, 5])  # block 1 held by its pin
+    step("advance_time", 8.0, want=[4, 7, 2, 3, 5])  # 3 (idle since 3.0) expires, 5 not
+    step("free_blocks", [6], priority_class=1, want=[4, 7, 2, 3, 5, 6])
+    assert pool.get_new_blocks(5) == [4, 7, 2, 3, 5]  # block 1 stays cached
+    assert pool.get_block_hash(1) == hashes[0] and pool.get_free_block_ids() == [6]
