@@ -1018,7 +1018,7 @@ def test_worked_example() -> None:
     def step(call: str, *args: Any, want: list[int], **kw: Any) -> None:
         getattr(pool, call)(*args, **kw)
         if call == "free_blocks":
-            model.free_blocks(*args, tags=Tags(**kw))
+            model.free_blocks(args[0], Tags(**kw))
         else:
             getattr(model, call)(*args)
         assert pool.get_free_block_ids() == model.queue == want
