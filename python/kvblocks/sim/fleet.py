@@ -216,7 +216,12 @@ class Fleet:
         prompt = rec.prompt_ids(self.trace.vocab_size)
         synth = time.perf_counter_ns() - t0
         req, dt = self._make(
-            rec.request_id, prompt, rec.max_output_tokens, cache_salt=rec.cache_salt
+            rec.request_id,
+            prompt,
+            rec.max_output_tokens,
+            cache_salt=rec.cache_salt,
+            priority=rec.priority,
+            session_id=rec.session_id,
         )
         keys = [hash_key(h) for h in req.block_hashes] if self.index is not None else []
         e = self.choose(keys)
@@ -304,6 +309,10 @@ def merged_result(fr: FleetResult) -> ReplayResult:
         for i in range(3):
             out.first_admission[i] += r.first_admission[i]
             out.resumed[i] += r.resumed[i]
+        for name, vals in r.tenants.items():
+            acc = out.tenants.setdefault(name, [0, 0, 0])
+            for j, x in enumerate(vals):
+                acc[j] += x
         for name in ("ttft_s", "tpot_s", "e2e_s", "finish_s"):
             getattr(out, name).extend(getattr(r, name))
     out.wall_s = fr.wall_s
