@@ -21,6 +21,7 @@ CLASSES: list[tuple[type[kb.KVBlocksError], type[Exception]]] = [
     (kb.UnknownRequestError, KeyError),
     (kb.InvalidSpecError, ValueError),
     (kb.UnsupportedError, NotImplementedError),
+    (kb.NotPinnedError, KeyError),
 ]
 
 # Rows of the bad-input table whose error Python or PyO3 raises before the core sees the

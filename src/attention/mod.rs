@@ -18,7 +18,7 @@ use rustc_hash::FxHashSet;
 use crate::config::KvCacheConfig;
 use crate::error::{KvError, Result};
 use crate::events::event::StoredBlockSource;
-use crate::pool::{BlockPool, HashKey};
+use crate::pool::{BlockPool, HashKey, RetentionHints};
 use crate::request::SlotHint;
 use crate::spec::KvCacheSpec;
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
@@ -279,6 +279,11 @@ pub trait RequestView: StoredBlockSource {
     /// hash of the id and a table probe on every call.
     fn slot_hint(&self) -> Option<&SlotHint> {
         None
+    }
+    /// What a retention policy reads from the request (its priority, session and
+    /// tenant); read once, when the request first gets a slot, and only with a policy.
+    fn retention_hints(&self) -> RetentionHints {
+        RetentionHints::default()
     }
 }
 

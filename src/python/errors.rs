@@ -41,7 +41,7 @@ struct Class {
 }
 
 /// The subclasses, indexed by [`class_of`].
-const CLASSES: [Class; 8] = [
+const CLASSES: [Class; 9] = [
     Class {
         name: "InvalidArgumentError",
         builtin: Builtin::Value,
@@ -82,6 +82,11 @@ const CLASSES: [Class; 8] = [
         builtin: Builtin::NotImplemented,
         doc: "A feature of vLLM 0.33 that kvblocks does not implement.",
     },
+    Class {
+        name: "NotPinnedError",
+        builtin: Builtin::Key,
+        doc: "Unpinning a prefix that is not pinned.",
+    },
 ];
 
 /// The index in [`CLASSES`] of the error's class.
@@ -95,6 +100,7 @@ fn class_of(e: &KvError) -> usize {
         KvError::UnknownRequest(_) => 5,
         KvError::InvalidSpec(_) => 6,
         KvError::Unsupported(_) => 7,
+        KvError::NotPinned(_) => 8,
     }
 }
 
