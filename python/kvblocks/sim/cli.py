@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         metavar="STEPS",
-        help="multi-tenant: steps between the bursty tenant's bursts (default 400)",
+        help="multi-tenant: steps between the bursty tenant's bursts (default 600)",
     )
     w.add_argument(
         "--burst-size",

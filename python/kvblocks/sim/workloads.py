@@ -242,7 +242,7 @@ class WorkloadParams:
     rate: float | None = None
     num_system_prompts: int | None = None
     burst_every: int | None = None
-    """``multi-tenant``: steps from one burst's start to the next (None = 400)."""
+    """``multi-tenant``: steps from one burst's start to the next (None = 600)."""
     burst_size: int | None = None
     """``multi-tenant``: requests per burst (None = 48)."""
 
@@ -361,7 +361,7 @@ def _multi_tenant(
                 else:
                     prompt = (*prompt, (prev.out_seed, prev.max_output_tokens), d.segment(50, 500))
                     rec = TraceRequest(
-                        rid, d.uniform(1, 20), prompt, out_seed, max_out, after=prev.request_id,
+                        rid, d.uniform(20, 200), prompt, out_seed, max_out, after=prev.request_id,
                         cache_salt="agent", session_id=sid,
                     )  # fmt: skip
                 out.append((arrivals[i], rec))
@@ -403,13 +403,13 @@ def generate(kind: str, seed: int = 0, params: WorkloadParams | None = None) -> 
             ``long-context`` (32k-128k prompts), ``agentic`` (multi-turn sessions, each
             turn with its session's ``session_id``) or ``multi-tenant`` (kvblocks' own, not
             in ``trace.py``): ``num_requests`` arrivals at ``rate``, one in five an agent
-            session (tenant ``agent``, 2-5 turns 1-20 steps apart, each quoting the one
-            before, with a ``session_id``), the others a chat request of tenant ``chat-a``,
-            ``chat-b`` or ``chat-c`` (one of the tenant's ``num_system_prompts`` 1k-3k-token
-            prompts, Zipf, then 50-500 new tokens); meanwhile tenant ``burst`` sends, every
-            ``burst_every`` steps from ``burst_every / 2`` on, ``burst_size`` one-off
-            2k-6k-token prompts 0-2 steps apart, with ``priority`` 1 (the others 0). Every
-            sequence fits an 8k context.
+            session (tenant ``agent``, 2-5 turns, each quoting the one before and arriving
+            20-200 steps, i.e. tool calls of 1-10 s, after it; with a ``session_id``), the
+            others a chat request of tenant ``chat-a``, ``chat-b`` or ``chat-c`` (one of the
+            tenant's ``num_system_prompts`` 1k-3k-token prompts, Zipf, then 50-500 new
+            tokens); meanwhile tenant ``burst`` sends, every ``burst_every`` steps from
+            ``burst_every / 2`` on, ``burst_size`` one-off 2k-6k-token prompts 2-10 steps
+            apart, with ``priority`` 1 (the others 0). Every sequence fits an 8k context.
         seed: Random seed; the same (kind, seed, params) always gives the same trace.
         params: Sizes and rates; defaults per kind.
 
