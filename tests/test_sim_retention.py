@@ -317,3 +317,54 @@ def test_retention_sweep_json_and_tables(capsys: pytest.CaptureFixture[str]) -> 
     assert len(per_tenant.splitlines()) == 4
     code, out, _ = _simulate(capsys, *SMALL_MT, "--retention", "session=30")
     assert code == 0 and "retention          session=30 (docs/retention.md)" in out
+
+
+# ------------------------------------------------------------------ what the policies do
+def _replay(trace: Any, spec: str, gib: int, model: str, timed: bool = True) -> Any:
+    from kvblocks.sim import GPU_PRESETS, ReplayOptions, StepTimeModel, make_backend, model_layout
+    from kvblocks.sim.engine import replay
+
+    layout = model_layout(model, gpu_memory=gib * 2**30)
+    tm = StepTimeModel(layout, model, GPU_PRESETS["h100-sxm"]).step_time if timed else None
+    backend = make_backend("kvblocks", layout, retention=parse_retention(spec).build())
+    return replay(trace, backend, ReplayOptions(time_model=tm), layout)
+
+
+def _tenant_rate(res: Any, *names: str) -> float:
+    tenants: dict[str, list[int]] = res.tenants
+    return sum(tenants[n][2] for n in names) / sum(tenants[n][1] for n in names)
+
+
+@needs_retention
+@pytest.mark.parametrize("timed", [False, True])
+def test_agentic_sessions_and_one_class_ttl_keep_lru_order(timed: bool) -> None:
+    # Every agentic request has a session, so the session list is the LRU list, and a
+    # one-class TTL moves blocks to the front in LRU order: the same block ids as LRU,
+    # at a memory where turns are evicted (and requests preempted).
+    trace = generate("agentic", 0, WorkloadParams(num_requests=20))
+    lru = _replay(trace, "lru", 4, "llama-3.1-8b", timed)
+    assert lru.preemptions > 0 and lru.hit_rate < 0.5
+    for spec in ("session=30", "ttl=20"):
+        res = _replay(trace, spec, 4, "llama-3.1-8b", timed)
+        assert res.digest == lru.digest
+        assert res.first_admission == lru.first_admission
+        assert len(res.samples["advance_time"]) >= res.steps
+    assert not lru.samples["advance_time"]  # no policy, no clock
+
+
+@needs_retention
+def test_multi_tenant_quota_and_sessions_at_equal_memory() -> None:
+    # 300 arrivals with a burst of 48 one-off long prompts every 300 steps, in 8 GiB.
+    trace = generate("multi-tenant", 0, WorkloadParams(num_requests=300, burst_every=300))
+    steady = (*MULTI_TENANT_STEADY, "agent")
+    lru = _replay(trace, "lru", 8, "llama-3-8b")
+    quota = _replay(trace, "quota=burst:0", 8, "llama-3-8b")
+    classes = _replay(trace, "classes=2,priority=0:1", 8, "llama-3-8b")
+    session = _replay(trace, "session=30", 8, "llama-3-8b")
+    # measured (seed 0): the steady tenants hit 69.3% under LRU, 71.5% with the burst's
+    # quota at 0, 71.4% with the burst's blocks in the class evicted first
+    assert _tenant_rate(quota, *steady) > _tenant_rate(lru, *steady) + 0.01
+    assert _tenant_rate(classes, *steady) > _tenant_rate(lru, *steady) + 0.01
+    assert quota.tenants["burst"][2] == lru.tenants["burst"][2] == 0  # one-off prompts
+    # sessions keep the agent's context across its tool calls: 70.2% -> 74.8%
+    assert _tenant_rate(session, "agent") > _tenant_rate(lru, "agent") + 0.03
