@@ -368,3 +368,17 @@ def test_multi_tenant_quota_and_sessions_at_equal_memory() -> None:
     assert quota.tenants["burst"][2] == lru.tenants["burst"][2] == 0  # one-off prompts
     # sessions keep the agent's context across its tool calls: 70.2% -> 74.8%
     assert _tenant_rate(session, "agent") > _tenant_rate(lru, "agent") + 0.03
+
+
+@needs_retention
+def test_fleet_runs_each_engine_under_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _simulate(
+        capsys, *SMALL_MT, "--replicas", "2", "--retention", "session=30,quota=burst:0", "--json"
+    )
+    assert code == 0
+    (run,) = json.loads(out)["runs"]
+    assert run["retention"]["spec"] == "session=30;quota=burst:0"
+    assert run["fleet"]["replicas"] == 2
+    tenants = run["tenants"]
+    assert sum(t["hit_tokens"] for t in tenants) == run["hit_tokens"]
+    assert sum(t["requests"] for t in tenants) == run["requests"]
