@@ -188,8 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-requests",
         type=_positive_int,
         default=None,
-        help=f"requests, or sessions for agentic (default {DEFAULT_NUM_REQUESTS}; "
-        "agentic 100; long-context 16)",
+        help=f"requests, or sessions for agentic, arrivals (chat requests and agent "
+        f"sessions) for multi-tenant (default {DEFAULT_NUM_REQUESTS}; agentic 100; "
+        "long-context 16)",
     )
     w.add_argument(
         "--rate",
@@ -278,9 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_retention,
         default=None,
         metavar="SPEC",
-        help="prefix-cache retention policy, e.g. session=30, ttl=600, quota=2000, "
-        "quota=tenant-a:2000,tenant-b:500, classes=2,priority=-1:1, items joined by , or ; "
-        "(default lru: vLLM's order; grammar in docs/retention.md)",
+        help="prefix-cache retention policy, e.g. 'session=30', 'ttl=600', 'quota=2000', "
+        "'quota=tenant-a:2000,tenant-b:500', 'classes=2,priority=-1:1'; items joined by "
+        "',' or ';' (default lru: vLLM's order; grammar in docs/retention.md)",
     )
     s = sp.add_argument_group("scheduler")
     s.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
