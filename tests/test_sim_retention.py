@@ -4,6 +4,7 @@ report, and what the policies do to hit rates (docs/retention.md)."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -382,3 +383,20 @@ def test_fleet_runs_each_engine_under_the_policy(capsys: pytest.CaptureFixture[s
     tenants = run["tenants"]
     assert sum(t["hit_tokens"] for t in tenants) == run["hit_tokens"]
     assert sum(t["requests"] for t in tenants) == run["requests"]
+
+
+def test_the_documented_command_lines_parse() -> None:
+    # docs/retention.md's command lines (each was run as written for its table; running
+    # them all here would take minutes): every flag and spec still reads.
+    doc = Path(__file__).resolve().parent.parent / "docs" / "retention.md"
+    lines = [
+        line.strip()
+        for line in doc.read_text().splitlines()
+        if line.startswith("    kvblocks simulate")
+    ]
+    assert len(lines) >= 8
+    parser = cli.build_parser()
+    for line in lines:
+        args = parser.parse_args(shlex.split(line)[1:])
+        assert args.command == "simulate"
+        assert args.retention is not None or args.sweep[0] == "retention"
