@@ -10,8 +10,8 @@ from typing import Any
 
 import kvblocks
 import pytest
+from kvblocks.retention_spec import RetentionSpec, SpecError, parse_retention, split_sweep
 from kvblocks.sim import cli
-from kvblocks.sim.retention import RetentionSpec, SpecError, parse_retention, split_sweep
 from kvblocks.sim.workloads import (
     MULTI_TENANT_STEADY,
     WorkloadParams,

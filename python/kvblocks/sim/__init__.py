@@ -13,7 +13,7 @@ One module per job:
 * :mod:`~kvblocks.sim.timemodel`: GPU presets and the step-time model (a roofline);
 * :mod:`~kvblocks.sim.fleet`: N engines behind a router (round robin, least loaded,
   prefix-aware from the engines' KV cache events);
-* :mod:`~kvblocks.sim.retention`: ``--retention`` specs, read into a
+* :mod:`~kvblocks.retention_spec`: ``--retention`` specs, read into a
   ``kvblocks.RetentionPolicy`` (``docs/retention.md``);
 * :mod:`~kvblocks.sim.report`: the JSON document, the summary, the sweep table, the plot;
 * :mod:`~kvblocks.sim.cli`: the ``kvblocks simulate`` command line.
@@ -44,12 +44,12 @@ Only :mod:`~kvblocks.sim.report`'s plot needs an optional package (matplotlib, t
 
 from __future__ import annotations
 
+from kvblocks.retention_spec import RetentionSpec, parse_retention
 from kvblocks.sim.backends import Backend, make_backend, vllm_available
 from kvblocks.sim.ceilings import CeilingResult
 from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, ReplayResult, StepInfo, replay
 from kvblocks.sim.fleet import ROUTERS, Fleet, FleetResult
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, replay_layout
-from kvblocks.sim.retention import RetentionSpec, parse_retention
 from kvblocks.sim.timemodel import GPU_PRESETS, StepTimeModel
 from kvblocks.sim.workloads import KINDS, Trace, TraceError, WorkloadParams, generate, read_trace
 

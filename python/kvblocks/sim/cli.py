@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import kvblocks
+from kvblocks.retention_spec import RetentionSpec, SpecError, parse_retention, split_sweep
 from kvblocks.sim.backends import make_backend, vllm_available
 from kvblocks.sim.engine import ReplayError, ReplayOptions, ReplayResult, replay
 from kvblocks.sim.fleet import ROUTERS, Fleet, merged_result
@@ -37,7 +38,6 @@ from kvblocks.sim.report import (
     print_sweep,
     report_json,
 )
-from kvblocks.sim.retention import RetentionSpec, SpecError, parse_retention, split_sweep
 from kvblocks.sim.timemodel import (
     DEFAULT_EFFICIENCY,
     DEFAULT_GPU,
@@ -62,7 +62,7 @@ SWEEP_KEYS: dict[str, Callable[[str], int]] = {
     "max_num_batched_tokens": int,
     "replicas": int,
 }
-RETENTION_SWEEP = "retention"  # --sweep retention=SPEC1,SPEC2,... (kvblocks.sim.retention)
+RETENTION_SWEEP = "retention"  # --sweep retention=SPEC1,SPEC2,... (kvblocks.retention_spec)
 
 
 class UsageError(Exception):

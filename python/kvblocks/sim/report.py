@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import kvblocks
+from kvblocks.retention_spec import RetentionSpec
 from kvblocks.sim.engine import ReplayResult
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout
-from kvblocks.sim.retention import RetentionSpec
 from kvblocks.sim.workloads import Trace
 
 __all__ = [

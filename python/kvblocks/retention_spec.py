@@ -1,4 +1,5 @@
-"""``--retention SPEC``: a retention policy for the prefix cache, as one line of text.
+"""A retention policy for the prefix cache as one line of text: ``kvblocks simulate
+--retention SPEC`` and ``KVBLOCKS_VLLM_RETENTION=SPEC`` for ``kvblocks.vllm``.
 
 The rules are ``docs/retention.md``'s; this module only reads and writes the spec::
 
