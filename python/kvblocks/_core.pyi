@@ -704,7 +704,13 @@ class BlockPool:
         session: bool = False,
         tenant: str | None = None,
     ) -> None:
-        """Drops one reference per block, in the given order (pass a table reversed)."""
+        """Drops one reference per block, in the given order (pass a table reversed).
+
+        Under a retention policy the freed cached blocks take `priority_class` (default:
+        the policy's default class), the session window if `session`, and count against
+        `tenant`'s quota. Without a policy these keywords have no effect, as a pool
+        without one has no classes, sessions or quotas.
+        """
     def touch(self, block_ids: Sequence[int]) -> None:
         """Takes one reference per block (a prefix-cache hit); the null block is skipped."""
     def cache_full_blocks(
