@@ -27,7 +27,7 @@ import kvblocks
 from kvblocks.retention_spec import RetentionSpec, SpecError, parse_retention, split_sweep
 from kvblocks.sim.backends import make_backend, vllm_available
 from kvblocks.sim.engine import ReplayError, ReplayOptions, ReplayResult, replay
-from kvblocks.sim.fleet import ROUTERS, Fleet, merged_result
+from kvblocks.sim.fleet import DEFAULT_CACHE_THRESHOLD, ROUTERS, Fleet, merged_result
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, parse_memory
 from kvblocks.sim.report import (
     Run,
@@ -354,8 +354,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         metavar="W",
-        help="prefix-aware: 0 (default) = longest cached prefix, load breaks ties; W > 0 = "
-        "Dynamo's cost, blocks to prefill + W x active blocks",
+        help="prefix-aware: W > 0 = Dynamo's cost instead, blocks to prefill + W x active "
+        "blocks (default 0: the cache-threshold rule)",
+    )
+    t.add_argument(
+        "--router-cache-threshold",
+        type=float,
+        default=DEFAULT_CACHE_THRESHOLD,
+        metavar="F",
+        help="prefix-aware: a request whose longest cached prefix covers more than F of its "
+        "blocks goes to that engine, else to the least loaded (SGLang's cache-aware rule; "
+        f"default {DEFAULT_CACHE_THRESHOLD}; 0 = longest prefix always)",
     )
     o = sp.add_argument_group("output")
     o.add_argument(
@@ -550,11 +559,23 @@ def _replay(
         step_s=args.step_ms / 1e3,
     )
     if replicas > 1:
+        weight = max(0.0, args.router_load_weight)
+        threshold = min(1.0, max(0.0, args.router_cache_threshold))
         fr = Fleet(
-            trace, backends, opts, args.router, layout, max(0.0, args.router_load_weight)
+            trace,
+            backends,
+            opts,
+            args.router,
+            layout,
+            weight,
+            threshold,
         ).run()
         per = [_replica_json(r) for r in fr.engines]
-        return merged_result(fr), {"replicas": replicas, "router": args.router, "per_replica": per}
+        fleet: dict[str, Any] = {"replicas": replicas, "router": args.router, "per_replica": per}
+        if args.router == "prefix-aware":
+            fleet["cache_threshold"] = threshold
+            fleet["load_weight"] = weight
+        return merged_result(fr), fleet
     bar = _Progress(label, len(trace.requests)) if label is not None else None
     opts.progress = bar
     try:
