@@ -58,13 +58,15 @@ impl RetentionPolicy {
         }
         if self.default_class >= k {
             return bad(format!(
-                "default_class {} is not a class of 0..{k}",
-                self.default_class
+                "default_class {} is not a class (0 to {})",
+                self.default_class,
+                k - 1
             ));
         }
         if let Some(&(p, c)) = self.priority_classes.iter().find(|&&(_, c)| c >= k) {
             return bad(format!(
-                "priority_classes maps priority {p} to class {c}, not a class of 0..{k}"
+                "priority_classes maps priority {p} to {c}, not a class (0 to {})",
+                k - 1
             ));
         }
         if self.ttl_s.len() > 1 && self.ttl_s.len() != k {
@@ -228,8 +230,8 @@ impl PolicyState {
         let class = class.unwrap_or(self.policy.default_class);
         if class >= self.classes {
             return Err(KvError::InvalidArgument(format!(
-                "priority_class {class} is not a class of 0..{}",
-                self.classes
+                "priority_class {class} is not a class (0 to {})",
+                self.classes - 1
             )));
         }
         Ok(FreeTag {
