@@ -7,6 +7,7 @@ use super::{
     CrossAttentionSpec, FullAttentionSpec, MambaSpec, MlaAttentionSpec, SinkFullAttentionSpec,
     SlidingWindowSpec, UniformTypeSpecs,
 };
+use crate::attention::full;
 use crate::error::Result;
 
 /// The Python class a spec is an instance of; used to pick merge rules (vLLM calls
@@ -114,12 +115,7 @@ impl KvCacheSpec {
             }
             KvCacheSpec::SinkFullAttention(s) => {
                 check_full(&s.full)?;
-                if s.sink_len == 0 || s.sink_len % s.full.attn.block_size != 0 {
-                    return invalid(format!(
-                        "sink_len ({}) must be a positive multiple of block_size ({})",
-                        s.sink_len, s.full.attn.block_size
-                    ));
-                }
+                full::num_sink_blocks(s.sink_len, s.full.attn.block_size)?;
             }
             KvCacheSpec::SlidingWindow(s) => {
                 s.attn.check()?;
