@@ -130,13 +130,9 @@ impl AllocateArgs<'_> {
     }
 }
 
-/// vLLM 0.33's `PrefixCacheStats` (without the connector's `hits_by_source`). With the
-/// `python` feature it is also the Python class (fields as attributes).
+/// vLLM 0.33's `PrefixCacheStats` (without the connector's `hits_by_source`). The Python
+/// class is a copy made by the binding layer (`src/python/stats.rs`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[cfg_attr(
-    feature = "python",
-    pyo3::pyclass(name = "PrefixCacheStats", module = "kvblocks._core", get_all, set_all)
-)]
 pub struct PrefixCacheStats {
     /// Whether `reset_prefix_cache` succeeded since the last snapshot.
     pub reset: bool,

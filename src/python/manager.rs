@@ -1,5 +1,5 @@
-//! Python bindings for `manager`: `KVCacheManager`, `KVCacheBlocks`, `PrefixCacheStats`
-//! and the read-only `block_pool` view. Conversion only.
+//! Python bindings for `manager`: `KVCacheManager`, `KVCacheBlocks` and the read-only
+//! `block_pool` view (`PrefixCacheStats` is in `stats.rs`). Conversion only.
 
 use pyo3::exceptions::PyTypeError;
 
@@ -10,14 +10,13 @@ use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
 use pyo3::{intern, PyTraverseError, PyVisit};
 
 use crate::attention::{ManagerParams, RequestView};
-use crate::kv_cache_manager::{
-    AllocateArgs, KvCacheManager, ManagerOptions, NewBlocks, PrefixCacheStats,
-};
+use crate::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions, NewBlocks};
 use crate::python::config::PyKVCacheConfig;
 use crate::python::events::events_to_py;
 use crate::python::ids::{extract_u32s, IdObjects};
 use crate::python::pool::PyBlockPool;
 use crate::python::request::{request_list, PyRequest};
+use crate::python::stats::PyPrefixCacheStats;
 use crate::python::vllm_request::{request_id, AnyRequest, Reads, RequestMemos, VllmRequest};
 use crate::request::Request;
 use crate::types::BlockId;
@@ -274,35 +273,6 @@ impl PyKVCacheBlock {
     fn __repr__(&self, py: Python<'_>) -> String {
         let rc = self.ref_cnt(py).unwrap_or_default();
         format!("KVCacheBlock(block_id={}, ref_cnt={rc})", self.block_id)
-    }
-}
-
-/// The Python face of `PrefixCacheStats` (the class itself is the core struct).
-#[pymethods]
-impl PrefixCacheStats {
-    #[new]
-    fn py_new() -> Self {
-        Self::default()
-    }
-
-    /// Adds one request's lookup (preempted requests count apart).
-    #[pyo3(name = "record")]
-    fn py_record(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
-        self.record(num_tokens, num_hits, preempted);
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "PrefixCacheStats(reset={}, requests={}, queries={}, hits={}, preempted_requests={}, \
-             preempted_queries={}, preempted_hits={})",
-            if self.reset { "True" } else { "False" },
-            self.requests,
-            self.queries,
-            self.hits,
-            self.preempted_requests,
-            self.preempted_queries,
-            self.preempted_hits
-        )
     }
 }
 
@@ -780,8 +750,8 @@ impl PyKVCacheManager {
     }
 
     /// The stats since the last call (`None` without `log_stats`).
-    fn make_prefix_cache_stats(&mut self) -> Option<PrefixCacheStats> {
-        self.inner.make_prefix_cache_stats()
+    fn make_prefix_cache_stats(&mut self) -> Option<PyPrefixCacheStats> {
+        self.inner.make_prefix_cache_stats().map(Into::into)
     }
 
     /// KV cache usage in [0, 1].
@@ -869,8 +839,8 @@ impl PyKVCacheManager {
     /// The stats recorded since the last `make_prefix_cache_stats`, without resetting
     /// them (`None` without `log_stats`).
     #[getter]
-    fn current_prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
-        self.inner.prefix_cache_stats()
+    fn current_prefix_cache_stats(&self) -> Option<PyPrefixCacheStats> {
+        self.inner.prefix_cache_stats().map(Into::into)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -1027,6 +997,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyKVCacheManager>()?;
     m.add_class::<PyKVCacheBlocks>()?;
     m.add_class::<PyKVCacheBlock>()?;
-    m.add_class::<PrefixCacheStats>()?;
     Ok(())
 }

@@ -14,6 +14,7 @@ mod publish;
 mod request;
 mod request_hasher;
 mod spec;
+mod stats;
 mod vllm_request;
 
 /// The `kvblocks._core` extension module.
@@ -29,6 +30,7 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     spec::register(m)?;
     config::register(m)?;
     manager::register(m)?;
+    stats::register(m)?;
     request::register(m)?;
     request_hasher::register(m)?;
     Ok(())
