@@ -15,6 +15,7 @@ __all__ = [
     "AllBlocksCleared",
     "AttentionSpec",
     "BlockHasher",
+    "BlockIndexError",
     "BlockOutOfRangeError",
     "BlockPool",
     "BlockRemoved",
@@ -24,8 +25,10 @@ __all__ = [
     "DoubleFreeError",
     "EventSink",
     "FullAttentionSpec",
+    "IntOverflowError",
     "InvalidArgumentError",
     "InvalidSpecError",
+    "InvalidTypeError",
     "KVBlocksError",
     "KVCacheBlock",
     "KVCacheBlocks",
@@ -44,6 +47,7 @@ __all__ = [
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
     "UnknownAlgorithmError",
+    "UnknownLayerError",
     "UnknownRequestError",
     "UnsupportedError",
     "__version__",
@@ -56,9 +60,10 @@ __all__ = [
 __version__: str
 
 # --- Errors (src/python/errors.rs) ---------------------------------------------------
-# One class per `KvError` variant. Each also derives from the builtin exception kvblocks
-# raised there before (and vLLM raises in the same case), so `except ValueError` and
-# `except KeyError` keep working.
+# One class per `KvError` variant, then four for input the binding layer and
+# kvblocks.device check themselves. Each also derives from the builtin exception kvblocks
+# raised there before (and vLLM raises in the same case), so `except ValueError`,
+# `except KeyError`, `except TypeError` ... keep working.
 
 class KVBlocksError(Exception):
     """The base class of every error kvblocks raises for bad input or a broken invariant."""
@@ -86,6 +91,18 @@ class InvalidSpecError(KVBlocksError, ValueError):
 
 class UnsupportedError(KVBlocksError, NotImplementedError):
     """A feature of vLLM 0.33 that kvblocks does not implement."""
+
+class InvalidTypeError(KVBlocksError, TypeError):
+    """An argument of the wrong type, found by kvblocks' own checks."""
+
+class IntOverflowError(KVBlocksError, OverflowError):
+    """An int too large for the type kvblocks keeps it in."""
+
+class BlockIndexError(KVBlocksError, IndexError):
+    """A block id outside the pages of kvblocks.device."""
+
+class UnknownLayerError(KVBlocksError, KeyError):
+    """A layer name the KV cache pages do not hold (kvblocks.device)."""
 
 # --- KV cache specs (src/python/spec.rs) ---------------------------------------------
 

@@ -1,9 +1,7 @@
 //! Python bindings for `manager`: `KVCacheManager`, `KVCacheBlocks` and the read-only
 //! `block_pool` view (`PrefixCacheStats` is in `stats.rs`). Conversion only.
 
-use pyo3::exceptions::PyTypeError;
-
-use crate::python::errors::invalid_argument;
+use crate::python::errors::{invalid_argument, invalid_type};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
@@ -308,7 +306,7 @@ fn hits_of<'py>(
     }
     let b = b
         .downcast::<PyKVCacheBlocks>()
-        .map_err(|_| PyTypeError::new_err("new_computed_blocks must be a KVCacheBlocks or None"))?;
+        .map_err(|_| invalid_type("new_computed_blocks must be a KVCacheBlocks or None"))?;
     Ok(Some(b.clone()))
 }
 

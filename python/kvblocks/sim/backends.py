@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from kvblocks._core import InvalidArgumentError
 from kvblocks.sim.presets import KVLayout, build_kvblocks_manager, build_vllm_manager
 
 __all__ = ["Backend", "KvblocksBackend", "VllmBackend", "make_backend", "vllm_available"]
@@ -129,4 +130,4 @@ def make_backend(
         return KvblocksBackend(layout, hash_algo, batch, events)
     if impl == "vllm":
         return VllmBackend(layout, hash_algo)
-    raise ValueError(f"unknown implementation {impl!r}")
+    raise InvalidArgumentError(f"unknown implementation {impl!r}")

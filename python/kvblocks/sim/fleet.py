@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kvblocks
+from kvblocks._core import InvalidArgumentError
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult
 from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, ReplayResult, StepSeries
@@ -139,9 +140,11 @@ class Fleet:
         load_weight: float = 0.0,
     ) -> None:
         if router not in ROUTERS:
-            raise ValueError(f"unknown router {router!r}; choose from {', '.join(ROUTERS)}")
+            raise InvalidArgumentError(
+                f"unknown router {router!r}; choose from {', '.join(ROUTERS)}"
+            )
         if options.time_model is None:
-            raise ValueError("a fleet runs in time: options.time_model is required")
+            raise InvalidArgumentError("a fleet runs in time: options.time_model is required")
         self.trace = trace
         self.router = router
         self.replicas = n = len(backends)
