@@ -41,6 +41,9 @@ pub enum KvError {
     /// A KV cache spec or config that cannot be built or merged.
     #[error("invalid KV cache spec: {0}")]
     InvalidSpec(String),
+    /// Unpinning a prefix key that is not pinned.
+    #[error("not pinned: {0}")]
+    NotPinned(String),
     /// A feature of vLLM 0.33 that kvblocks does not implement.
     #[error("not supported: {0}")]
     Unsupported(String),

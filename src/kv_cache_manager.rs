@@ -34,7 +34,7 @@ use crate::attention::{AttentionKind, ManagerParams, RequestBlocks, RequestView}
 use crate::coordinator::{BlockDemand, Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
 use crate::events::event::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
-use crate::pool::BlockPool;
+use crate::pool::{BlockPool, FreeTag, RetentionHints};
 use crate::request::Request;
 use crate::request::SlotHint;
 use crate::types::{BlockHash, BlockId};
@@ -238,6 +238,10 @@ pub struct KvCacheManager {
     free_slots: Vec<usize>,
     /// Empty tables standing in for a request without a slot.
     empty: Vec<RequestBlocks>,
+    /// Whether a retention policy is set (`retention.rs`).
+    retention_on: bool,
+    /// Per slot, the free tag of its request (used only with a policy).
+    slot_tag: Vec<FreeTag>,
 }
 
 /// Least common multiple.
@@ -307,6 +311,8 @@ impl KvCacheManager {
             slot_tokens: Vec::new(),
             free_slots: Vec::new(),
             empty: vec![RequestBlocks::default(); num_groups],
+            retention_on: false,
+            slot_tag: Vec::new(),
         })
     }
 
@@ -397,6 +403,7 @@ impl KvCacheManager {
         });
         self.requests.insert(request.request_id().to_owned(), s);
         self.remember(request, s);
+        self.tag_slot(request, s);
         s
     }
 
@@ -634,6 +641,7 @@ impl KvCacheManager {
         let main = total + args.num_new_tokens;
         let need_slots = (main + args.num_lookahead_tokens).min(self.max_model_len);
         if let Some(s) = slot {
+            self.frees_as(s);
             let processed = total.saturating_sub(request.num_in_flight_tokens());
             self.coord
                 .remove_skipped_blocks(&mut self.slots[s * g..(s + 1) * g], processed)?;
@@ -794,6 +802,7 @@ impl KvCacheManager {
             return Ok(());
         };
         let g = self.num_groups;
+        self.frees_as(s);
         self.coord.free(&mut self.slots[s * g..(s + 1) * g])
     }
 
@@ -1047,6 +1056,7 @@ impl KvCacheManager {
             return Ok(());
         };
         let g = self.num_groups;
+        self.frees_as(s);
         self.coord.remove_skipped_blocks(
             &mut self.slots[s * g..(s + 1) * g],
             processed_computed_tokens,
@@ -1113,7 +1123,18 @@ impl RequestView for Request {
     fn slot_hint(&self) -> Option<&SlotHint> {
         Some(Request::slot_hint(self))
     }
+    fn retention_hints(&self) -> RetentionHints {
+        RetentionHints {
+            priority: self.priority,
+            session: self.session_id.is_some(),
+            tenant: self
+                .cache_salt()
+                .or_else(|| self.lora().map(|l| l.name.as_str()))
+                .map(str::to_owned),
+        }
+    }
 }
 
+mod retention;
 #[cfg(test)]
 mod tests;

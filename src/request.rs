@@ -104,6 +104,11 @@ pub struct Request {
     pub num_preemptions: u32,
     /// Whether prefix-cache hits are ignored for this request (sampling/pooling param).
     pub skip_reading_prefix_cache: bool,
+    /// vLLM's scheduling priority (lower is more urgent); a retention policy maps it to
+    /// a class.
+    pub priority: i64,
+    /// The session the request belongs to (a retention policy keeps its blocks).
+    pub session_id: Option<String>,
     block_hashes: Vec<BlockHash>,
     hasher: Option<BlockHasher>,
     options: RequestOptions,
@@ -155,6 +160,8 @@ impl Request {
             num_in_flight_tokens: 0,
             num_preemptions: 0,
             skip_reading_prefix_cache: false,
+            priority: 0,
+            session_id: None,
             block_hashes: Vec::new(),
             hasher,
             options,

@@ -23,6 +23,7 @@ CLASSES: list[tuple[type[kb.KVBlocksError], type[Exception]]] = [
     (kb.UnknownRequestError, KeyError),
     (kb.InvalidSpecError, ValueError),
     (kb.UnsupportedError, NotImplementedError),
+    (kb.NotPinnedError, KeyError),
     (kb.InvalidTypeError, TypeError),
     (kb.IntOverflowError, OverflowError),
     (kb.BlockIndexError, IndexError),

@@ -75,6 +75,18 @@ def fresh_pool() -> kb.BlockPool:
     return pool
 
 
+def pinned_pool() -> kb.BlockPool:
+    pool = fresh_pool()
+    pool.pin([H], [0])
+    return pool
+
+
+def pinned_manager() -> kb.KVCacheManager:
+    mgr = fresh_manager()
+    mgr.pin(fresh_request())
+    return mgr
+
+
 def fresh_manager() -> kb.KVCacheManager:
     mgr = kb.KVCacheManager(config(), 64, BS)
     req = fresh_request()
@@ -125,11 +137,15 @@ def calls() -> list[Call]:
         ("get_block_hash", [1]),
         ("take_events", []),
         ("check_invariants", []),
+        ("advance_time", [2.5]),
+        ("pin", [[H], [0]]),
+        ("get_tenant_cached_blocks", []),
     ]
     pool_calls: list[Call] = [
         (f"BlockPool.{name}", fresh_pool, getattr(kb.BlockPool, name), args)
         for name, args in pool_args
     ]
+    pool_calls.append(("BlockPool.unpin", pinned_pool, kb.BlockPool.unpin, [[H], [0]]))
     request_calls: list[Call] = [
         (
             "Request.append_output_token_ids",
@@ -164,6 +180,14 @@ def calls() -> list[Call]:
             ["n", "/p", 1, [("h", 0, 1)]],
         ),
         ("BlockHasher", None, kb.BlockHasher, [BS, "sha256"]),
+        (
+            "RetentionPolicy",
+            None,
+            lambda *a: kb.RetentionPolicy(
+                classes=a[0], ttl_s=a[1], session_s=a[2], tenant_quotas=a[3], priority_classes=a[4]
+            ),
+            [2, [1.0, None], 3.0, {"t": 4}, {-1: 1}],
+        ),
         ("hash_block_tokens", None, kb.hash_block_tokens, ["sha256", H, [1, 2], ("k",)]),
         ("none_hash", None, kb.none_hash, ["sha256"]),
         ("BlockStored", None, kb.BlockStored, [[1], None, [1], 1, None, "GPU", None, None, 0]),
@@ -336,10 +360,17 @@ def calls() -> list[Call]:
         ("num_cached_blocks", ["r", 0]),
         ("get_num_blocks_to_allocate", ["r", 32, [[]], 0, 0, 32, False]),
         ("remove_skipped_blocks", ["r", 16]),
+        ("advance_time", [1.0]),
+        ("pin", [fresh_request()]),
+        ("pin_hashes", [[H]]),
     ]
     manager_calls: list[Call] = [
         (f"KVCacheManager.{name}", fresh_manager, getattr(kb.KVCacheManager, name), args)
         for name, args in manager_args
+    ]
+    manager_calls += [
+        (f"KVCacheManager.{name}", pinned_manager, getattr(kb.KVCacheManager, name), args)
+        for name, args in (("unpin", [fresh_request()]), ("unpin_hashes", [fresh_request().block_hashes]))
     ]
     view_calls: list[Call] = [
         (

@@ -92,6 +92,9 @@ class InvalidSpecError(KVBlocksError, ValueError):
 class UnsupportedError(KVBlocksError, NotImplementedError):
     """A feature of vLLM 0.33 that kvblocks does not implement."""
 
+class NotPinnedError(KVBlocksError, KeyError):
+    """Unpinning a prefix that is not pinned."""
+
 class InvalidTypeError(KVBlocksError, TypeError):
     """An argument of the wrong type, found by kvblocks' own checks."""
 
@@ -103,6 +106,40 @@ class BlockIndexError(KVBlocksError, IndexError):
 
 class UnknownLayerError(KVBlocksError, KeyError):
     """A layer name the KV cache pages do not hold (kvblocks.device)."""
+
+# --- Retention (src/python/retention.rs; docs/retention.md) ---------------------------
+
+@final
+class RetentionPolicy:
+    """A retention policy for the prefix cache (docs/retention.md); frozen."""
+
+    def __new__(
+        cls,
+        *,
+        classes: int = 1,
+        default_class: int = 0,
+        priority_classes: Mapping[int, int] | None = None,
+        ttl_s: float | Sequence[float | None] | None = None,
+        session_s: float | None = None,
+        tenant_quotas: Mapping[str, int] | None = None,
+        default_tenant_quota: int | None = None,
+    ) -> RetentionPolicy: ...
+    @property
+    def classes(self) -> int: ...
+    @property
+    def default_class(self) -> int: ...
+    @property
+    def priority_classes(self) -> dict[int, int]: ...
+    @property
+    def ttl_s(self) -> list[float | None]:
+        """One TTL per class (`None`: none)."""
+    @property
+    def session_s(self) -> float | None: ...
+    @property
+    def tenant_quotas(self) -> dict[str, int]: ...
+    @property
+    def default_tenant_quota(self) -> int | None: ...
+    def __eq__(self, other: object) -> bool: ...
 
 # --- KV cache specs (src/python/spec.rs) ---------------------------------------------
 
@@ -448,6 +485,7 @@ class KVCacheManager:
         enable_kv_cache_events: bool = False,
         watermark: float = 0.0,
         record_new_block_ids: bool = False,
+        retention: RetentionPolicy | None = None,
     ) -> Self: ...
     def get_computed_blocks(
         self, request: Any, max_cache_hit_length: int | None = None
@@ -487,6 +525,23 @@ class KVCacheManager:
     ) -> list[tuple[tuple[int, ...], ...] | None]:
         """Per pair, the block ids `allocate_slots(r, n)` adds, one tuple per group;
         stops after the first pair that does not fit (its entry is None)."""
+    @property
+    def retention(self) -> RetentionPolicy | None:
+        """The retention policy, if one is set (docs/retention.md)."""
+    @property
+    def now(self) -> float:
+        """The clock retention policies read (`advance_time`)."""
+    def advance_time(self, now: float) -> None:
+        """Advances the clock to `now` (seconds, or a step counter; it must not go back)."""
+    def pin(self, request: Any) -> None:
+        """Pins the cached blocks of the request's full prompt blocks, in every group, for
+        as long as the pin holds; blocks cached later under them are pinned too."""
+    def unpin(self, request: Any) -> None:
+        """Drops a pin `pin(request)` took; `KeyError` (and no change) if there is none."""
+    def pin_hashes(self, block_hashes: Sequence[bytes]) -> None:
+        """`pin` for the prefix the hashes (at the hash block size) name."""
+    def unpin_hashes(self, block_hashes: Sequence[bytes]) -> None:
+        """`unpin` for the prefix the hashes name."""
     def free(self, request: Any) -> None: ...
     def pop_blocks_for_free(self, request: Any) -> list[int]:
         """Forgets the request; its block ids, to free later in reverse order."""
@@ -645,6 +700,8 @@ class BlockPool:
         enable_caching: bool = True,
         hash_block_size: int = 16,
         enable_kv_cache_events: bool = False,
+        *,
+        retention: RetentionPolicy | None = None,
     ) -> BlockPool: ...
     @property
     def num_gpu_blocks(self) -> int: ...
@@ -656,7 +713,14 @@ class BlockPool:
     def enable_kv_cache_events(self) -> bool: ...
     def get_new_blocks(self, n: int) -> list[int]:
         """Pops `n` blocks off the free queue head; ValueError if fewer are free."""
-    def free_blocks(self, block_ids: Sequence[int]) -> None:
+    def free_blocks(
+        self,
+        block_ids: Sequence[int],
+        *,
+        priority_class: int | None = None,
+        session: bool = False,
+        tenant: str | None = None,
+    ) -> None:
         """Drops one reference per block, in the given order (pass a table reversed)."""
     def touch(self, block_ids: Sequence[int]) -> None:
         """Takes one reference per block (a prefix-cache hit); the null block is skipped."""
@@ -689,6 +753,21 @@ class BlockPool:
     def get_ref_cnt(self, block_id: int) -> int: ...
     def get_block_hash(self, block_id: int) -> bytes | None:
         """The block's bare hash digest, or None if it is not cached."""
+    @property
+    def retention(self) -> RetentionPolicy | None:
+        """The retention policy, if one is set."""
+    @property
+    def now(self) -> float:
+        """The pool's clock (`advance_time`)."""
+    def advance_time(self, now: float) -> None: ...
+    def pin(self, block_hashes: Sequence[bytes], group_ids: Sequence[int] | None = None) -> None: ...
+    def unpin(
+        self, block_hashes: Sequence[bytes], group_ids: Sequence[int] | None = None
+    ) -> None: ...
+    @property
+    def num_pinned_blocks(self) -> int: ...
+    def get_tenant_cached_blocks(self) -> dict[str, int]:
+        """Tenants with a quota and how many unheld cached blocks each keeps."""
     def check_invariants(self) -> None:
         """Checks the free queue, ref counts and prefix map agree; RuntimeError if not."""
     def take_events(self) -> list[_KVCacheEvent]:
@@ -765,6 +844,8 @@ class Request:
         lora_id: int | None = None,
         cache_salt: str | None = None,
         mm_features: Sequence[tuple[str, int, int]] | None = None,
+        priority: int = 0,
+        session_id: str | None = None,
     ) -> Request: ...
     @property
     def request_id(self) -> str: ...
@@ -796,6 +877,13 @@ class Request:
     def lora_id(self) -> int | None: ...
     @property
     def cache_salt(self) -> str | None: ...
+    @property
+    def priority(self) -> int:
+        """vLLM's scheduling priority (lower is more urgent); a retention policy maps it to
+        a class."""
+    @property
+    def session_id(self) -> str | None:
+        """The session the request belongs to, if any."""
     @property
     def all_token_ids(self) -> list[int]: ...
     @property

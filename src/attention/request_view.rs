@@ -1,6 +1,7 @@
 //! [`RequestView`]: what the managers read from a request.
 
 use crate::events::event::StoredBlockSource;
+use crate::pool::RetentionHints;
 use crate::request::SlotHint;
 use crate::types::BlockHash;
 
@@ -44,5 +45,10 @@ pub trait RequestView: StoredBlockSource {
     /// hash of the id and a table probe on every call.
     fn slot_hint(&self) -> Option<&SlotHint> {
         None
+    }
+    /// What a retention policy reads from the request (its priority, session and
+    /// tenant); read once, when the request first gets a slot, and only with a policy.
+    fn retention_hints(&self) -> RetentionHints {
+        RetentionHints::default()
     }
 }

@@ -1,16 +1,21 @@
-//! The free block queue: an intrusive doubly linked list over block rows, with vLLM's
+//! The free block queue: intrusive doubly linked lists over block rows, with vLLM's
 //! exact ordering operations (`popleft_n`, `remove`, `append_n`, `prepend_n`).
+//!
+//! One list is vLLM's free queue. A retention policy (`retention.rs`) uses several lists
+//! over the same links, popped in list order; the tenant lists of its quotas are another
+//! `FreeQueue` whose lists start empty.
 
 use crate::types::BlockId;
 
 /// Link value meaning "not in the queue".
 const UNLINKED: u32 = u32::MAX;
 
-/// Intrusive doubly linked list over `0..n` block ids plus two sentinels.
+/// Intrusive doubly linked lists over `0..n` block ids, each with two sentinels.
 ///
-/// NOTE 1: the links live in one `Vec<[u32; 2]>` indexed by block id; slots `n` and
-/// `n + 1` are the fake head and tail, so every real block always has both neighbours
-/// and no operation branches on "first" or "last".
+/// NOTE 1: the links live in one `Vec<[u32; 2]>` indexed by block id; slots `n + 2l` and
+/// `n + 2l + 1` are list `l`'s fake head and tail, so every real block always has both
+/// neighbours and no operation branches on "first" or "last". A block is in at most one
+/// list; which one is the caller's to know.
 /// NOTE 2: a block is linked iff its `prev` is not `UNLINKED`; the pool keeps this in
 /// step with `ref_cnt == 0` for every non-null block.
 /// NOTE 3: nothing here allocates after construction.
@@ -18,6 +23,9 @@ const UNLINKED: u32 = u32::MAX;
 pub struct FreeQueue {
     /// `links[b] = [prev, next]`.
     links: Vec<[u32; 2]>,
+    /// Blocks, `n`.
+    blocks: u32,
+    /// Linked blocks over all lists.
     len: usize,
 }
 
@@ -25,33 +33,54 @@ const PREV: usize = 0;
 const NEXT: usize = 1;
 
 impl FreeQueue {
-    /// A queue holding blocks `0..n` in id order (vLLM links the pool's blocks this way).
+    /// A queue of one list holding blocks `0..n` in id order (vLLM links the pool's
+    /// blocks this way).
     pub fn new(n: usize) -> Self {
+        let mut q = Self::empty(n, 1);
+        let (head, tail) = (q.head(0), q.tail(0));
+        q.link_chain(head, 0..n as u32, tail);
+        q
+    }
+
+    /// `lists` empty lists over blocks `0..n`.
+    pub fn empty(n: usize, lists: usize) -> Self {
         assert!(
-            n < UNLINKED as usize - 2,
+            n + 2 * lists < UNLINKED as usize,
             "pool too large for u32 block ids"
         );
-        let head = n as u32;
-        let tail = head + 1;
-        let mut links = Vec::with_capacity(n + 2);
-        for b in 0..n as u32 {
-            let prev = if b == 0 { head } else { b - 1 };
-            let next = if b + 1 == n as u32 { tail } else { b + 1 };
-            links.push([prev, next]);
+        let mut q = Self {
+            links: vec![[UNLINKED, UNLINKED]; n],
+            blocks: n as u32,
+            len: 0,
+        };
+        for _ in 0..lists {
+            q.add_list();
         }
-        links.push([UNLINKED, if n == 0 { tail } else { 0 }]);
-        links.push([if n == 0 { head } else { n as u32 - 1 }, UNLINKED]);
-        Self { links, len: n }
+        q
+    }
+
+    /// Adds an empty list at the end and returns its index.
+    pub fn add_list(&mut self) -> usize {
+        let head = self.links.len() as u32;
+        self.links.push([UNLINKED, head + 1]);
+        self.links.push([head, UNLINKED]);
+        self.num_lists() - 1
+    }
+
+    /// Number of lists.
+    #[inline]
+    pub fn num_lists(&self) -> usize {
+        (self.links.len() - self.blocks as usize) / 2
     }
 
     #[inline]
-    fn head(&self) -> u32 {
-        (self.links.len() - 2) as u32
+    fn head(&self, list: usize) -> u32 {
+        self.blocks + 2 * list as u32
     }
 
     #[inline]
-    fn tail(&self) -> u32 {
-        (self.links.len() - 1) as u32
+    fn tail(&self, list: usize) -> u32 {
+        self.head(list) + 1
     }
 
     /// Number of blocks in the queue.
@@ -72,24 +101,34 @@ impl FreeQueue {
         self.links[block as usize][PREV] != UNLINKED
     }
 
-    /// Removes the first `n` blocks (the caller checked `n <= len`), calling `each` on
-    /// them in queue order.
+    /// The first block of `list`, if any.
+    #[inline]
+    pub fn first(&self, list: usize) -> Option<BlockId> {
+        let b = self.links[self.head(list) as usize][NEXT];
+        (b != self.tail(list)).then_some(b)
+    }
+
+    /// Removes the first `n` blocks (the caller checked `n <= len`), list after list,
+    /// calling `each` on them in queue order.
     #[inline]
     pub fn popleft_n(&mut self, n: usize, mut each: impl FnMut(BlockId)) {
         debug_assert!(n <= self.len);
-        if n == 0 {
-            return;
+        let mut left = n;
+        let mut list = 0;
+        while left > 0 {
+            let (head, tail) = (self.head(list), self.tail(list));
+            let mut cur = self.links[head as usize][NEXT];
+            while left > 0 && cur != tail {
+                let next = self.links[cur as usize][NEXT];
+                self.links[cur as usize] = [UNLINKED, UNLINKED];
+                each(cur);
+                cur = next;
+                left -= 1;
+            }
+            self.links[head as usize][NEXT] = cur;
+            self.links[cur as usize][PREV] = head;
+            list += 1;
         }
-        let head = self.head();
-        let mut cur = self.links[head as usize][NEXT];
-        for _ in 0..n {
-            let next = self.links[cur as usize][NEXT];
-            self.links[cur as usize] = [UNLINKED, UNLINKED];
-            each(cur);
-            cur = next;
-        }
-        self.links[head as usize][NEXT] = cur;
-        self.links[cur as usize][PREV] = head;
         self.len -= n;
     }
 
@@ -105,44 +144,62 @@ impl FreeQueue {
         self.len -= 1;
     }
 
-    /// Links `blocks` at the tail, in order.
+    /// Links `blocks` at the tail of list 0, in order.
+    #[inline]
     pub fn append_n(&mut self, blocks: &[BlockId]) {
-        if blocks.is_empty() {
-            return;
-        }
-        let tail = self.tail();
-        let last = self.links[tail as usize][PREV];
-        self.link_chain(last, blocks, tail);
+        self.append_to(0, blocks);
     }
 
-    /// Links `blocks`, in their own order, before the current head (vLLM 0.33 `prepend_n`).
+    /// Links `blocks`, in their own order, before the head of list 0 (vLLM 0.33
+    /// `prepend_n`).
+    #[inline]
     pub fn prepend_n(&mut self, blocks: &[BlockId]) {
+        self.prepend_to(0, blocks);
+    }
+
+    /// Links `blocks` at the tail of `list`, in order.
+    pub fn append_to(&mut self, list: usize, blocks: &[BlockId]) {
         if blocks.is_empty() {
             return;
         }
-        let head = self.head();
+        let tail = self.tail(list);
+        let last = self.links[tail as usize][PREV];
+        self.link_chain(last, blocks.iter().copied(), tail);
+    }
+
+    /// Links `blocks`, in their own order, before the head of `list`.
+    pub fn prepend_to(&mut self, list: usize, blocks: &[BlockId]) {
+        if blocks.is_empty() {
+            return;
+        }
+        let head = self.head(list);
         let first = self.links[head as usize][NEXT];
-        self.link_chain(head, blocks, first);
+        self.link_chain(head, blocks.iter().copied(), first);
     }
 
     /// Links `blocks` in order between the adjacent nodes `before` and `after`.
-    fn link_chain(&mut self, before: u32, blocks: &[BlockId], after: u32) {
+    fn link_chain(&mut self, before: u32, blocks: impl IntoIterator<Item = BlockId>, after: u32) {
         let mut prev = before;
-        for &b in blocks {
+        for b in blocks {
             debug_assert!(!self.contains(b));
             self.links[prev as usize][NEXT] = b;
             self.links[b as usize][PREV] = prev;
             prev = b;
+            self.len += 1;
         }
         self.links[prev as usize][NEXT] = after;
         self.links[after as usize][PREV] = prev;
-        self.len += blocks.len();
     }
 
-    /// Iterates the queue from head to tail.
+    /// Iterates the lists in order, each from head to tail (the pop order).
     pub fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
-        let tail = self.tail();
-        let mut cur = self.links[self.head() as usize][NEXT];
+        (0..self.num_lists()).flat_map(|l| self.iter_list(l))
+    }
+
+    /// Iterates `list` from head to tail.
+    pub fn iter_list(&self, list: usize) -> impl Iterator<Item = BlockId> + '_ {
+        let tail = self.tail(list);
+        let mut cur = self.links[self.head(list) as usize][NEXT];
         std::iter::from_fn(move || {
             if cur == tail {
                 None

@@ -13,7 +13,9 @@
 
 pub mod free_queue;
 mod id_set;
+pub mod pins;
 pub mod prefix_map;
+pub mod retention;
 
 use rustc_hash::FxHashMap;
 
@@ -24,14 +26,17 @@ use crate::events::event::{
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 use free_queue::FreeQueue;
 use id_set::IdSet;
+use pins::Pins;
 pub use prefix_map::HashKey;
 use prefix_map::PrefixMap;
+use retention::Retention;
+pub use retention::{FreeTag, RetentionHints, RetentionPolicy};
 
 /// vLLM's `BlockPool`.
 ///
 /// NOTE 1: `ref_cnt[b] == 0` iff block `b` is linked in the free queue, for every
 /// non-null block. The null block (id 0) is popped at construction, never linked, and
-/// its ref count stays 0.
+/// its ref count stays 0. A pin's hold is one reference (`pins.rs`).
 /// NOTE 2: `hash_of[b]` is `Some(key)` iff the prefix map holds `b` under `key`; the
 /// map holds `b` under other keys only if they are listed in `secondary[b]` (0.33
 /// partial entries), and only while `hash_of[b]` is `Some`.
@@ -58,6 +63,14 @@ pub struct BlockPool {
     to_back: Vec<BlockId>,
     /// `cache_full_blocks`' duplicate check.
     listed: IdSet,
+    /// Pinned keys and the blocks they hold.
+    pins: Pins,
+    /// The retention policy's state; `None` keeps vLLM's single queue.
+    retention: Option<Box<Retention>>,
+    /// The caller's clock (`advance_time`).
+    now: f64,
+    /// Scratch list of quota evictions.
+    over_quota: Vec<BlockId>,
 }
 
 impl BlockPool {
@@ -100,6 +113,10 @@ impl BlockPool {
             to_front: Vec::new(),
             to_back: Vec::new(),
             listed: IdSet::new(num_blocks),
+            pins: Pins::default(),
+            retention: None,
+            now: 0.0,
+            over_quota: Vec::new(),
         })
     }
 
@@ -203,10 +220,14 @@ impl BlockPool {
         out.reserve(n);
         let mut any_cached = false;
         let (ref_cnt, hash_of) = (&mut self.ref_cnt, &self.hash_of);
+        let mut retention = self.retention.as_deref_mut();
         self.queue.popleft_n(n, |b| {
             debug_assert_eq!(ref_cnt[b as usize], 0);
             ref_cnt[b as usize] = 1;
             any_cached |= hash_of[b as usize].is_some();
+            if let Some(r) = retention.as_deref_mut() {
+                r.forget(b);
+            }
             out.push(b);
         });
         // Only pools that hand out cached blocks pay for the second pass, which evicts
@@ -255,18 +276,18 @@ impl BlockPool {
             if b == NULL_BLOCK_ID {
                 continue;
             }
-            let rc = &mut self.ref_cnt[b as usize];
-            if *rc == 0 {
-                self.queue.remove(b);
+            if self.ref_cnt[b as usize] == 0 {
+                self.unlink_free(b);
             }
-            *rc += 1;
+            self.ref_cnt[b as usize] += 1;
         }
         Ok(())
     }
 
     /// Drops one reference on each block, in the given order (callers pass a request's
     /// table reversed). Blocks reaching 0 without a hash (or with caching off) are
-    /// prepended to the queue as a group (LIFO reuse); hashed ones are appended (LRU).
+    /// prepended to the queue as a group (LIFO reuse); hashed ones are appended (LRU),
+    /// or linked as the free tag says under a retention policy.
     /// The null block is skipped. Freeing a block whose count is already 0 is an error
     /// and changes nothing.
     pub fn free_blocks<I>(&mut self, blocks: I) -> Result<()>
@@ -316,7 +337,7 @@ impl BlockPool {
             return Err(err);
         }
         self.queue.prepend_n(&front);
-        self.queue.append_n(&back);
+        self.link_cached(&back);
         self.to_front = front;
         self.to_back = back;
         Ok(())
@@ -407,10 +428,13 @@ impl BlockPool {
                 hash: hash_at(i),
                 group,
             };
-            self.evict_hash(b);
+            self.drop_cache_entry(b);
             self.hash_of[b as usize] = Some(key);
             self.hash_tokens[b as usize] = ((i + 1) * block_size) as u32;
             self.map.insert(key, b);
+            if self.pins.is_pinned(&key) {
+                self.hold_for_pin(b);
+            }
             if self.enable_events {
                 stored.push(i);
             }
@@ -474,7 +498,7 @@ impl BlockPool {
         let already = self.hash_of[b] == Some(key) || self.map.contains(&key, block);
         if !already {
             if self.hash_of[b].is_some() && (self.hash_tokens[b] as usize) < num_tokens {
-                self.evict_hash(block);
+                self.drop_cache_entry(block);
             }
             if self.hash_of[b].is_none() {
                 self.hash_of[b] = Some(key);
@@ -483,6 +507,9 @@ impl BlockPool {
                 self.secondary.entry(block).or_default().push(key);
             }
             self.map.insert(key, block);
+            if self.pins.is_pinned(&key) {
+                self.hold_for_pin(block);
+            }
         }
         if self.enable_events && !already {
             let start = (n - 1) * h;
@@ -516,22 +543,47 @@ impl BlockPool {
     }
 
     /// Drops the cache entries of the given blocks (in the given order), emitting
-    /// `BlockRemoved` for each. Blocks stay where they are (free or in use).
+    /// `BlockRemoved` for each. Blocks stay where they are (free or in use), as in
+    /// vLLM; under a retention policy a free one moves to the head of the queue. A pin
+    /// lets go of a block that lost its pinned key.
     pub fn evict_blocks(&mut self, blocks: &[BlockId]) -> Result<()> {
         for &b in blocks {
             self.check_id(b)?;
         }
         for &b in blocks {
-            self.evict_hash(b);
+            let free_and_cached =
+                self.ref_cnt[b as usize] == 0 && self.hash_of[b as usize].is_some();
+            self.drop_cache_entry(b);
+            if free_and_cached {
+                self.uncached_while_free(b);
+            }
         }
         Ok(())
     }
 
-    /// Clears the whole prefix cache if no request holds a block; returns whether it did.
-    /// The free queue order is unchanged.
+    /// Drops `block`'s cache entry (with its events) and the pin's hold on it, if any.
+    fn drop_cache_entry(&mut self, block: BlockId) {
+        self.evict_hash(block);
+        if self.pins.holds(block) {
+            self.release_pin(block);
+        }
+    }
+
+    /// Clears the whole prefix cache if no request holds a block (blocks held only by
+    /// pins are let go: the pins stay, for blocks cached later); returns whether it
+    /// did. The free queue order is unchanged, all of it in one list; the blocks pins
+    /// let go follow, in id order.
     pub fn reset_prefix_cache(&mut self) -> bool {
-        if self.num_blocks() - self.num_free_blocks() != 1 {
+        let Some(pinned) = self.pin_only_blocks() else {
             return false;
+        };
+        self.drop_pin_holds(&pinned);
+        let mut order: Vec<BlockId> = self.queue.iter().collect();
+        order.extend(&pinned);
+        self.queue = FreeQueue::empty(self.num_blocks(), self.queue.num_lists());
+        self.queue.append_n(&order);
+        if let Some(r) = self.retention.as_deref_mut() {
+            r.clear_tenants();
         }
         self.map.clear();
         self.secondary.clear();
@@ -598,7 +650,8 @@ impl BlockPool {
                 "{hashed} primary and {extra} extra keys but the map has {entries}"
             ));
         }
-        Ok(())
+        self.check_pins()?;
+        self.check_retention()
     }
 
     /// Mutable access to the recorded events, for the manager's annotations.

@@ -56,6 +56,15 @@ impl PrefixMap {
         }
     }
 
+    /// The blocks cached under `key`, first-inserted first.
+    pub fn blocks_of(&self, key: &HashKey) -> &[BlockId] {
+        match self.map.get(key) {
+            None => &[],
+            Some(Entry::One(b)) => std::slice::from_ref(b),
+            Some(Entry::Many(v)) => v,
+        }
+    }
+
     /// Whether `key` maps to `block`.
     pub fn contains(&self, key: &HashKey, block: BlockId) -> bool {
         match self.map.get(key) {

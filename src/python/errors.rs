@@ -56,7 +56,7 @@ struct Class {
 
 /// The subclasses: one per `KvError` variant, indexed by [`class_of`], then the binding
 /// layer's own ([`INVALID_TYPE`], [`INT_OVERFLOW`], and two that only Python raises).
-const CLASSES: [Class; 12] = [
+const CLASSES: [Class; 13] = [
     Class {
         name: "InvalidArgumentError",
         builtin: Builtin::Value,
@@ -98,6 +98,11 @@ const CLASSES: [Class; 12] = [
         doc: "A feature of vLLM 0.33 that kvblocks does not implement.",
     },
     Class {
+        name: "NotPinnedError",
+        builtin: Builtin::Key,
+        doc: "Unpinning a prefix that is not pinned.",
+    },
+    Class {
         name: "InvalidTypeError",
         builtin: Builtin::Type,
         doc: "An argument of the wrong type, found by kvblocks' own checks.",
@@ -121,9 +126,9 @@ const CLASSES: [Class; 12] = [
 ];
 
 /// The index in [`CLASSES`] of `InvalidTypeError`.
-const INVALID_TYPE: usize = 8;
+const INVALID_TYPE: usize = 9;
 /// The index in [`CLASSES`] of `IntOverflowError`.
-const INT_OVERFLOW: usize = 9;
+const INT_OVERFLOW: usize = 10;
 
 /// The index in [`CLASSES`] of the error's class.
 fn class_of(e: &KvError) -> usize {
@@ -136,6 +141,7 @@ fn class_of(e: &KvError) -> usize {
         KvError::UnknownRequest(_) => 5,
         KvError::InvalidSpec(_) => 6,
         KvError::Unsupported(_) => 7,
+        KvError::NotPinned(_) => 8,
     }
 }
 

@@ -15,10 +15,11 @@ use crate::python::events::events_to_py;
 use crate::python::ids::{extract_u32s, IdObjects};
 use crate::python::pool::PyBlockPool;
 use crate::python::request::{request_list, PyRequest};
+use crate::python::retention::PyRetentionPolicy;
 use crate::python::stats::PyPrefixCacheStats;
 use crate::python::vllm_request::{request_id, AnyRequest, Reads, RequestMemos, VllmRequest};
 use crate::request::Request;
-use crate::types::BlockId;
+use crate::types::{BlockHash, BlockId};
 
 /// Prompts at least this long are looked up with the GIL released.
 const RELEASE_GIL_HASHES: usize = 1024;
@@ -298,6 +299,14 @@ pub(crate) struct PyKVCacheManager {
     stats_mirror: Option<Py<PyAny>>,
 }
 
+/// Block hashes given as bytes.
+fn hashes_of(block_hashes: &[Vec<u8>]) -> crate::error::Result<Vec<BlockHash>> {
+    block_hashes
+        .iter()
+        .map(|h| BlockHash::from_slice(h))
+        .collect()
+}
+
 fn hits_of<'py>(
     blocks: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Option<Bound<'py, PyKVCacheBlocks>>> {
@@ -318,7 +327,7 @@ impl PyKVCacheManager {
                         scheduler_block_size=None, max_in_flight_tokens=None,
                         enable_caching=true, use_eagle=false, log_stats=false,
                         enable_kv_cache_events=false, watermark=0.0,
-                        record_new_block_ids=false))]
+                        record_new_block_ids=false, retention=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -333,6 +342,7 @@ impl PyKVCacheManager {
         enable_kv_cache_events: bool,
         watermark: f64,
         record_new_block_ids: bool,
+        retention: Option<PyRef<'_, PyRetentionPolicy>>,
     ) -> PyResult<Self> {
         let cfg = &kv_cache_config.inner;
         if !(watermark >= 0.0 && watermark.is_finite()) {
@@ -353,8 +363,11 @@ impl PyKVCacheManager {
             watermark_blocks: (watermark * cfg.num_blocks as f64) as usize,
             record_new_block_ids,
         };
-        let retention = cfg.prefix_cache_retention_interval.map(|n| n as usize);
-        let inner = KvCacheManager::new(groups, cfg.num_blocks, retention, opts)?;
+        let retention_interval = cfg.prefix_cache_retention_interval.map(|n| n as usize);
+        let mut inner = KvCacheManager::new(groups, cfg.num_blocks, retention_interval, opts)?;
+        if let Some(policy) = retention {
+            inner.set_retention(policy.inner.clone())?;
+        }
         let g = inner.num_groups();
         let empty_blocks = Py::new(
             py,
@@ -457,10 +470,7 @@ impl PyKVCacheManager {
         block_hashes: Vec<Vec<u8>>,
         max_cache_hit_length: usize,
     ) -> PyResult<(Vec<Vec<BlockId>>, Vec<usize>)> {
-        let hashes = block_hashes
-            .iter()
-            .map(|h| crate::types::BlockHash::from_slice(h))
-            .collect::<crate::error::Result<Vec<_>>>()?;
+        let hashes = hashes_of(&block_hashes)?;
         Ok(self
             .inner
             .find_cache_hit_per_group(&hashes, max_cache_hit_length)?)
@@ -527,6 +537,7 @@ impl PyKVCacheManager {
             events: this.inner.pool().events_enabled(),
             status: has_scheduled_reqs && this.inner.watermark_blocks() > 0,
             lookup: false,
+            retention: this.inner.retention_policy().is_some(),
         };
         this.added.clear();
         let this = &mut *this;
@@ -593,6 +604,52 @@ impl PyKVCacheManager {
             out.push(py.None().into_bound(py));
         }
         PyList::new(py, out)
+    }
+
+    /// The retention policy, if one is set (docs/retention.md).
+    #[getter]
+    fn retention(&self) -> Option<PyRetentionPolicy> {
+        self.inner
+            .retention_policy()
+            .map(|p| PyRetentionPolicy { inner: p.clone() })
+    }
+
+    /// The clock retention policies read (`advance_time`).
+    #[getter]
+    fn now(&self) -> f64 {
+        self.inner.now()
+    }
+
+    /// Advances the clock to `now` (seconds, or a step counter; it must not go back).
+    fn advance_time(&mut self, now: f64) -> PyResult<()> {
+        Ok(self.inner.advance_time(now)?)
+    }
+
+    /// Pins the cached blocks of the request's full prompt blocks, in every group, for
+    /// as long as the pin holds; blocks cached later under them are pinned too.
+    fn pin(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.with_request(request, Reads::default(), |mgr, req| {
+            mgr.pin(req);
+            Ok(())
+        })
+    }
+
+    /// Drops a pin `pin(request)` took; `KeyError` (and no change) if there is none.
+    fn unpin(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.with_request(request, Reads::default(), |mgr, req| mgr.unpin(req))
+    }
+
+    /// `pin` for the prefix the hashes (at the hash block size) name.
+    fn pin_hashes(&mut self, block_hashes: Vec<Vec<u8>>) -> PyResult<()> {
+        let hashes = hashes_of(&block_hashes)?;
+        self.inner.pin_hashes(&hashes);
+        Ok(())
+    }
+
+    /// `unpin` for the prefix the hashes name.
+    fn unpin_hashes(&mut self, block_hashes: Vec<Vec<u8>>) -> PyResult<()> {
+        let hashes = hashes_of(&block_hashes)?;
+        Ok(self.inner.unpin_hashes(&hashes)?)
     }
 
     /// Frees the request's blocks (no-op for unknown or already freed requests).

@@ -13,6 +13,7 @@ mod pool;
 mod publish;
 mod request;
 mod request_hasher;
+mod retention;
 mod spec;
 mod stats;
 mod vllm_request;
@@ -33,5 +34,6 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     stats::register(m)?;
     request::register(m)?;
     request_hasher::register(m)?;
+    retention::register(m)?;
     Ok(())
 }

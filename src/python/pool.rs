@@ -10,8 +10,9 @@ use pyo3::types::{PyBytes, PyList};
 
 use super::events::events_to_py;
 use super::manager::PyKVCacheManager;
+use super::retention::PyRetentionPolicy;
 use crate::events::event::TokensOnly;
-use crate::pool::BlockPool;
+use crate::pool::{BlockPool, HashKey};
 use crate::types::{BlockHash, BlockId, GroupId};
 
 /// Where a `BlockPool` object's pool lives: its own, or a manager's (`block_pool`).
@@ -65,6 +66,25 @@ pub(crate) struct PyBlockPool {
     id_objects: IdObjects,
 }
 
+/// The keys of each hash in each group (group 0 by default).
+fn keys_of(
+    block_hashes: &[Bound<'_, PyAny>],
+    group_ids: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<HashKey>> {
+    let groups: Vec<GroupId> = match group_ids {
+        Some(g) => extract_u32s(g, "group ids")?,
+        None => vec![0],
+    };
+    let hashes = block_hashes
+        .iter()
+        .map(extract_hash)
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(groups
+        .iter()
+        .flat_map(|&group| hashes.iter().map(move |&hash| HashKey { hash, group }))
+        .collect())
+}
+
 /// Extracts `bytes` as a block hash (at most 32 bytes).
 fn extract_hash(obj: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
     let bytes = obj.downcast::<PyBytes>()?;
@@ -74,23 +94,89 @@ fn extract_hash(obj: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    #[pyo3(signature = (num_gpu_blocks, enable_caching=true, hash_block_size=16, enable_kv_cache_events=false))]
+    #[pyo3(signature = (num_gpu_blocks, enable_caching=true, hash_block_size=16,
+                        enable_kv_cache_events=false, *, retention=None))]
     fn new(
         num_gpu_blocks: usize,
         enable_caching: bool,
         hash_block_size: usize,
         enable_kv_cache_events: bool,
+        retention: Option<PyRef<'_, PyRetentionPolicy>>,
     ) -> PyResult<Self> {
+        let mut pool = BlockPool::new(
+            num_gpu_blocks,
+            enable_caching,
+            hash_block_size,
+            enable_kv_cache_events,
+        )?;
+        if let Some(policy) = retention {
+            pool.set_retention(policy.inner.clone())?;
+        }
         Ok(Self {
-            home: Home::Own(Box::new(BlockPool::new(
-                num_gpu_blocks,
-                enable_caching,
-                hash_block_size,
-                enable_kv_cache_events,
-            )?)),
+            home: Home::Own(Box::new(pool)),
             scratch: Vec::new(),
             id_objects: IdObjects::default(),
         })
+    }
+
+    /// The retention policy, if one is set.
+    #[getter]
+    fn retention(&mut self, py: Python<'_>) -> PyResult<Option<PyRetentionPolicy>> {
+        let pool = self.home.pool(py)?;
+        Ok(pool
+            .retention_policy()
+            .map(|p| PyRetentionPolicy { inner: p.clone() }))
+    }
+
+    /// The pool's clock (`advance_time`).
+    #[getter]
+    fn now(&mut self, py: Python<'_>) -> PyResult<f64> {
+        Ok(self.home.pool(py)?.now())
+    }
+
+    fn advance_time(&mut self, py: Python<'_>, now: f64) -> PyResult<()> {
+        Ok(self.home.pool(py)?.advance_time(now)?)
+    }
+
+    #[pyo3(signature = (block_hashes, group_ids=None))]
+    fn pin(
+        &mut self,
+        py: Python<'_>,
+        block_hashes: Vec<Bound<'_, PyAny>>,
+        group_ids: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let keys = keys_of(&block_hashes, group_ids)?;
+        self.home.pool(py)?.pin(&keys);
+        Ok(())
+    }
+
+    #[pyo3(signature = (block_hashes, group_ids=None))]
+    fn unpin(
+        &mut self,
+        py: Python<'_>,
+        block_hashes: Vec<Bound<'_, PyAny>>,
+        group_ids: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let keys = keys_of(&block_hashes, group_ids)?;
+        Ok(self.home.pool(py)?.unpin(&keys)?)
+    }
+
+    #[getter]
+    fn num_pinned_blocks(&mut self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.home.pool(py)?.num_pinned_blocks())
+    }
+
+    /// Tenants with a quota and how many unheld cached blocks each keeps.
+    fn get_tenant_cached_blocks(
+        &mut self,
+        py: Python<'_>,
+    ) -> PyResult<std::collections::BTreeMap<String, usize>> {
+        Ok(self
+            .home
+            .pool(py)?
+            .tenant_cached_blocks()
+            .into_iter()
+            .collect())
     }
 
     /// Total blocks, null block included.
@@ -125,9 +211,21 @@ impl PyBlockPool {
         self.id_objects.list(py, &self.scratch)
     }
 
-    fn free_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    #[pyo3(signature = (block_ids, *, priority_class=None, session=false, tenant=None))]
+    fn free_blocks(
+        &mut self,
+        py: Python<'_>,
+        block_ids: &Bound<'_, PyAny>,
+        priority_class: Option<usize>,
+        session: bool,
+        tenant: Option<&str>,
+    ) -> PyResult<()> {
         let ids = extract_u32s(block_ids, "block ids")?;
-        Ok(self.home.pool(py)?.free_blocks(ids.iter().copied())?)
+        let mut pool = self.home.pool(py)?;
+        if let Some(tag) = pool.free_tag_with(priority_class, session, tenant)? {
+            pool.set_free_tag(tag);
+        }
+        Ok(pool.free_blocks(ids.iter().copied())?)
     }
 
     fn touch(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {

@@ -64,7 +64,8 @@ fn mm_features(items: Vec<(String, i64, i64)>) -> PyResult<Vec<MmFeature>> {
 impl PyRequest {
     #[new]
     #[pyo3(signature = (request_id, prompt_token_ids, hasher=None, *, lora_name=None,
-                        lora_path=None, lora_id=None, cache_salt=None, mm_features=None))]
+                        lora_path=None, lora_id=None, cache_salt=None, mm_features=None,
+                        priority=0, session_id=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -76,6 +77,8 @@ impl PyRequest {
         lora_id: Option<i64>,
         cache_salt: Option<String>,
         mm_features: Option<Vec<(String, i64, i64)>>,
+        priority: i64,
+        session_id: Option<String>,
     ) -> PyResult<Self> {
         let options = RequestOptions {
             lora: LoraRequest::from_parts(lora_name, lora_path, lora_id)?,
@@ -87,11 +90,13 @@ impl PyRequest {
         let hasher = hasher.map(|h| h.inner);
         let long = hasher.is_some() && prompt_token_ids.len() >= RELEASE_GIL_TOKENS;
         let build = move || Request::new(request_id, prompt_token_ids, hasher, options);
-        let inner = if long {
+        let mut inner = if long {
             py.allow_threads(build)?
         } else {
             build()?
         };
+        inner.priority = priority;
+        inner.session_id = session_id;
         Ok(Self { inner })
     }
 
@@ -179,6 +184,19 @@ impl PyRequest {
     #[getter]
     fn cache_salt(&self) -> Option<&str> {
         self.inner.cache_salt()
+    }
+
+    /// vLLM's scheduling priority (lower is more urgent); a retention policy maps it to
+    /// a class.
+    #[getter]
+    fn priority(&self) -> i64 {
+        self.inner.priority
+    }
+
+    /// The session the request belongs to, if any.
+    #[getter]
+    fn session_id(&self) -> Option<&str> {
+        self.inner.session_id.as_deref()
     }
 
     /// Prompt tokens followed by output tokens.

@@ -12,6 +12,7 @@ use rustc_hash::FxHashMap;
 
 use crate::attention::RequestView;
 use crate::events::event::{EventExtraKeys, StoredBlockSource};
+use crate::pool::RetentionHints;
 use crate::python::errors::invalid_type;
 use crate::request::Request;
 use crate::request::SlotHint;
@@ -187,6 +188,8 @@ pub(crate) struct Reads {
     pub(crate) status: bool,
     /// Whether it skips the prefix cache, and its preemption count (lookups, stats).
     pub(crate) lookup: bool,
+    /// Its priority, session and tenant (a retention policy is set).
+    pub(crate) retention: bool,
 }
 
 /// A vLLM `Request`, read for one manager call.
@@ -200,6 +203,7 @@ pub(crate) struct VllmRequest<'a> {
     awaiting_admission: bool,
     memo: &'a RequestMemo,
     lora: Option<(i64, String)>,
+    hints: RetentionHints,
 }
 
 /// The request's id object.
@@ -247,7 +251,16 @@ impl<'a> VllmRequest<'a> {
         } else {
             (false, 0)
         };
-        let lora = if reads.events { lora_of(&a)? } else { None };
+        let lora = if reads.events || reads.retention {
+            lora_of(&a)?
+        } else {
+            None
+        };
+        let hints = if reads.retention {
+            retention_hints_of(&a, lora.as_ref())?
+        } else {
+            RetentionHints::default()
+        };
         let num_prompt_tokens = a.usize(intern!(py, "num_prompt_tokens"))?;
         let num_computed_tokens = a.usize(intern!(py, "num_computed_tokens"))?;
         // vLLM keeps this count signed; a negative one settles nothing more.
@@ -270,8 +283,35 @@ impl<'a> VllmRequest<'a> {
             awaiting_admission,
             memo,
             lora,
+            hints,
         })
     }
+}
+
+/// vLLM's `priority` and `session_id`, and the tenant: `cache_salt`, else the LoRA name.
+/// A look-alike without these attributes has the defaults.
+fn retention_hints_of(a: &Attrs<'_, '_>, lora: Option<&(i64, String)>) -> PyResult<RetentionHints> {
+    let py = a.obj.py();
+    let optional = |name| a.get(name).ok().filter(|v| !v.is_none());
+    let priority = match optional(intern!(py, "priority")) {
+        Some(p) => p
+            .extract::<i64>()
+            .map_err(|_| invalid_type("request.priority must be an int"))?,
+        None => 0,
+    };
+    let session = optional(intern!(py, "session_id")).is_some();
+    let tenant = match optional(intern!(py, "cache_salt")) {
+        Some(salt) => Some(
+            salt.extract::<String>()
+                .map_err(|_| invalid_type("request.cache_salt must be a str"))?,
+        ),
+        None => lora.map(|l| l.1.clone()),
+    };
+    Ok(RetentionHints {
+        priority,
+        session,
+        tenant,
+    })
 }
 
 /// `(lora_int_id, lora_name)` of the request's LoRA adapter, if any.
@@ -333,6 +373,9 @@ impl RequestView for VllmRequest<'_> {
     }
     fn slot_hint(&self) -> Option<&SlotHint> {
         Some(&self.memo.hint)
+    }
+    fn retention_hints(&self) -> RetentionHints {
+        self.hints.clone()
     }
 }
 
@@ -401,5 +444,8 @@ impl RequestView for AnyRequest<'_> {
     }
     fn slot_hint(&self) -> Option<&SlotHint> {
         self.view().slot_hint()
+    }
+    fn retention_hints(&self) -> RetentionHints {
+        self.view().retention_hints()
     }
 }
