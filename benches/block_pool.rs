@@ -6,7 +6,7 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kvblocks::events::event::TokensOnly;
-use kvblocks::pool::BlockPool;
+use kvblocks::pool::{BlockPool, RetentionHints, RetentionPolicy};
 use kvblocks::{BlockHash, BlockId};
 
 /// A 1M-block pool, as a large GPU would have.
@@ -123,5 +123,83 @@ fn cache_full_blocks(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, alloc_free, prefix_lookup, cache_full_blocks);
+/// A request's life on a full pool of cached blocks, per block: allocate `N` (evicting
+/// cached blocks), cache them under new hashes, free them tail first, advance the clock;
+/// without a policy and under each kind of policy (docs/retention.md).
+fn cached_churn(c: &mut Criterion) {
+    const N: usize = 64;
+    const BLOCKS: usize = 1 << 16;
+    const ROUNDS: usize = 4 * BLOCKS / N;
+    let hashes = random_hashes(ROUNDS * N, 11);
+    let policies: [(&str, Option<RetentionPolicy>, RetentionHints); 4] = [
+        ("none", None, RetentionHints::default()),
+        (
+            "classes+ttl",
+            Some(RetentionPolicy {
+                classes: 2,
+                priority_classes: vec![(-1, 1)],
+                ttl_s: vec![Some(50.0), None],
+                ..Default::default()
+            }),
+            RetentionHints::default(),
+        ),
+        (
+            "session",
+            Some(RetentionPolicy {
+                session_s: Some(30.0),
+                ..Default::default()
+            }),
+            RetentionHints {
+                session: true,
+                ..Default::default()
+            },
+        ),
+        (
+            "quota",
+            Some(RetentionPolicy {
+                default_tenant_quota: Some(BLOCKS / 8),
+                ..Default::default()
+            }),
+            RetentionHints {
+                tenant: Some("t".into()),
+                ..Default::default()
+            },
+        ),
+    ];
+    let mut group = c.benchmark_group("cached_churn");
+    group.throughput(Throughput::Elements(N as u64));
+    for (name, policy, hints) in policies {
+        let mut pool = BlockPool::new(BLOCKS + 1, true, BLOCK_SIZE, false).unwrap();
+        if let Some(p) = policy {
+            pool.set_retention(p).unwrap();
+        }
+        if let Some(tag) = pool.free_tag_for(&hints) {
+            pool.set_free_tag(tag);
+        }
+        let mut blocks: Vec<BlockId> = Vec::with_capacity(N);
+        let mut round = 0usize;
+        group.bench_function(format!("n={N}/policy={name}"), |b| {
+            b.iter(|| {
+                let r = round % ROUNDS;
+                round += 1;
+                blocks.clear();
+                pool.get_new_blocks_into(N, &mut blocks).unwrap();
+                let hs = &hashes[r * N..(r + 1) * N];
+                pool.cache_full_blocks(hs, &blocks, 0, N, BLOCK_SIZE, 0, None, &TokensOnly(&[]))
+                    .unwrap();
+                pool.free_blocks(blocks.iter().rev().copied()).unwrap();
+                pool.advance_time(round as f64).unwrap();
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    alloc_free,
+    prefix_lookup,
+    cache_full_blocks,
+    cached_churn
+);
 criterion_main!(benches);

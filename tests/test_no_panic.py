@@ -370,7 +370,10 @@ def calls() -> list[Call]:
     ]
     manager_calls += [
         (f"KVCacheManager.{name}", pinned_manager, getattr(kb.KVCacheManager, name), args)
-        for name, args in (("unpin", [fresh_request()]), ("unpin_hashes", [fresh_request().block_hashes]))
+        for name, args in (
+            ("unpin", [fresh_request()]),
+            ("unpin_hashes", [fresh_request().block_hashes]),
+        )
     ]
     view_calls: list[Call] = [
         (

@@ -29,7 +29,7 @@ use id_set::IdSet;
 use pins::Pins;
 pub use prefix_map::HashKey;
 use prefix_map::PrefixMap;
-use retention::Retention;
+use retention::PolicyState;
 pub use retention::{FreeTag, RetentionHints, RetentionPolicy};
 
 /// vLLM's `BlockPool`.
@@ -66,7 +66,7 @@ pub struct BlockPool {
     /// Pinned keys and the blocks they hold.
     pins: Pins,
     /// The retention policy's state; `None` keeps vLLM's single queue.
-    retention: Option<Box<Retention>>,
+    retention: Option<Box<PolicyState>>,
     /// The caller's clock (`advance_time`).
     now: f64,
     /// Scratch list of quota evictions.

@@ -135,7 +135,7 @@ pub struct FreeTag {
 /// NOTE 2: `tenant_of[b] != NO_TENANT` iff `b` is linked in that tenant's list, which
 /// holds exactly the tenant's free cached blocks that were freed under its tag.
 #[derive(Debug, Clone)]
-pub struct Retention {
+pub struct PolicyState {
     policy: RetentionPolicy,
     classes: usize,
     class_of: Vec<u8>,
@@ -149,7 +149,7 @@ pub struct Retention {
     tag: FreeTag,
 }
 
-impl Retention {
+impl PolicyState {
     /// The state for a pool of `num_blocks` blocks under a validated `policy`.
     pub fn new(policy: RetentionPolicy, num_blocks: usize) -> Self {
         let classes = policy.num_classes();
@@ -408,7 +408,7 @@ impl super::BlockPool {
                 "a retention policy is set on a fresh pool only".into(),
             ));
         }
-        let r = Retention::new(policy, self.num_blocks());
+        let r = PolicyState::new(policy, self.num_blocks());
         let order: Vec<BlockId> = self.queue.iter().collect();
         self.queue = FreeQueue::empty(self.num_blocks(), r.num_lists());
         self.queue.append_to(FRONT, &order);
@@ -418,7 +418,7 @@ impl super::BlockPool {
 
     /// The policy, if one is set.
     pub fn retention_policy(&self) -> Option<&RetentionPolicy> {
-        self.retention.as_deref().map(Retention::policy)
+        self.retention.as_deref().map(PolicyState::policy)
     }
 
     /// The pool's clock.
@@ -523,7 +523,7 @@ impl super::BlockPool {
     pub fn tenant_cached_blocks(&self) -> Vec<(String, usize)> {
         self.retention
             .as_deref()
-            .map(Retention::tenant_counts)
+            .map(PolicyState::tenant_counts)
             .unwrap_or_default()
     }
 

@@ -243,3 +243,184 @@ fn partial_entries_promote_and_evict_all_keys() {
     assert_eq!(p.take_events().len(), 2, "primary and extra key removed");
     assert_eq!(p.num_cached_keys(), 1);
 }
+
+mod retention {
+    use super::*;
+    use crate::pool::RetentionPolicy;
+
+    /// A pool of `n` blocks under `policy`, with `k` cached blocks (hashes `h(0..k)`)
+    /// held by the caller.
+    fn cached(n: usize, policy: Option<RetentionPolicy>, k: u8) -> (BlockPool, Vec<BlockId>) {
+        let mut p = BlockPool::new(n, true, 16, true).unwrap();
+        if let Some(policy) = policy {
+            p.set_retention(policy).unwrap();
+        }
+        let blocks = p.get_new_blocks(k as usize).unwrap();
+        let hashes: Vec<_> = (0..k).map(h).collect();
+        p.cache_full_blocks(&hashes, &blocks, 0, k as usize, 16, 0, None, &NO_TOKENS)
+            .unwrap();
+        p.take_events();
+        (p, blocks)
+    }
+
+    fn free_one(
+        p: &mut BlockPool,
+        b: BlockId,
+        class: Option<usize>,
+        session: bool,
+        tenant: Option<&str>,
+    ) {
+        if let Some(tag) = p.free_tag_with(class, session, tenant).unwrap() {
+            p.set_free_tag(tag);
+        }
+        p.free_blocks([b]).unwrap();
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn classes_then_session_lru_within_each() {
+        let policy = RetentionPolicy {
+            classes: 2,
+            session_s: Some(10.0),
+            ..Default::default()
+        };
+        let (mut p, b) = cached(8, Some(policy), 5);
+        free_one(&mut p, b[0], Some(1), false, None);
+        free_one(&mut p, b[1], None, true, None);
+        free_one(&mut p, b[2], Some(0), false, None);
+        free_one(&mut p, b[3], Some(1), false, None);
+        free_one(&mut p, b[4], Some(0), false, None);
+        // Uncached 6, 7 first; class 0 (3, 5); class 1 (1, 4); the session's 2.
+        assert_eq!(queue(&p), vec![6, 7, 3, 5, 1, 4, 2]);
+        assert_eq!(p.get_new_blocks(4).unwrap(), vec![6, 7, 3, 5]);
+    }
+
+    #[test]
+    fn ttl_and_session_windows_move_at_the_clock() {
+        let policy = RetentionPolicy {
+            classes: 2,
+            ttl_s: vec![Some(5.0), None],
+            session_s: Some(2.0),
+            ..Default::default()
+        };
+        let (mut p, b) = cached(6, Some(policy), 4);
+        free_one(&mut p, b[0], Some(1), false, None);
+        free_one(&mut p, b[1], Some(0), false, None);
+        free_one(&mut p, b[2], None, true, None);
+        p.advance_time(1.0).unwrap();
+        free_one(&mut p, b[3], Some(0), false, None);
+        assert_eq!(queue(&p), vec![5, 2, 4, 1, 3]);
+        // The session window ends at 2: block 3 joins class 0 idle since 2.
+        p.advance_time(5.0).unwrap();
+        // Block 2 (idle since 0) expired at 5: to the tail of the front.
+        assert_eq!(queue(&p), vec![5, 2, 4, 3, 1]);
+        p.advance_time(7.0).unwrap();
+        assert_eq!(queue(&p), vec![5, 2, 4, 3, 1]);
+        assert!(p.advance_time(6.0).is_err());
+        assert_eq!(p.now(), 7.0);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_tenant_over_its_quota_loses_its_least_recently_freed_blocks() {
+        let policy = RetentionPolicy {
+            tenant_quotas: vec![("a".into(), 2)],
+            ..Default::default()
+        };
+        let (mut p, b) = cached(6, Some(policy), 4);
+        for &x in &b[..3] {
+            free_one(&mut p, x, None, false, Some("a"));
+        }
+        free_one(&mut p, b[3], None, false, Some("b"));
+        assert_eq!(p.tenant_cached_blocks(), vec![("a".to_owned(), 2)]);
+        assert_eq!(p.block_hash(b[0]).unwrap(), None);
+        let removed: Vec<_> = p.take_events().into_iter().collect();
+        assert_eq!(removed.len(), 1);
+        // The evicted block is free space at the head; the rest keep LRU order.
+        assert_eq!(queue(&p), vec![1, 5, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_pinned_block_is_never_evicted_until_unpinned() {
+        let (mut p, b) = cached(5, None, 2);
+        let key = HashKey {
+            hash: h(0),
+            group: 0,
+        };
+        p.pin(&[key, key]);
+        p.free_blocks(b.iter().rev().copied()).unwrap();
+        assert_eq!(p.ref_cnt(b[0]).unwrap(), 1);
+        assert_eq!(p.get_new_blocks(3).unwrap(), vec![3, 4, 2]);
+        assert!(p.get_new_blocks(1).is_err());
+        p.unpin(&[key]).unwrap();
+        assert_eq!(p.num_pinned_blocks(), 1);
+        p.unpin(&[key]).unwrap();
+        assert_eq!(p.num_pinned_blocks(), 0);
+        assert_eq!(queue(&p), vec![1]);
+        assert!(matches!(p.unpin(&[key]), Err(KvError::NotPinned(_))));
+        // A pin taken before the block is cached holds it once it is.
+        let key9 = HashKey {
+            hash: h(9),
+            group: 0,
+        };
+        p.pin(&[key9]);
+        let x = p.get_new_blocks(1).unwrap();
+        p.cache_full_blocks(&[h(9)], &x, 0, 1, 16, 0, None, &NO_TOKENS)
+            .unwrap();
+        p.free_blocks(x.iter().copied()).unwrap();
+        assert_eq!(p.ref_cnt(x[0]).unwrap(), 1);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reset_lets_pins_go_and_keeps_them_registered() {
+        let (mut p, b) = cached(4, None, 1);
+        p.pin(&[HashKey {
+            hash: h(0),
+            group: 0,
+        }]);
+        p.free_blocks(b.iter().copied()).unwrap();
+        assert!(p.reset_prefix_cache());
+        assert_eq!(p.num_pinned_blocks(), 0);
+        assert_eq!(p.num_pinned_keys(), 1);
+        assert_eq!(queue(&p), vec![2, 3, 1]);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn bad_policies_are_refused() {
+        let bad = [
+            RetentionPolicy {
+                classes: 65,
+                ..Default::default()
+            },
+            RetentionPolicy {
+                default_class: 1,
+                ..Default::default()
+            },
+            RetentionPolicy {
+                priority_classes: vec![(0, 3)],
+                classes: 2,
+                ..Default::default()
+            },
+            RetentionPolicy {
+                ttl_s: vec![Some(1.0), None],
+                ..Default::default()
+            },
+            RetentionPolicy {
+                ttl_s: vec![Some(-1.0)],
+                ..Default::default()
+            },
+            RetentionPolicy {
+                session_s: Some(f64::NAN),
+                ..Default::default()
+            },
+        ];
+        for policy in bad {
+            let mut p = BlockPool::new(4, true, 16, false).unwrap();
+            assert!(p.set_retention(policy).is_err());
+        }
+        let (mut used, _) = cached(4, None, 1);
+        assert!(used.set_retention(RetentionPolicy::default()).is_err());
+    }
+}

@@ -38,6 +38,7 @@ def _replacement(module: str, name: str) -> Any:
 
 
 _fallback = True
+_retention: Any = None
 
 
 def _manager_factory(*args: Any, **kwargs: Any) -> Any:
@@ -47,7 +48,7 @@ def _manager_factory(*args: Any, **kwargs: Any) -> Any:
     from kvblocks.vllm._manager import KVCacheManager
 
     try:
-        return KVCacheManager(*args, **kwargs)
+        return KVCacheManager(*args, retention=_retention, **kwargs)
     except UnsupportedConfigError as e:
         if not _fallback:
             raise
@@ -56,7 +57,7 @@ def _manager_factory(*args: Any, **kwargs: Any) -> Any:
         return _saved[("vllm.v1.core.sched.scheduler", "KVCacheManager")](*args, **kwargs)
 
 
-def install(*, fallback: bool = True) -> None:
+def install(*, fallback: bool = True, retention: Any = None) -> None:
     """From now on, vLLM's `Scheduler` and `AsyncScheduler` in this process build
     kvblocks' `KVCacheManager`, and vLLM's engine core hashes requests with kvblocks'
     hasher. Idempotent.
@@ -65,11 +66,16 @@ def install(*, fallback: bool = True) -> None:
         fallback: for a configuration kvblocks cannot serve (a spec type it lacks, say),
             log a warning and build vLLM's own manager (True), or raise
             `UnsupportedConfigError` from the scheduler's constructor (False).
+        retention: a `kvblocks.RetentionPolicy` for the managers built from now on
+            (docs/retention.md): vLLM's request `priority` maps to a class, its
+            `session_id` to session retention, its `cache_salt` (else LoRA) to a tenant.
+            None keeps vLLM's eviction order.
     """
     import importlib
 
-    global _fallback
+    global _fallback, _retention
     _fallback = fallback
+    _retention = retention
     modules = {m: importlib.import_module(m) for m, _ in _TARGETS}
     for module, name in _TARGETS:
         if (module, name) not in _saved:

@@ -10,6 +10,7 @@ construction (so they have nothing to hand over).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -51,6 +52,12 @@ class BlockPool:
         self.hash_block_size: int = self._pool.hash_block_size
         self.enable_kv_cache_events: bool = self._pool.enable_kv_cache_events
         self.free_block_queue = _FreeQueueView(manager, self._pool)
+
+    @property
+    def core(self) -> kb.BlockPool:
+        """The kvblocks pool underneath, with what vLLM's lacks: pins, the retention
+        clock, per-tenant counts, `check_invariants` (docs/retention.md)."""
+        return self._pool
 
     @property
     def blocks(self) -> list[KVCacheBlock]:
@@ -299,6 +306,8 @@ class KVCacheManager(kb.KVCacheManager):
         metrics_collector: Any = None,
         watermark: float = 0.0,
         enable_mamba_shared_prefix_checkpoint: bool = False,
+        *,
+        retention: kb.RetentionPolicy | None = None,
     ) -> KVCacheManager:
         refused = {
             "dcp_world_size > 1 (decode context parallel)": dcp_world_size > 1,
@@ -325,6 +334,7 @@ class KVCacheManager(kb.KVCacheManager):
             enable_kv_cache_events=enable_kv_cache_events,
             watermark=watermark,
             record_new_block_ids=kv_cache_config.needs_kv_cache_zeroing,
+            retention=retention,
         )
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
@@ -344,7 +354,22 @@ class KVCacheManager(kb.KVCacheManager):
         self._stats_class = PrefixCacheStats
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.stats_mirror = self.prefix_cache_stats
+        if retention is not None:
+            self._start_clock()
         return self
+
+    def _start_clock(self) -> None:
+        """With a retention policy, each scheduler step (vLLM calls `new_step_starts`
+        once per `schedule()`) advances the core's clock to the seconds since this
+        manager was built. The core never reads a clock itself."""
+        start = time.monotonic()
+        step = super().new_step_starts
+
+        def new_step_starts() -> None:
+            step()
+            self.advance_time(time.monotonic() - start)
+
+        self.new_step_starts = new_step_starts  # type: ignore[method-assign]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Everything is set up in `__new__` (the core object is built there)."""
