@@ -39,10 +39,12 @@ __all__ = [
     "KVCacheTensor",
     "MLAAttentionSpec",
     "MambaSpec",
+    "NotPinnedError",
     "OutOfBlocksError",
     "PrefixCacheStats",
     "Request",
     "RequestBlockHasher",
+    "RetentionPolicy",
     "SinkFullAttentionSpec",
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
@@ -139,7 +141,7 @@ class RetentionPolicy:
     def tenant_quotas(self) -> dict[str, int]: ...
     @property
     def default_tenant_quota(self) -> int | None: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
 # --- KV cache specs (src/python/spec.rs) ---------------------------------------------
 
