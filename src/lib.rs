@@ -8,6 +8,7 @@
 //! `python` feature and only convert; every rule of behaviour lives here.
 
 pub mod attention;
+pub mod ceilings;
 pub mod config;
 pub mod coordinator;
 pub mod error;

@@ -3,9 +3,10 @@ simulator's prefix hit rate against a plain LRU cache over Mooncake hash ids."""
 
 from __future__ import annotations
 
+import heapq
 import json
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,52 @@ def naive_belady(log: Log, capacity: int) -> list[int]:
     return out
 
 
+def heap_belady(log: Log, capacity: int) -> list[int]:
+    """Belady's rule with a Python heap with lazy deletion (the simulator's implementation
+    before it moved to the extension): fast enough for logs too long for the naive one."""
+    width = 1 + max((len(keys) for _, keys in log), default=0)
+    never = (len(log) + 1) * width
+    uses: dict[int, deque[int]] = {}
+    for pos, (kind, keys) in enumerate(log):
+        if kind == LOOKUP:
+            for i, k in enumerate(keys):
+                uses.setdefault(k, deque()).append(pos * width + i)
+
+    def next_use(key: int) -> int:
+        q = uses.get(key)
+        return q[0] if q else never
+
+    cached: dict[int, int] = {}
+    heap: list[tuple[int, int]] = []
+    out: list[int] = []
+    for kind, keys in log:
+        if kind == LOOKUP:
+            hits, missed = 0, False
+            for k in keys:
+                uses[k].popleft()
+                if k in cached:
+                    hits += 0 if missed else 1
+                    cached[k] = next_use(k)
+                    heapq.heappush(heap, (-cached[k], k))
+                else:
+                    missed = True
+            out.append(hits)
+            continue
+        for k in keys:
+            if k in cached or capacity <= 0:
+                continue
+            nu = next_use(k)
+            if len(cached) >= capacity:
+                while cached.get(heap[0][1]) != -heap[0][0]:
+                    heapq.heappop(heap)
+                if -heap[0][0] <= nu:
+                    continue
+                del cached[heapq.heappop(heap)[1]]
+            cached[k] = nu
+            heapq.heappush(heap, (-nu, k))
+    return out
+
+
 def _random_log(rng: random.Random, n_events: int) -> Log:
     """Stores and lookups of prefix chains over a small tree of blocks."""
     chains = [[rng.randrange(1, 6)] for _ in range(3)]
@@ -122,6 +169,24 @@ def test_belady_and_infinite_match_naive_references(seed: int) -> None:
         assert ideal == naive_belady(log, capacity), capacity
         assert all(i <= j for i, j in zip(ideal, inf, strict=True))
     assert belady_hits(log, 10**6) == inf  # room for every block: nothing is ever evicted
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_belady_on_long_logs_matches_the_heap_reference(seed: int) -> None:
+    # Long enough that the extension's heap is rebuilt (over 4,096 stale entries) many
+    # times: a few hot chains looked up again and again, plus cold stores that evict.
+    rng = random.Random(seed)
+    chains = [[1000 * c + j for j in range(rng.randint(2, 12))] for c in range(40)]
+    log: Log = []
+    for i in range(6000):
+        chain = chains[min(int(rng.expovariate(0.2)), len(chains) - 1)]
+        keys = chain[: rng.randint(1, len(chain))]
+        log.append((STORE if rng.random() < 0.4 else LOOKUP, keys))
+        if i % 7 == 0:
+            log.append((STORE, [10**6 + i, 10**6 + i + 1]))
+    for capacity in (0, 5, 30, 120, 10**6):
+        assert belady_hits(log, capacity) == heap_belady(log, capacity), capacity
+    assert belady_hits(log, 10**6) == naive_infinite(log)
 
 
 @pytest.mark.parametrize("seed", range(10))

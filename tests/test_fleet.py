@@ -24,15 +24,52 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     return doc
 
 
-def test_prefix_aware_beats_round_robin_on_agentic(capsys: pytest.CaptureFixture[str]) -> None:
-    common = ["--num-requests", "60", "--gpu-memory", "4GiB", "--replicas", "4"]
+# The documented sweep (docs/simulate-time.md): the agentic workload, 8 GiB per engine.
+SWEEP = ["--gpu-memory", "8GiB", "--no-ceilings"]
+
+
+@pytest.mark.parametrize("replicas", [4, 8])
+def test_prefix_aware_beats_round_robin_on_agentic(
+    capsys: pytest.CaptureFixture[str], replicas: int
+) -> None:
+    common = [*SWEEP, "--replicas", str(replicas)]
     rr = _run(capsys, *common, "--router", "round-robin")["runs"][0]
     pa = _run(capsys, *common, "--router", "prefix-aware")["runs"][0]
-    assert rr["fleet"]["router"] == "round-robin" and pa["fleet"]["replicas"] == 4
-    assert len(pa["fleet"]["per_replica"]) == 4
+    assert rr["fleet"]["router"] == "round-robin" and pa["fleet"]["replicas"] == replicas
+    assert pa["fleet"]["cache_threshold"] == 0.3 and pa["fleet"]["load_weight"] == 0.0
+    assert len(pa["fleet"]["per_replica"]) == replicas
     assert sum(p["requests"] for p in pa["fleet"]["per_replica"]) == pa["requests"]
     assert pa["prefix_hit_rate"] >= rr["prefix_hit_rate"] + 0.05
+    ttft = [r["latency"]["ttft_s"]["p50"] for r in (pa, rr)]
+    assert ttft[0] <= ttft[1], ttft
     assert rr["generated_tokens"] == pa["generated_tokens"]
+    # every engine gets sessions: new ones go to the least loaded, not the system prompt's
+    assert min(p["requests"] for p in pa["fleet"]["per_replica"]) > 0
+
+
+def test_prefix_aware_at_two_replicas_reaches_one_engine_with_twice_the_memory(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Two overloaded engines: prefix-aware routing gets what one engine with both engines'
+    # memory gets (within a point), above round robin, but not 5 points above it.
+    rr = _run(capsys, *SWEEP, "--replicas", "2", "--router", "round-robin")["runs"][0]
+    pa = _run(capsys, *SWEEP, "--replicas", "2", "--router", "prefix-aware")["runs"][0]
+    one = _run(capsys, "--gpu-memory", "16GiB", "--no-ceilings")["runs"][0]
+    assert pa["prefix_hit_rate"] > rr["prefix_hit_rate"]
+    assert abs(pa["prefix_hit_rate"] - one["prefix_hit_rate"]) <= 0.01
+    assert pa["latency"]["ttft_s"]["p50"] <= rr["latency"]["ttft_s"]["p50"]
+
+
+def test_cache_threshold_zero_is_the_pure_longest_prefix_rule(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Every session follows its system prompt (the workload has 4): 8 engines run as 4.
+    args = [*SWEEP, "--replicas", "8", "--router", "prefix-aware"]
+    pure = _run(capsys, *args, "--router-cache-threshold", "0")["runs"][0]
+    per = [p["requests"] for p in pure["fleet"]["per_replica"]]
+    assert sum(1 for n in per if n) <= 4, per
+    default = _run(capsys, *args)["runs"][0]
+    assert default["prefix_hit_rate"] > pure["prefix_hit_rate"]
 
 
 def test_prefix_aware_matches_one_engine_with_n_times_the_memory(

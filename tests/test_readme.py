@@ -83,7 +83,9 @@ def test_readme_line_runs_as_written(line: str, tmp_path: Path) -> None:
         assert value not in (None, "null", "")
         assert 0.0 < float(str(value)) < 1.0
     elif "--sweep" in line:
-        assert len(out.stdout.strip().splitlines()) == 1 + line.split("=", 1)[1].count(",") + 1
+        # the sweep table, then (a blank line before it) the per-tenant one, if any
+        table = out.stdout.strip().split("\n\n")[0]
+        assert len(table.splitlines()) == 1 + line.split("=", 1)[1].count(",") + 1
     else:
         assert "prefix hit rate" in out.stdout and "ideal (Belady)" in out.stdout
     if "--plot" in line:

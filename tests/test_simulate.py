@@ -45,8 +45,9 @@ def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     name: str = request.param
     if name == "vllm":
         monkeypatch.setattr(
-            cli, "make_backend", lambda _impl, layout, algo, batch=False, events=False: (
-                make_backend("vllm", layout, algo, events=events)
+            cli, "make_backend",
+            lambda _impl, layout, algo, batch=False, events=False, retention=None: (
+                make_backend("vllm", layout, algo, events=events, retention=retention)
             )
         )  # fmt: skip
     return name
@@ -340,7 +341,7 @@ RUN_FIELDS = {
     "ideal_hit_rate", "infinite_cache_hit_tokens", "ideal_hit_tokens", "tenants", "peak_usage",
     "mean_usage", "kv_total_ns", "kv_ns_per_step", "kv_ns_per_generated_token",
     "request_hash_ns", "wall_s", "synth_s", "steps_per_s", "sim_requests_per_s", "simulated_s",
-    "throughput_tokens_per_s", "latency", "slo_attainment", "fleet",
+    "throughput_tokens_per_s", "latency", "slo_attainment", "fleet", "retention",
 }  # fmt: skip
 
 

@@ -60,3 +60,42 @@ def test_the_entry_point_is_declared() -> None:
     project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     plugins = project["project"]["entry-points"]["vllm.general_plugins"]
     assert plugins == {"kvblocks": "kvblocks.vllm._install:plugin"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "printed"),
+    [
+        ("", "None"),
+        ("session=30;quota=burst:0", "30.0 {'burst': 0}"),
+        ("lru", "None"),
+    ],
+)
+def test_the_plugin_reads_its_retention_policy(spec: str, printed: str) -> None:
+    """`KVBLOCKS_VLLM_RETENTION` holds a retention spec: the plugin installs with it."""
+    out = run(
+        """
+        from kvblocks.vllm import _install
+        calls = []
+        _install.install = lambda **kw: calls.append(kw)
+        _install.plugin()
+        p = calls[0]["retention"]
+        print(None if p is None else f"{p.session_s} {p.tenant_quotas}")
+        """,
+        KVBLOCKS_VLLM="1",
+        KVBLOCKS_VLLM_RETENTION=spec,
+    )
+    assert out == printed
+
+
+def test_a_bad_retention_spec_is_named() -> None:
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        run(
+            """
+            from kvblocks.vllm import _install
+            _install.install = lambda **kw: None
+            _install.plugin()
+            """,
+            KVBLOCKS_VLLM="1",
+            KVBLOCKS_VLLM_RETENTION="session=soon",
+        )
+    assert "session" in info.value.stderr

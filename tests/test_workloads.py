@@ -12,6 +12,7 @@ import pytest
 from kvblocks.sim import workloads
 from kvblocks.sim.workloads import (
     KINDS,
+    TRACE_PY_KINDS,
     Trace,
     TraceError,
     TraceRequest,
@@ -103,7 +104,7 @@ def _load_oracle_trace() -> ModuleType:
 
 
 @pytest.mark.skipif(not ORACLE_TRACE.exists(), reason="oracle trace.py absent")
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", TRACE_PY_KINDS)
 def test_generators_match_oracle_trace_py(kind: str, tmp_path: Path) -> None:
     oracle = _load_oracle_trace()
     out = tmp_path / "t.jsonl"

@@ -20,6 +20,7 @@ __all__ = [
     "BlockPool",
     "BlockRemoved",
     "BlockStored",
+    "CeilingLog",
     "ChunkedLocalAttentionSpec",
     "CrossAttentionSpec",
     "DoubleFreeError",
@@ -54,6 +55,7 @@ __all__ = [
     "UnsupportedError",
     "__version__",
     "append_token_ids_batch",
+    "ceiling_block_keys",
     "encode_event_batch",
     "hash_block_tokens",
     "none_hash",
@@ -723,7 +725,13 @@ class BlockPool:
         session: bool = False,
         tenant: str | None = None,
     ) -> None:
-        """Drops one reference per block, in the given order (pass a table reversed)."""
+        """Drops one reference per block, in the given order (pass a table reversed).
+
+        Under a retention policy the freed cached blocks take `priority_class` (default:
+        the policy's default class), the session window if `session`, and count against
+        `tenant`'s quota. Without a policy these keywords have no effect, as a pool
+        without one has no classes, sessions or quotas.
+        """
     def touch(self, block_ids: Sequence[int]) -> None:
         """Takes one reference per block (a prefix-cache hit); the null block is skipped."""
     def cache_full_blocks(
@@ -932,3 +940,25 @@ class EventSink:
     def stale(self) -> bool: ...
     def stats(self) -> dict[str, int]: ...
     def cached_keys(self) -> set[tuple[int, int]]: ...
+
+# --- the simulator's hit-rate ceilings (src/python/ceilings.rs) ---------------------------
+
+def ceiling_block_keys(
+    token_ids: Sequence[int], block_size: int, salt: str | None = None
+) -> list[int]:
+    """One key per full block of `token_ids`; equal keys mean equal prefixes (and salts)."""
+
+@final
+class CeilingLog:
+    """A run's stores and lookups, in order; the infinite cache's hits as it goes and
+    Belady's at the end."""
+
+    def __new__(cls) -> CeilingLog: ...
+    def __len__(self) -> int: ...
+    def store(self, keys: Sequence[int]) -> None:
+        """Blocks that entered the cache, in block order (an empty store is not recorded)."""
+    def lookup(self, keys: Sequence[int]) -> int:
+        """A lookup of `keys` (distinct, in block order); returns how many leading keys the
+        infinite cache holds."""
+    def belady(self, capacity: int) -> list[int]:
+        """Hit blocks of every lookup so far under Belady's rule with `capacity` blocks."""

@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+mod ceilings;
 mod config;
 mod errors;
 mod events;
@@ -24,6 +25,7 @@ mod vllm_request;
 fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
+    ceilings::register(m)?;
     events::register(m)?;
     hashing::register(m)?;
     pool::register(m)?;

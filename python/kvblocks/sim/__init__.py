@@ -13,6 +13,8 @@ One module per job:
 * :mod:`~kvblocks.sim.timemodel`: GPU presets and the step-time model (a roofline);
 * :mod:`~kvblocks.sim.fleet`: N engines behind a router (round robin, least loaded,
   prefix-aware from the engines' KV cache events);
+* :mod:`~kvblocks.retention_spec`: ``--retention`` specs, read into a
+  ``kvblocks.RetentionPolicy`` (``docs/retention.md``);
 * :mod:`~kvblocks.sim.report`: the JSON document, the summary, the sweep table, the plot;
 * :mod:`~kvblocks.sim.cli`: the ``kvblocks simulate`` command line.
 
@@ -28,6 +30,10 @@ In a notebook::
     result = engine.finish()
     print(result.hit_rate, result.ceilings.ideal_hit_rate)
 
+Under a retention policy: ``make_backend("kvblocks", layout,
+retention=parse_retention("session=30,quota=burst:0").build())`` (the engine then
+advances the manager's clock every step).
+
 In time (``ReplayOptions(time_model=StepTimeModel(layout, "llama-3-8b",
 GPU_PRESETS["h100-sxm"]).step_time)``), ``result.ttft_s`` and ``result.simulated_s`` fill
 in; ``Fleet(trace, backends, options, "prefix-aware", layout).run()`` runs N engines.
@@ -38,6 +44,7 @@ Only :mod:`~kvblocks.sim.report`'s plot needs an optional package (matplotlib, t
 
 from __future__ import annotations
 
+from kvblocks.retention_spec import RetentionSpec, parse_retention
 from kvblocks.sim.backends import Backend, make_backend, vllm_available
 from kvblocks.sim.ceilings import CeilingResult
 from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, ReplayResult, StepInfo, replay
@@ -60,6 +67,7 @@ __all__ = [
     "ReplayError",
     "ReplayOptions",
     "ReplayResult",
+    "RetentionSpec",
     "StepInfo",
     "StepTimeModel",
     "Trace",
@@ -68,6 +76,7 @@ __all__ = [
     "generate",
     "make_backend",
     "model_layout",
+    "parse_retention",
     "read_trace",
     "replay",
     "replay_layout",

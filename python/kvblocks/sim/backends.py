@@ -30,18 +30,28 @@ class Backend(Protocol):
     """``allocate_slots_batch`` when the running loop should use it, else None."""
     append_batch: Callable[[list[Any], list[int]], None] | None
     """``append_token_ids_batch`` when the model step should append in one call, else None."""
+    retention: Any
+    """The manager's ``kvblocks.RetentionPolicy``, or None (vLLM's LRU order): with one,
+    the engine advances the manager's clock (``advance_time``) every step."""
 
     def make_request(
-        self, request_id: str, prompt: list[int], max_tokens: int, cache_salt: str | None = None
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_tokens: int,
+        cache_salt: str | None = None,
+        priority: int = 0,
+        session_id: str | None = None,
     ) -> tuple[Any, int]:
-        """A new request and the nanoseconds its construction (incl. hashing) took."""
+        """A new request and the nanoseconds its construction (incl. hashing) took.
+        ``priority`` and ``session_id`` only matter to a retention policy."""
         ...
 
 
 class KvblocksBackend:
     """kvblocks' ``KVCacheManager`` and ``Request``; ``batch`` turns on the batch calls
     (``allocate_slots_batch`` for the running loop, ``append_token_ids_batch`` for the model
-    step)."""
+    step); ``retention`` is a ``kvblocks.RetentionPolicy`` (None: vLLM's LRU order)."""
 
     name = "kvblocks"
 
@@ -51,23 +61,43 @@ class KvblocksBackend:
         hash_algo: str = "sha256_cbor",
         batch: bool = False,
         events: bool = False,
+        retention: Any = None,
     ):
         import kvblocks as kb
 
         k: Any = kb
-        self.manager = build_kvblocks_manager(layout, events)
+        self.retention = retention
+        self.manager = build_kvblocks_manager(layout, events, retention)
         self._request = k.Request
         self._hasher = k.BlockHasher(layout.hash_block_size, hash_algo)
         self.batch = self.manager.allocate_slots_batch if batch else None
         self.append_batch = k.append_token_ids_batch if batch else None
 
     def make_request(
-        self, request_id: str, prompt: list[int], max_tokens: int, cache_salt: str | None = None
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_tokens: int,
+        cache_salt: str | None = None,
+        priority: int = 0,
+        session_id: str | None = None,
     ) -> tuple[Any, int]:
-        """See :class:`Backend`."""
+        """See :class:`Backend`; without a policy, ``priority`` and ``session_id`` are not
+        passed (they would change nothing)."""
         pc = time.perf_counter_ns
+        if self.retention is None:
+            t0 = pc()
+            req = self._request(request_id, prompt, self._hasher, cache_salt=cache_salt)
+            return req, pc() - t0
         t0 = pc()
-        req = self._request(request_id, prompt, self._hasher, cache_salt=cache_salt)
+        req = self._request(
+            request_id,
+            prompt,
+            self._hasher,
+            cache_salt=cache_salt,
+            priority=priority,
+            session_id=session_id,
+        )
         return req, pc() - t0
 
 
@@ -81,6 +111,7 @@ class VllmBackend:
         utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
         hashing = importlib.import_module("vllm.utils.hashing")
         self.manager = build_vllm_manager(layout)
+        self.retention: Any = None
         self.batch: Callable[[list[Any], list[int]], list[Any]] | None = None
         self.append_batch: Callable[[list[Any], list[int]], None] | None = None
         self._request = importlib.import_module("vllm.v1.request").Request
@@ -90,9 +121,16 @@ class VllmBackend:
         self._hasher = utils.get_request_block_hasher(layout.hash_block_size, hash_fn)
 
     def make_request(
-        self, request_id: str, prompt: list[int], max_tokens: int, cache_salt: str | None = None
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_tokens: int,
+        cache_salt: str | None = None,
+        priority: int = 0,
+        session_id: str | None = None,
     ) -> tuple[Any, int]:
-        """See :class:`Backend`."""
+        """See :class:`Backend` (vLLM's manager has no retention: ``priority`` and
+        ``session_id`` are not passed)."""
         params = self._params(max_tokens=max_tokens)
         pc = time.perf_counter_ns
         t0 = pc()
@@ -123,11 +161,14 @@ def make_backend(
     hash_algo: str = "sha256_cbor",
     batch: bool = False,
     events: bool = False,
+    retention: Any = None,
 ) -> Backend:
-    """``impl`` = ``"kvblocks"`` or ``"vllm"``; ``batch`` and ``events`` (KV cache events)
-    only apply to kvblocks."""
+    """``impl`` = ``"kvblocks"`` or ``"vllm"``; ``batch``, ``events`` (KV cache events) and
+    ``retention`` (a ``kvblocks.RetentionPolicy``) only apply to kvblocks."""
     if impl == "kvblocks":
-        return KvblocksBackend(layout, hash_algo, batch, events)
+        return KvblocksBackend(layout, hash_algo, batch, events, retention)
     if impl == "vllm":
+        if retention is not None:
+            raise InvalidArgumentError("vLLM's KV cache manager has no retention policies")
         return VllmBackend(layout, hash_algo)
     raise InvalidArgumentError(f"unknown implementation {impl!r}")

@@ -17,15 +17,19 @@ not kept at all. Hits need whole prefixes, so Belady's rule is a strong policy h
 rather than a proven optimum. Blocks are identified by a hash chain over the
 tokens (:func:`block_keys`), in the full-attention view: a block hits when it and every
 block before it were stored, whatever the model's other attention groups do.
+
+The log, the infinite cache and Belady's pass run in the extension
+(``kvblocks._core.CeilingLog``, ``src/ceilings.rs``): a Mooncake-sized trace logs about
+18 M block keys, too many for a Python heap.
 """
 
 from __future__ import annotations
 
-import heapq
 from array import array
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from kvblocks import _core
 
 __all__ = ["CeilingResult", "Ceilings", "belady_hits", "block_keys"]
 
@@ -36,17 +40,12 @@ _STORE = 0
 def block_keys(tokens: Sequence[int], block_size: int, salt: str | None = None) -> list[int]:
     """One key per full block of ``tokens``; equal keys mean equal prefixes.
 
-    Key ``i`` hashes key ``i - 1`` with block ``i``'s tokens (the first block also with the
-    cache salt, as vLLM's extra key), so the keys of two token lists agree exactly up to
-    their first differing block. Python's hash of a tuple of ints is the same in every
-    process; a collision needs about 2**32 blocks.
+    Key ``i`` is xxh3-64 of block ``i``'s tokens seeded with key ``i - 1`` (the first
+    block's seed hashes the cache salt, as vLLM's extra key), so the keys of two token
+    lists agree exactly up to their first differing block, in every process; a collision
+    needs about 2**32 blocks. Tokens are ints in ``u32`` range.
     """
-    prev = hash(("kvblocks-sim", salt))
-    out = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        prev = hash((prev, tuple(tokens[start : start + block_size])))
-        out.append(prev)
-    return out
+    return _core.ceiling_block_keys(tokens, block_size, salt)
 
 
 @dataclass
@@ -92,17 +91,15 @@ class Ceilings:
     def __init__(self, block_size: int, capacity: int) -> None:
         self.block_size = block_size
         self.capacity = capacity
-        self._stored: set[int] = set()
-        self._log: list[tuple[int, list[int]]] = []
+        self._log = _core.CeilingLog()
         self._lookups: list[tuple[int, int, int]] = []  # (tenant, queried, real hit)
         self._infinite: array[int] = array("q")  # hit blocks per lookup
         self._tenants: dict[str, int] = {}
 
-    def store(self, keys: list[int]) -> None:
+    def store(self, keys: Sequence[int]) -> None:
         """Blocks that entered the cache, in block order."""
         if keys:
-            self._stored.update(keys)
-            self._log.append((_STORE, keys))
+            self._log.store(keys)
 
     def lookup(
         self, keys: Sequence[int], num_tokens: int, tenant: str | None = None, hit: int = 0
@@ -110,22 +107,15 @@ class Ceilings:
         """A first admission of a request of ``num_tokens`` tokens whose full blocks have
         ``keys`` and that the real cache hit ``hit`` tokens of; returns the infinite cache's
         hit in tokens."""
-        cap = list(keys[: (num_tokens - 1) // self.block_size])
-        hits = 0
-        stored = self._stored
-        for k in cap:
-            if k not in stored:
-                break
-            hits += 1
+        hits = self._log.lookup(keys[: (num_tokens - 1) // self.block_size])
         t = self._tenants.setdefault(tenant or "", len(self._tenants))
-        self._log.append((_LOOKUP, cap))
         self._lookups.append((t, num_tokens, hit))
         self._infinite.append(hits)
         return hits * self.block_size
 
     def result(self) -> CeilingResult:
         """Both ceilings over everything recorded so far (Belady's is computed here)."""
-        ideal = belady_hits(self._log, self.capacity)
+        ideal = self._log.belady(max(self.capacity, 0))
         bs = self.block_size
         names = list(self._tenants)
         per = [[0, 0, 0, 0, 0] for _ in names]
@@ -150,53 +140,13 @@ def belady_hits(log: Sequence[tuple[int, list[int]]], capacity: int) -> list[int
 
     ``log`` holds ``(0, keys)`` for a store and ``(1, keys)`` for a lookup, in event order.
     A key's next use is the next lookup that lists it; of two keys next used by the same
-    lookup, the one later in it goes first (a hit needs every block before it).
+    lookup, the one later in it goes first (a hit needs every block before it). Next uses
+    are found in one backward pass, the farthest cached key by a heap with lazy deletion.
     """
-    width = 1 + max((len(keys) for _, keys in log), default=0)
-    never = (len(log) + 1) * width
-    uses: dict[int, deque[int]] = {}
-    for pos, (kind, keys) in enumerate(log):
-        if kind == _LOOKUP:
-            for i, k in enumerate(keys):
-                uses.setdefault(k, deque()).append(pos * width + i)
-
-    def next_use(key: int) -> int:
-        q = uses.get(key)
-        return q[0] if q else never
-
-    cached: dict[int, int] = {}  # key -> the next use its heap entry was pushed with
-    heap: list[tuple[int, int]] = []  # (-next use, key); stale entries are skipped
-    out: list[int] = []
+    rec = _core.CeilingLog()
     for kind, keys in log:
         if kind == _LOOKUP:
-            hits = 0
-            missed = False
-            for k in keys:
-                uses[k].popleft()  # this use; the keys of one lookup are distinct
-                if k in cached:
-                    if not missed:
-                        hits += 1
-                    nu = next_use(k)
-                    cached[k] = nu
-                    heapq.heappush(heap, (-nu, k))
-                else:
-                    missed = True
-            out.append(hits)
-            continue
-        for k in keys:
-            if k in cached or capacity <= 0:
-                continue
-            nu = next_use(k)
-            if len(cached) >= capacity:
-                while True:  # the farthest next use among the cached keys
-                    neg, victim = heap[0]
-                    if cached.get(victim) == -neg:
-                        break
-                    heapq.heappop(heap)
-                if -neg <= nu:
-                    continue  # the new block is the one used farthest away: keep none
-                heapq.heappop(heap)
-                del cached[victim]
-            cached[k] = nu
-            heapq.heappush(heap, (-nu, k))
-    return out
+            rec.lookup(keys)
+        else:
+            rec.store(keys)
+    return rec.belady(max(capacity, 0))

@@ -24,9 +24,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import kvblocks
+from kvblocks.retention_spec import RetentionSpec, SpecError, parse_retention, split_sweep
 from kvblocks.sim.backends import make_backend, vllm_available
 from kvblocks.sim.engine import ReplayError, ReplayOptions, ReplayResult, replay
-from kvblocks.sim.fleet import ROUTERS, Fleet, merged_result
+from kvblocks.sim.fleet import DEFAULT_CACHE_THRESHOLD, ROUTERS, Fleet, merged_result
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, parse_memory
 from kvblocks.sim.report import (
     Run,
@@ -61,6 +62,7 @@ SWEEP_KEYS: dict[str, Callable[[str], int]] = {
     "max_num_batched_tokens": int,
     "replicas": int,
 }
+RETENTION_SWEEP = "retention"  # --sweep retention=SPEC1,SPEC2,... (kvblocks.retention_spec)
 
 
 class UsageError(Exception):
@@ -109,12 +111,25 @@ def _model(text: str) -> str:
     return text
 
 
-def _sweep(text: str) -> tuple[str, list[int]]:
+def _retention(text: str) -> RetentionSpec:
+    try:
+        return parse_retention(text)
+    except SpecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _sweep(text: str) -> tuple[str, list[int] | list[RetentionSpec]]:
     key, sep, values = text.partition("=")
     key = key.strip().replace("-", "_")
+    if sep and key == RETENTION_SWEEP:
+        specs = [_retention(v) for v in split_sweep(values)]
+        if len({sp.spec for sp in specs}) < len(specs):
+            raise argparse.ArgumentTypeError(f"the same policy twice in {text!r}")
+        return key, specs
     if not sep or key not in SWEEP_KEYS:
         raise argparse.ArgumentTypeError(
-            f"expected KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}: {text!r}"
+            f"expected KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}, "
+            f"{RETENTION_SWEEP}: {text!r}"
         )
     try:
         parsed = [SWEEP_KEYS[key](v.strip()) for v in values.split(",") if v.strip()]
@@ -148,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"{_presets_help()}\n\n--json prints one object of schema "
         "kvblocks-simulate-v3 (docs/simulate-json.md); the step-time model: "
         "docs/simulate-time.md.\nTrace formats: "
-        "docs/trace-kvtrace.md, docs/trace-mooncake.md.",
+        "docs/trace-kvtrace.md, docs/trace-mooncake.md. Retention policies: "
+        "docs/retention.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sp.add_argument("--version", action="version", version=version)
@@ -159,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workload",
         choices=KINDS,
         default="shared-prefix",
-        help="built-in generator (default shared-prefix)",
+        help="built-in generator (default shared-prefix; multi-tenant: three chat tenants, an "
+        "agent tenant with sessions and a bursty tenant, see docs/retention.md)",
     )
     src.add_argument(
         "--trace",
@@ -171,8 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-requests",
         type=_positive_int,
         default=None,
-        help=f"requests, or sessions for agentic (default {DEFAULT_NUM_REQUESTS}; "
-        "agentic 100; long-context 16)",
+        help=f"requests, or sessions for agentic, arrivals (chat requests and agent "
+        f"sessions) for multi-tenant (default {DEFAULT_NUM_REQUESTS}; agentic 100; "
+        "long-context 16)",
     )
     w.add_argument(
         "--rate",
@@ -191,6 +209,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         help="give generated sessions N cache salts in turn (tenants share no blocks)",
+    )
+    w.add_argument(
+        "--burst-every",
+        type=_positive_int,
+        default=None,
+        metavar="STEPS",
+        help="multi-tenant: steps between the bursty tenant's bursts (default 600)",
+    )
+    w.add_argument(
+        "--burst-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="multi-tenant: requests per burst (default 48; 0: no bursts)",
     )
     w.add_argument(
         "--max-requests",
@@ -242,6 +274,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--dtype", help="override: KV dtype (bfloat16, float16, float32, float8_e4m3fn)")
     m.add_argument("--sliding-window", type=_positive_int, help="override: sliding window")
     m.add_argument("--no-prefix-caching", action="store_true")
+    m.add_argument(
+        "--retention",
+        type=_retention,
+        default=None,
+        metavar="SPEC",
+        help="prefix-cache retention policy, e.g. 'session=30', 'ttl=600', 'quota=2000', "
+        "'quota=tenant-a:2000,tenant-b:500', 'classes=2,priority=-1:1'; items joined by "
+        "',' or ';' (default lru: vLLM's order; grammar in docs/retention.md)",
+    )
     s = sp.add_argument_group("scheduler")
     s.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
     s.add_argument("--max-num-seqs", type=_positive_int, default=256)
@@ -313,8 +354,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         metavar="W",
-        help="prefix-aware: 0 (default) = longest cached prefix, load breaks ties; W > 0 = "
-        "Dynamo's cost, blocks to prefill + W x active blocks",
+        help="prefix-aware: W > 0 = Dynamo's cost instead, blocks to prefill + W x active "
+        "blocks (default 0: the cache-threshold rule)",
+    )
+    t.add_argument(
+        "--router-cache-threshold",
+        type=float,
+        default=DEFAULT_CACHE_THRESHOLD,
+        metavar="F",
+        help="prefix-aware: a request whose longest cached prefix covers more than F of its "
+        "blocks goes to that engine, else to the least loaded (SGLang's cache-aware rule; "
+        f"default {DEFAULT_CACHE_THRESHOLD}; 0 = longest prefix always)",
     )
     o = sp.add_argument_group("output")
     o.add_argument(
@@ -343,7 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--sweep",
         type=_sweep,
         metavar="KEY=V1,V2,...",
-        help=f"one run per value; KEY: {', '.join(SWEEP_KEYS)}",
+        help=f"one run per value; KEY: {', '.join(SWEEP_KEYS)}, {RETENTION_SWEEP} (policies "
+        "split by commas, one policy's items joined by +: retention=lru,session=30,"
+        "session=30+quota=2000)",
     )
     return ap
 
@@ -372,7 +424,15 @@ def _load_workload(args: argparse.Namespace) -> Trace:
         n = args.num_requests
         if n is None:
             n = {"agentic": 100, "long-context": 16}.get(args.workload, DEFAULT_NUM_REQUESTS)
-        params = WorkloadParams(n, args.rate, args.num_system_prompts)
+        if args.workload != "multi-tenant" and (
+            args.burst_every is not None or args.burst_size is not None
+        ):
+            raise UsageError("--burst-every and --burst-size are for --workload multi-tenant")
+        if args.burst_size is not None and args.burst_size < 0:
+            raise UsageError(f"--burst-size must be >= 0, got {args.burst_size}")
+        params = WorkloadParams(
+            n, args.rate, args.num_system_prompts, args.burst_every, args.burst_size
+        )
         trace = generate(args.workload, args.seed, params)
     trace = trace.truncated(args.max_requests or 0)
     if args.tenants:
@@ -449,14 +509,26 @@ def _replay(
     over: dict[str, int],
     label: str | None,
     digest: bool,
+    retention: RetentionSpec | None = None,
 ) -> tuple[ReplayResult, dict[str, Any]]:
     replicas = over.get("replicas", args.replicas)
     if replicas > 1 and impl != "kvblocks":
         raise UsageError("--compare-vllm replays one engine; drop --replicas")
     events = replicas > 1 and args.router == "prefix-aware"
     try:
+        policy = retention.build() if retention is not None else None
+    except SpecError as e:
+        raise UsageError(f"--retention: {e}") from None
+    try:
         backends = [
-            make_backend(impl, layout, args.hash_algo, batch=not args.no_batch, events=events)
+            make_backend(
+                impl,
+                layout,
+                args.hash_algo,
+                batch=not args.no_batch,
+                events=events,
+                retention=policy,
+            )
             for _ in range(replicas)
         ]
     except OverflowError:
@@ -487,11 +559,23 @@ def _replay(
         step_s=args.step_ms / 1e3,
     )
     if replicas > 1:
+        weight = max(0.0, args.router_load_weight)
+        threshold = min(1.0, max(0.0, args.router_cache_threshold))
         fr = Fleet(
-            trace, backends, opts, args.router, layout, max(0.0, args.router_load_weight)
+            trace,
+            backends,
+            opts,
+            args.router,
+            layout,
+            weight,
+            threshold,
         ).run()
         per = [_replica_json(r) for r in fr.engines]
-        return merged_result(fr), {"replicas": replicas, "router": args.router, "per_replica": per}
+        fleet: dict[str, Any] = {"replicas": replicas, "router": args.router, "per_replica": per}
+        if args.router == "prefix-aware":
+            fleet["cache_threshold"] = threshold
+            fleet["load_weight"] = weight
+        return merged_result(fr), fleet
     bar = _Progress(label, len(trace.requests)) if label is not None else None
     opts.progress = bar
     try:
@@ -523,9 +607,18 @@ def _replica_json(r: ReplayResult) -> dict[str, Any]:
 
 
 def _run_one(
-    args: argparse.Namespace, trace: Trace, value: int | None, show_progress: bool, vllm: bool
+    args: argparse.Namespace,
+    trace: Trace,
+    value: int | RetentionSpec | None,
+    show_progress: bool,
+    vllm: bool,
 ) -> Run:
-    over: dict[str, int] = {} if value is None else {args.sweep[0]: value}
+    retention: RetentionSpec | None = args.retention
+    over: dict[str, int] = {}
+    if isinstance(value, RetentionSpec):
+        retention = value
+    elif value is not None:
+        over = {args.sweep[0]: value}
     layout = _layout(
         args, **{k: v for k, v in over.items() if k not in ("max_num_seqs", "replicas")}
     )
@@ -534,10 +627,11 @@ def _run_one(
             f"the workload has a {trace.max_seq_len:,}-token sequence, longer than "
             f"max_model_len {layout.max_model_len:,} (raise --max-model-len)"
         )
-    name = "kvblocks" if value is None else f"{args.sweep[0]}={value}"
+    shown = value.spec if isinstance(value, RetentionSpec) else value
+    name = "kvblocks" if value is None else f"{args.sweep[0]}={shown}"
     label = name if show_progress else None
-    res, fleet = _replay("kvblocks", args, trace, layout, over, label, vllm)
-    run = Run(value, layout, res, fleet=fleet)
+    res, fleet = _replay("kvblocks", args, trace, layout, over, label, vllm, retention)
+    run = Run(shown, layout, res, fleet=fleet, retention=retention)
     if vllm:
         label = "vLLM" if show_progress else None
         vres, _ = _replay("vllm", args, trace, layout, over, label, True)
@@ -575,6 +669,11 @@ def _simulate(args: argparse.Namespace) -> int:
                 _warn(f"warning: vLLM {version} is not 0.33.0; digests may differ")
     if args.plot:
         _check_plot_path(args.plot)
+    swept_retention = bool(args.sweep) and args.sweep[0] == RETENTION_SWEEP
+    if swept_retention and args.retention is not None:
+        raise UsageError("--retention and --sweep retention=... both given; keep one")
+    if compare and (swept_retention or (args.retention is not None and not args.retention.is_lru)):
+        raise UsageError("--compare-vllm: vLLM has no retention policies; drop --retention")
     try:
         trace = _load_workload(args)
     except (TraceError, ValueError) as e:
@@ -601,7 +700,7 @@ def _simulate(args: argparse.Namespace) -> int:
         slo_tpot_s=args.slo_tpot,
     )
     show_progress = args.progress or sys.stderr.isatty()
-    values: Sequence[int | None] = args.sweep[1] if args.sweep else [None]
+    values: Sequence[int | RetentionSpec | None] = args.sweep[1] if args.sweep else [None]
     runs = [_run_one(args, trace, v, show_progress, compare) for v in values]
     out = sys.stdout
     if args.json:

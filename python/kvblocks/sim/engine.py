@@ -30,8 +30,15 @@ implementation with identical behaviour prints the same digest as ``driver_vllm.
 
 Prefix-cache numbers follow vLLM 0.33's ``PrefixCacheStats``, recorded at admission: first
 admissions and re-admissions after preemption are counted apart, and the hit rate
-(:attr:`ReplayResult.hit_rate`) is over first admissions only. Only manager calls, request
-construction and token appends are timed.
+(:attr:`ReplayResult.hit_rate`) is over first admissions only, also per cache salt
+(:attr:`ReplayResult.tenants`). Only manager calls, request construction and token appends
+are timed.
+
+With a retention policy (``backend.retention``, ``docs/retention.md``) requests carry the
+trace's ``priority`` and ``session_id`` besides the cache salt, and the manager's clock
+follows the loop's: ``advance_time(now)`` at the start of every step and, with a time
+model, again before the model step frees finished requests (so blocks freed in a step are
+stamped with its end); without a time model the clock is the step number.
 
 Driving it by hand::
 
@@ -81,6 +88,7 @@ CALL_TYPES = (
     "free",
     "new_step_starts",
     "alloc_batch",
+    "advance_time",
 )
 
 
@@ -173,6 +181,9 @@ class ReplayResult:
     batched_requests: int = 0
     first_admission: list[int] = field(default_factory=lambda: [0, 0, 0])
     resumed: list[int] = field(default_factory=lambda: [0, 0, 0])
+    tenants: dict[str, list[int]] = field(default_factory=dict)
+    """Per cache salt (``""`` for none): ``[requests, queried, hit]`` tokens of first
+    admissions, as ``first_admission``."""
     digest: str | None = None
     num_events: int = 0
     wall_s: float = 0.0
@@ -369,6 +380,10 @@ class Engine:
         self.trace = trace
         km = backend.manager
         self._num_free = km.block_pool.get_num_free_blocks
+        # only with a policy: vLLM's manager has no clock, and without one it changes nothing
+        self._advance: Callable[[float], None] | None = (
+            km.advance_time if getattr(backend, "retention", None) is not None else None
+        )
         self.num_blocks = self._num_free() + 1  # the null block is never free
         records = trace.requests
         self.result = ReplayResult(
@@ -449,7 +464,12 @@ class Engine:
         res.synth_ns += pc() - t0
         if req is None:
             req, dt = self.backend.make_request(
-                rec.request_id, prompt, rec.max_output_tokens, cache_salt=rec.cache_salt
+                rec.request_id,
+                prompt,
+                rec.max_output_tokens,
+                cache_salt=rec.cache_salt,
+                priority=rec.priority,
+                session_id=rec.session_id,
             )
             res.request_init_ns += dt
             res.hash_calls += 1
@@ -509,6 +529,8 @@ class Engine:
         if opt.max_steps and res.steps >= opt.max_steps:
             raise ReplayError(f"max_steps {opt.max_steps} reached at step {self.step_number}")
         pc = time.perf_counter_ns
+        if self._advance is not None:
+            self._advance_clock()
         t0 = pc()
         self.backend.manager.new_step_starts()
         res.samples["new_step_starts"].append(pc() - t0)
@@ -529,6 +551,8 @@ class Engine:
         tm = opt.time_model
         if tm is not None:
             self.now += tm([(slot.num_computed, n) for slot, n in scheduled])
+            if self._advance is not None:
+                self._advance_clock()
         finished = self._model_step(scheduled)
         free_blocks = self._num_free()
         if self._digest_on:
@@ -551,6 +575,14 @@ class Engine:
         res.steps += 1
         self.step_number += 1
         return info
+
+    def _advance_clock(self) -> None:
+        """The manager's clock to the loop's (seconds with a time model, else the step)."""
+        assert self._advance is not None
+        now = self.now if self._timed else float(self.step_number)
+        t0 = time.perf_counter_ns()
+        self._advance(now)
+        self.result.samples["advance_time"].append(time.perf_counter_ns() - t0)
 
     def _schedule_running(self, budget: int, scheduled: list[tuple[_Slot, int]]) -> int:
         """Step 2; returns the budget left."""
@@ -656,7 +688,7 @@ class Engine:
         )  # fmt: skip
         digest_on, ev = self._digest_on, self._ev
         ceilings = self.ceilings
-        first, resumed = res.first_admission, res.resumed
+        first, resumed, tenants = res.first_admission, res.resumed, res.tenants
         max_seqs = self.options.max_num_seqs
         reserve = bool(self.options.reserve_full_isl)
         pc = time.perf_counter_ns
@@ -695,6 +727,13 @@ class Engine:
             st[0] += 1
             st[1] += slot.num_tokens
             st[2] += hit
+            if not slot.preempted:
+                t = tenants.get(slot.salt or "")
+                if t is None:
+                    t = tenants[slot.salt or ""] = [0, 0, 0]
+                t[0] += 1
+                t[1] += slot.num_tokens
+                t[2] += hit
             if ceilings is not None:
                 if not slot.preempted:
                     ceilings.lookup(slot.keys, slot.num_tokens, slot.salt, hit)

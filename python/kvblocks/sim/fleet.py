@@ -11,16 +11,21 @@ Routers (:data:`ROUTERS`):
 
 * ``round-robin``: engines in turn;
 * ``least-loaded``: the fewest running plus waiting requests (lowest index on ties);
-* ``prefix-aware``: as KV-aware routers (llm-d's precise prefix-cache scorer, Dynamo's
-  KV router) score engines: the longest prefix of the request's block hashes cached on
-  each engine, from an index the router builds **only from the engines' KV cache events**
-  (``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``, drained after every step
-  with ``take_events()``). Dynamo's cost picks the engine: ``blocks to prefill (the
-  request's blocks minus the cached prefix) + load_weight * active blocks`` (blocks of its
-  running and waiting requests), then fewer requests, then the lowest index.
-  ``load_weight = 0`` (the default) is the pure longest-prefix rule with the load as the
-  tie-break; it piles every session that shares a system prompt onto one engine, which a
-  positive weight (Dynamo's default is 1) spreads at the cost of some moved sessions.
+* ``prefix-aware``: as KV-aware routers score engines (SGLang's cache-aware router, llm-d's
+  precise prefix-cache scorer, Dynamo's KV router): by the longest prefix of the request's
+  block hashes cached on each engine, from an index the router builds **only from the
+  engines' KV cache events** (``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``,
+  drained after every step with ``take_events()``). The default is the SGLang Model
+  Gateway's cache-aware rule: when the longest cached prefix covers more than
+  ``cache_threshold`` (default 0.3, its default) of the request's blocks, the engine
+  holding it (the load breaks ties); otherwise the least loaded engine (fewest running
+  plus waiting requests). A new session, which matches only its shared system prompt,
+  thus goes where there is room, and its later turns follow their own context.
+  ``cache_threshold = 0`` is the pure longest-prefix rule, which piles every session that
+  shares a system prompt onto one engine. ``load_weight > 0`` switches to Dynamo's cost
+  instead: ``blocks to prefill (the request's blocks minus the cached prefix) +
+  load_weight * active blocks`` (blocks of its running and waiting requests), then fewer
+  requests, then the lowest index (no threshold).
 """
 
 from __future__ import annotations
@@ -39,9 +44,21 @@ from kvblocks.sim.ceilings import CeilingResult
 from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, ReplayResult, StepSeries
 from kvblocks.sim.workloads import Trace
 
-__all__ = ["ROUTERS", "Fleet", "FleetResult", "PrefixIndex", "hash_key", "merged_result"]
+__all__ = [
+    "DEFAULT_CACHE_THRESHOLD",
+    "ROUTERS",
+    "Fleet",
+    "FleetResult",
+    "PrefixIndex",
+    "hash_key",
+    "merged_result",
+]
 
 ROUTERS = ("round-robin", "least-loaded", "prefix-aware")
+
+DEFAULT_CACHE_THRESHOLD = 0.3
+"""``prefix-aware``: the cached share of a request's blocks above which it follows its
+prefix (the SGLang Model Gateway's ``cache_threshold`` default)."""
 
 
 def hash_key(block_hash: bytes) -> int:
@@ -127,7 +144,10 @@ class Fleet:
         router: One of :data:`ROUTERS`.
         layout: The backends' layout (for ``options.ceilings``).
         load_weight: ``prefix-aware``: weight of the active blocks against the blocks to
-            prefill (see the module docs).
+            prefill; 0 = the cache-threshold rule (see the module docs).
+        cache_threshold: ``prefix-aware`` with ``load_weight = 0``: the cached share of a
+            request's blocks above which it goes to the engine with the longest prefix
+            rather than the least loaded one.
     """
 
     def __init__(
@@ -138,6 +158,7 @@ class Fleet:
         router: str,
         layout: Any = None,
         load_weight: float = 0.0,
+        cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
     ) -> None:
         if router not in ROUTERS:
             raise InvalidArgumentError(
@@ -162,6 +183,7 @@ class Fleet:
         self.index = PrefixIndex(n) if router == "prefix-aware" else None
         self._rr = 0
         self.load_weight = load_weight
+        self.cache_threshold = cache_threshold
         self._block: int = int(backends[0].manager.block_pool.hash_block_size)
         self._make = backends[0].make_request
         self.num_finished = 0
@@ -199,6 +221,8 @@ class Fleet:
         match = self.index.prefix_lengths(keys, n)
         w = self.load_weight
         if w == 0:
+            if max(match, default=0) <= self.cache_threshold * len(keys):
+                return min(range(n), key=lambda e: (loads[e], -match[e], e))
             return min(range(n), key=lambda e: (-match[e], loads[e], e))
         nk = len(keys)
         cost = [nk - match[e] + w * self.active_blocks(e) for e in range(n)]
@@ -219,7 +243,12 @@ class Fleet:
         prompt = rec.prompt_ids(self.trace.vocab_size)
         synth = time.perf_counter_ns() - t0
         req, dt = self._make(
-            rec.request_id, prompt, rec.max_output_tokens, cache_salt=rec.cache_salt
+            rec.request_id,
+            prompt,
+            rec.max_output_tokens,
+            cache_salt=rec.cache_salt,
+            priority=rec.priority,
+            session_id=rec.session_id,
         )
         keys = [hash_key(h) for h in req.block_hashes] if self.index is not None else []
         e = self.choose(keys)
@@ -307,6 +336,10 @@ def merged_result(fr: FleetResult) -> ReplayResult:
         for i in range(3):
             out.first_admission[i] += r.first_admission[i]
             out.resumed[i] += r.resumed[i]
+        for name, vals in r.tenants.items():
+            acc = out.tenants.setdefault(name, [0, 0, 0])
+            for j, x in enumerate(vals):
+                acc[j] += x
         for name in ("ttft_s", "tpot_s", "e2e_s", "finish_s"):
             getattr(out, name).extend(getattr(r, name))
     out.wall_s = fr.wall_s

@@ -151,12 +151,14 @@ def build_kvblocks_config(layout: KVLayout) -> Any:
     return k.KVCacheConfig(layout.num_blocks, [], groups)
 
 
-def build_kvblocks_manager(layout: KVLayout, events: bool = False) -> Any:
+def build_kvblocks_manager(layout: KVLayout, events: bool = False, retention: Any = None) -> Any:
     """``kvblocks.KVCacheManager`` for ``layout``; ``events`` publishes KV cache events
-    (``take_events()``), as a fleet's prefix-aware router needs."""
+    (``take_events()``), as a fleet's prefix-aware router needs; ``retention`` is a
+    ``kvblocks.RetentionPolicy`` (None: vLLM's LRU order)."""
     import kvblocks as kb
 
     k: Any = kb
+    extra = {} if retention is None else {"retention": retention}
     return k.KVCacheManager(
         build_kvblocks_config(layout),
         layout.max_model_len,
@@ -166,6 +168,7 @@ def build_kvblocks_manager(layout: KVLayout, events: bool = False) -> Any:
         enable_caching=layout.enable_caching,
         use_eagle=layout.use_eagle,
         enable_kv_cache_events=events,
+        **extra,
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import kvblocks
+from kvblocks.retention_spec import RetentionSpec
 from kvblocks.sim.engine import ReplayResult
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout
 from kvblocks.sim.workloads import Trace
@@ -54,15 +55,17 @@ class Setup:
 
 @dataclass
 class Run:
-    """One replay: the swept value (None without ``--sweep``), its layout and result, and
-    the vLLM comparison when one was made."""
+    """One replay: the swept value (None without ``--sweep``; a spec string for
+    ``retention``), its layout and result, and the vLLM comparison when one was made."""
 
-    value: int | None
+    value: int | str | None
     layout: KVLayout
     result: ReplayResult
     vllm: dict[str, Any] | None = None
     fleet: dict[str, Any] | None = None
     """``{replicas, router, per_replica: [...]}``."""
+    retention: RetentionSpec | None = None
+    """The run's retention policy (None: ``lru``)."""
 
 
 def _rate(hits: int, queried: int) -> float:
@@ -110,19 +113,21 @@ def run_json(run: Run, setup: Setup | None = None) -> dict[str, Any]:
     c = r.ceilings  # None with --no-ceilings
     sim = r.simulated_s
     tenants = None
-    if c is not None and any(name for name in c.tenants):
-        tenants = [
-            {
-                "cache_salt": name or None,
-                "requests": n,
-                "queried_tokens": q,
-                "hit_tokens": h,
-                "prefix_hit_rate": _rate(h, q),
-                "infinite_cache_hit_rate": _rate(inf, q),
-                "ideal_hit_rate": _rate(opt, q),
-            }
-            for name, (n, q, h, inf, opt) in sorted(c.tenants.items())
-        ]
+    if any(name for name in r.tenants):
+        tenants = []
+        for name, (n, q, h) in sorted(r.tenants.items()):
+            ceil = c.tenants.get(name) if c is not None else None
+            tenants.append(
+                {
+                    "cache_salt": name or None,
+                    "requests": n,
+                    "queried_tokens": q,
+                    "hit_tokens": h,
+                    "prefix_hit_rate": _rate(h, q),
+                    "infinite_cache_hit_rate": _rate(ceil[3], q) if ceil else None,
+                    "ideal_hit_rate": _rate(ceil[4], q) if ceil else None,
+                }
+            )
     loop_s = r.loop_s
     out: dict[str, Any] = {
         "value": run.value,
@@ -172,6 +177,7 @@ def run_json(run: Run, setup: Setup | None = None) -> dict[str, Any]:
             setup.slo_tpot_s if setup else None,
         ),
         "fleet": run.fleet,
+        "retention": (run.retention or RetentionSpec()).as_json(),
     }
     if run.vllm is not None:
         out["vllm"] = run.vllm
@@ -305,10 +311,12 @@ def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
         rows.append(
             (
                 f"  tenant {t['cache_salt'] or '(no salt)'}",
-                f"{t['prefix_hit_rate']:.1%} hit, {t['infinite_cache_hit_rate']:.1%} infinite, "
-                f"{t['ideal_hit_rate']:.1%} ideal ({t['requests']:,} requests)",
+                f"{t['prefix_hit_rate']:.1%} hit, {_pct_or(t['infinite_cache_hit_rate'])} "
+                f"infinite, {_pct_or(t['ideal_hit_rate'])} ideal ({t['requests']:,} requests, "
+                f"{t['hit_tokens']:,} of {t['queried_tokens']:,} tokens)",
             )
         )
+    rows.append(("retention", _retention_text(run.retention)))
     hw = setup.hardware or {}
     lat = j["latency"]
     rows += [
@@ -364,8 +372,23 @@ def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
         out.write(f"  {k:<{width}}  {val}\n")
 
 
+def _retention_text(spec: RetentionSpec | None) -> str:
+    if spec is None or spec.is_lru:
+        return "lru (vLLM's order, no policy)"
+    return f"{spec.spec} (docs/retention.md)"
+
+
+def _value_text(key: str, value: int | str | None) -> str:
+    if isinstance(value, str):
+        return value
+    if key == "gpu_memory":
+        return fmt_bytes(value or 0)
+    return f"{value:,}"
+
+
 def print_sweep(out: TextIO, key: str, runs: list[Run], setup: Setup | None = None) -> None:
-    """One row per swept value."""
+    """One row per swept value; then, when requests have cache salts, one row per swept
+    value of per-tenant hit rates."""
     head = [key, "blocks", "memory", "hit rate", "infinite", "ideal", "preempt", "peak use",
             "mean use", "steps", "KV/step", "KV/token", "steps/s", "TTFT p50", "TTFT p99",
             "TPOT p50", "tok/s", "sim s", "req/s"]  # fmt: skip
@@ -378,7 +401,7 @@ def print_sweep(out: TextIO, key: str, runs: list[Run], setup: Setup | None = No
     rows = [head]
     for run in runs:
         j = run_json(run, setup)
-        value = fmt_bytes(run.value or 0) if key == "gpu_memory" else f"{run.value:,}"
+        value = _value_text(key, run.value)
         lat = j["latency"]
         row = [
             value, f"{j['num_blocks']:,}", fmt_bytes(j["kv_cache_bytes"]),
@@ -396,7 +419,22 @@ def print_sweep(out: TextIO, key: str, runs: list[Run], setup: Setup | None = No
             v = run.vllm or {}
             row += [f"{v.get('speedup', '-')}x", "agree" if v.get("digests_agree") else "DIFFER"]
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    _write_table(out, rows)
+    per = [run_json(run, setup)["tenants"] for run in runs]
+    names = sorted({t["cache_salt"] or "(no salt)" for ts in per for t in ts or ()})
+    if names:
+        out.write("\nprefix hit rate per tenant (cache salt):\n")
+        rows = [[key, "all", *names]]
+        for run, ts in zip(runs, per, strict=True):
+            rates = {t["cache_salt"] or "(no salt)": t["prefix_hit_rate"] for t in ts or ()}
+            hit = run.result.hit_rate
+            cells = [f"{rates[n]:.1%}" if n in rates else "-" for n in names]
+            rows.append([_value_text(key, run.value), f"{hit:.1%}", *cells])
+        _write_table(out, rows)
+
+
+def _write_table(out: TextIO, rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         out.write("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + "\n")
 

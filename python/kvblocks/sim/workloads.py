@@ -20,7 +20,8 @@ Trace files (:func:`read_trace`):
 * **Mooncake**: JSON lines with ``timestamp`` (ms), ``input_length``, ``output_length`` and
   ``hash_ids``. Each hash id stands for one ``mooncake_block`` -token block whose tokens are
   synthesized from the id alone (equal ids give equal tokens); the last block is cut to
-  ``input_length``. A request arrives at step ``timestamp // step_ms``.
+  ``input_length``. A request arrives at step ``timestamp // step_ms``. Optional
+  ``session_id``, ``tenant`` (the cache salt) and ``priority`` feed retention policies.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from kvblocks._core import InvalidArgumentError
 __all__ = [
     "DEFAULT_SIZES",
     "KINDS",
+    "MULTI_TENANT_STEADY",
+    "TRACE_PY_KINDS",
     "VOCAB_SIZE",
     "Trace",
     "TraceError",
@@ -123,6 +126,10 @@ class TraceRequest:
         arrival_s: Arrival time in seconds when the trace gives one (Mooncake's
             ``timestamp`` / 1000); None = ``arrival_step`` times the step length. Only the
             time model reads it.
+        priority: vLLM's request priority (an int, lower is more urgent; default 0). Only a
+            retention policy's ``priority_classes`` reads it (``docs/retention.md``).
+        session_id: The session (conversation, agent run) the request belongs to, or None.
+            Only a retention policy with ``session_s`` reads it.
     """
 
     request_id: str
@@ -134,6 +141,8 @@ class TraceRequest:
     token_ids: tuple[int, ...] | None = None
     cache_salt: str | None = None
     arrival_s: float | None = None
+    priority: int = 0
+    session_id: str | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -200,14 +209,24 @@ class TraceError(InvalidArgumentError):
 
 
 # --------------------------------------------------------------------------- generators
-KINDS = ("shared-prefix", "no-reuse", "long-context", "agentic")
+TRACE_PY_KINDS = ("shared-prefix", "no-reuse", "long-context", "agentic")
+"""The kinds the oracle's ``trace.py`` also generates, draw for draw."""
+KINDS = (*TRACE_PY_KINDS, "multi-tenant")
 # kind -> (num_requests (sessions for agentic), rate per step)
 DEFAULT_SIZES: dict[str, tuple[int, float]] = {
     "shared-prefix": (2000, 0.5),
     "no-reuse": (2000, 0.5),
     "long-context": (32, 0.02),
     "agentic": (300, 0.1),
+    "multi-tenant": (1000, 0.5),
 }
+# The generator's seed offset per kind (trace.py's: the sorted index of its four kinds).
+_KIND_SEED = {"agentic": 0, "long-context": 1, "no-reuse": 2, "shared-prefix": 3, "multi-tenant": 4}
+MULTI_TENANT_STEADY = ("chat-a", "chat-b", "chat-c")
+"""The steady chat tenants of the ``multi-tenant`` workload (its other two: ``agent`` and
+``burst``)."""
+DEFAULT_BURST_EVERY = 600
+DEFAULT_BURST_SIZE = 48
 
 
 @dataclass(frozen=True)
@@ -217,12 +236,17 @@ class WorkloadParams:
     Attributes:
         num_requests: Requests (sessions for ``agentic``); None = the kind's default.
         rate: Poisson arrivals (requests, or sessions) per step; None = the kind's default.
-        num_system_prompts: Shared system prompts; None = 8 (agentic: 4).
+        num_system_prompts: Shared system prompts; None = 8 (agentic: 4; multi-tenant: 4
+            per tenant).
     """
 
     num_requests: int | None = None
     rate: float | None = None
     num_system_prompts: int | None = None
+    burst_every: int | None = None
+    """``multi-tenant``: steps from one burst's start to the next (None = 600)."""
+    burst_size: int | None = None
+    """``multi-tenant``: requests per burst (None = 48)."""
 
 
 class _Draws:
@@ -293,16 +317,84 @@ def _agentic(d: _Draws, n_sessions: int, rate: float, n_sys: int) -> list[TraceR
         for t in range(n_turns):
             rid = f"ag-{s:05d}-{t:02d}"
             out_seed, max_out = d.seed(), d.uniform(50, 500)
+            # session_id: trace.py's "session" field, as a string
             if prev is None:
-                rec = TraceRequest(rid, starts[s], prompt, out_seed, max_out)
+                rec = TraceRequest(rid, starts[s], prompt, out_seed, max_out, session_id=str(s))
             else:
                 # Turn t quotes turn t-1's prompt and full output, then new tokens.
                 prompt = (*prompt, (prev.out_seed, prev.max_output_tokens), d.segment(50, 2000))
                 delay = d.uniform(1, 20)
-                rec = TraceRequest(rid, delay, prompt, out_seed, max_out, after=prev.request_id)
+                rec = TraceRequest(
+                    rid, delay, prompt, out_seed, max_out, after=prev.request_id, session_id=str(s)
+                )
             out.append(rec)
             prev = rec
     return out
+
+
+def _multi_tenant(
+    d: _Draws, n: int, rate: float, n_sys: int, burst_every: int, burst_size: int
+) -> list[TraceRequest]:
+    """Steady tenants with recurring prompts, an agent tenant with sessions, and a tenant
+    that bursts one-off long prompts (see :func:`generate`)."""
+    systems = {
+        t: [d.segment(1024, 3072) for _ in range(n_sys)] for t in (*MULTI_TENANT_STEADY, "agent")
+    }
+    arrivals = d.arrivals(n, rate)
+    out: list[tuple[int, TraceRequest]] = []  # (arrival of the session's first request, rec)
+    n_sessions = 0
+    for i in range(n):
+        if d.uniform(0, 4) == 0:  # one in five: an agent session of 2-5 turns
+            sid = f"agent-{n_sessions:04d}"
+            n_sessions += 1
+            prompt: tuple[tuple[int, int], ...] = (
+                systems["agent"][d.zipf(n_sys)],
+                d.segment(100, 1000),
+            )
+            prev: TraceRequest | None = None
+            for t in range(d.uniform(2, 5)):
+                rid = f"{sid}-{t:02d}"
+                out_seed, max_out = d.seed(), d.uniform(50, 200)
+                if prev is None:
+                    rec = TraceRequest(
+                        rid, arrivals[i], prompt, out_seed, max_out, cache_salt="agent",
+                        session_id=sid,
+                    )  # fmt: skip
+                else:
+                    prompt = (*prompt, (prev.out_seed, prev.max_output_tokens), d.segment(50, 500))
+                    rec = TraceRequest(
+                        rid, d.uniform(20, 200), prompt, out_seed, max_out, after=prev.request_id,
+                        cache_salt="agent", session_id=sid,
+                    )  # fmt: skip
+                out.append((arrivals[i], rec))
+                prev = rec
+            continue
+        tenant = MULTI_TENANT_STEADY[d.uniform(0, len(MULTI_TENANT_STEADY) - 1)]
+        prompt = (systems[tenant][d.zipf(n_sys)], d.segment(50, 500))
+        out.append(
+            (arrivals[i], TraceRequest(
+                f"{tenant}-{i:06d}", arrivals[i], prompt, d.seed(), d.uniform(50, 200),
+                cache_salt=tenant,
+            ))
+        )  # fmt: skip
+    end = arrivals[-1] if arrivals else 0
+    k = 0
+    start = burst_every // 2
+    while start <= end:
+        step = start
+        for j in range(burst_size):
+            out.append(
+                (step, TraceRequest(
+                    f"burst-{k:03d}-{j:03d}", step, (d.segment(2048, 6144),), d.seed(),
+                    d.uniform(50, 100), cache_salt="burst", priority=1,
+                ))
+            )  # fmt: skip
+            step += d.uniform(2, 10)
+        k += 1
+        start += burst_every
+    # trace order: by the arrival of the first request of each session (stable), so
+    # --max-requests keeps a prefix in time and every follow-up after its predecessor
+    return [rec for _, rec in sorted(out, key=lambda x: x[0])]
 
 
 def generate(kind: str, seed: int = 0, params: WorkloadParams | None = None) -> Trace:
@@ -310,7 +402,16 @@ def generate(kind: str, seed: int = 0, params: WorkloadParams | None = None) -> 
 
     Args:
         kind: ``shared-prefix`` (chat with shared system prompts), ``no-reuse``,
-            ``long-context`` (32k-128k prompts) or ``agentic`` (multi-turn sessions).
+            ``long-context`` (32k-128k prompts), ``agentic`` (multi-turn sessions, each
+            turn with its session's ``session_id``) or ``multi-tenant`` (kvblocks' own, not
+            in ``trace.py``): ``num_requests`` arrivals at ``rate``, one in five an agent
+            session (tenant ``agent``, 2-5 turns, each quoting the one before and arriving
+            20-200 steps, i.e. tool calls of 1-10 s, after it; with a ``session_id``), the
+            others a chat request of tenant ``chat-a``, ``chat-b`` or ``chat-c`` (one of the
+            tenant's ``num_system_prompts`` 1k-3k-token prompts, Zipf, then 50-500 new
+            tokens); meanwhile tenant ``burst`` sends, every ``burst_every`` steps from
+            ``burst_every / 2`` on, ``burst_size`` one-off 2k-6k-token prompts 2-10 steps
+            apart, with ``priority`` 1 (the others 0). Every sequence fits an 8k context.
         seed: Random seed; the same (kind, seed, params) always gives the same trace.
         params: Sizes and rates; defaults per kind.
 
@@ -326,21 +427,30 @@ def generate(kind: str, seed: int = 0, params: WorkloadParams | None = None) -> 
     n_def, rate_def = DEFAULT_SIZES[kind]
     n = n_def if p.num_requests is None else p.num_requests
     rate = rate_def if p.rate is None else p.rate
-    n_sys = p.num_system_prompts or (4 if kind == "agentic" else 8)
+    n_sys = p.num_system_prompts or (4 if kind in ("agentic", "multi-tenant") else 8)
     if n < 1 or rate <= 0 or n_sys < 1:
         raise InvalidArgumentError("num_requests, rate and num_system_prompts must be positive")
-    d = _Draws(seed * 1_000_003 + sorted(KINDS).index(kind))
+    burst_every = p.burst_every or DEFAULT_BURST_EVERY
+    burst_size = DEFAULT_BURST_SIZE if p.burst_size is None else p.burst_size
+    if burst_every < 1 or burst_size < 0:
+        raise InvalidArgumentError("burst_every must be positive and burst_size not negative")
+    d = _Draws(seed * 1_000_003 + _KIND_SEED[kind])
     if kind == "shared-prefix":
         reqs = _shared_prefix(d, n, rate, n_sys)
     elif kind == "no-reuse":
         reqs = _independent(d, "nr", n, rate, (100, 4000), (50, 1000))
     elif kind == "long-context":
         reqs = _independent(d, "lc", n, rate, (32768, 131072), (100, 1000))
-    else:
+    elif kind == "agentic":
         reqs = _agentic(d, n, rate, n_sys)
+    else:
+        reqs = _multi_tenant(d, n, rate, n_sys, burst_every, burst_size)
     info: dict[str, Any] = {"num_requests": n, "rate": rate}
-    if kind in ("shared-prefix", "agentic"):
+    if kind in ("shared-prefix", "agentic", "multi-tenant"):
         info["num_system_prompts"] = n_sys
+    if kind == "multi-tenant":
+        info["burst_every"] = burst_every
+        info["burst_size"] = burst_size
     return Trace(reqs, kind, seed, VOCAB_SIZE, None, info)
 
 
@@ -354,6 +464,8 @@ def synthetic_mooncake(
     turn_gap_ms: tuple[float, float] = (2000.0, 20000.0),
     max_output: int = 300,
     block: int = 512,
+    sessions: bool = False,
+    tenants: int = 0,
 ) -> list[dict[str, Any]]:
     """Conversations as Mooncake-format records (``timestamp``, ``input_length``,
     ``output_length``, ``hash_ids``), for examples and tests; no real trace's numbers.
@@ -361,7 +473,10 @@ def synthetic_mooncake(
     Sessions arrive ``session_gap_ms`` apart on average and open with one of
     ``num_system_prompts`` shared prompts (1-6 hash blocks); each turn quotes the previous
     turn's full blocks and adds 1-6 new ones, and ends in a partial block of a new id, so
-    a hash id always stands for the same prefix, as in Mooncake's traces.
+    a hash id always stands for the same prefix, as in Mooncake's traces. With
+    ``sessions`` each record also has its conversation's ``session_id`` (``s0``, ``s1``,
+    ...); with ``tenants`` > 0 a ``tenant`` (``tenant-0`` ... in turn per conversation,
+    which then share no blocks across tenants). Neither changes the other fields.
     """
     rng = random.Random(seed)
     next_id = 0
@@ -375,20 +490,23 @@ def synthetic_mooncake(
     weights = [1.0 / (j + 1) for j in range(num_system_prompts)]
     records: list[dict[str, Any]] = []
     start = 0.0
-    for _ in range(num_sessions):
+    for k in range(num_sessions):
         start += rng.expovariate(1.0 / session_gap_ms)
         prefix = rng.choices(systems, weights)[0]
         t = start
         for _ in range(rng.randint(1, max_turns)):
             full = prefix + fresh(rng.randint(1, 6))
-            records.append(
-                {
-                    "timestamp": int(t),
-                    "input_length": len(full) * block + rng.randint(1, block - 1),
-                    "output_length": rng.randint(1, max_output),
-                    "hash_ids": full + fresh(1),
-                }
-            )
+            rec: dict[str, Any] = {
+                "timestamp": int(t),
+                "input_length": len(full) * block + rng.randint(1, block - 1),
+                "output_length": rng.randint(1, max_output),
+                "hash_ids": full + fresh(1),
+            }
+            if sessions:
+                rec["session_id"] = f"s{k}"
+            if tenants > 0:
+                rec["tenant"] = f"tenant-{k % tenants}"
+            records.append(rec)
             prefix = full
             t += rng.uniform(*turn_gap_ms)
     records.sort(key=lambda r: int(r["timestamp"]))
@@ -401,6 +519,26 @@ def _int_field(obj: dict[str, Any], key: str, lo: int) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v < lo:
         raise InvalidArgumentError(f"{key!r} must be an integer >= {lo}, got {v!r}")
     return v
+
+
+def _retention_fields(obj: dict[str, Any], *session_keys: str) -> tuple[int, str | None]:
+    """The optional ``priority`` (an int, default 0) and session id (the first of
+    ``session_keys`` present: a non-empty string or an int, kept as a string)."""
+    prio = obj.get("priority", 0)
+    if prio is None:
+        prio = 0
+    if not isinstance(prio, int) or isinstance(prio, bool):
+        raise InvalidArgumentError(f"'priority' must be an integer, got {prio!r}")
+    for key in session_keys:
+        sid = obj.get(key)
+        if sid is None:
+            continue
+        if isinstance(sid, bool) or not isinstance(sid, (str, int)) or sid == "":
+            raise InvalidArgumentError(
+                f"{key!r} must be a non-empty string, an integer or null, got {sid!r}"
+            )
+        return prio, str(sid)
+    return prio, None
 
 
 def _kvtrace_request(obj: dict[str, Any]) -> TraceRequest:
@@ -438,6 +576,8 @@ def _kvtrace_request(obj: dict[str, Any]) -> TraceRequest:
     salt = obj.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise InvalidArgumentError(f"'cache_salt' must be a non-empty string or null, got {salt!r}")
+    # "session": what trace.py writes (the session's number, null outside agentic)
+    prio, session = _retention_fields(obj, "session_id", "session")
     req = TraceRequest(
         rid,
         _int_field(obj, "arrival_step", 0),
@@ -447,6 +587,8 @@ def _kvtrace_request(obj: dict[str, Any]) -> TraceRequest:
         after,
         token_ids,
         salt,
+        priority=prio,
+        session_id=session,
     )
     if req.prompt_len < 1:
         raise InvalidArgumentError("empty prompt")
@@ -473,9 +615,14 @@ def _mooncake_request(obj: dict[str, Any], index: int, block: int, step_ms: floa
     last_seed, _ = segs[-1]
     segs[-1] = (last_seed, n_in - (need - 1) * block)
     out_seed = splitmix64(index ^ _MOONCAKE_SALT)
+    tenant = obj.get("tenant")
+    if tenant is not None and (not isinstance(tenant, str) or not tenant):
+        raise InvalidArgumentError(f"'tenant' must be a non-empty string or null, got {tenant!r}")
+    prio, session = _retention_fields(obj, "session_id")
     return TraceRequest(
-        f"mc-{index:06d}", int(ts // step_ms), tuple(segs), out_seed, n_out, arrival_s=ts / 1000
-    )
+        f"mc-{index:06d}", int(ts // step_ms), tuple(segs), out_seed, n_out,
+        cache_salt=tenant, arrival_s=ts / 1000, priority=prio, session_id=session,
+    )  # fmt: skip
 
 
 def read_trace(path: str, *, mooncake_block: int = 512, step_ms: float = 50.0) -> Trace:

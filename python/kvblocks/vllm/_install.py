@@ -11,6 +11,9 @@ logger = logging.getLogger("kvblocks.vllm")
 
 #: The environment variable that makes the vLLM plugin call `install()`.
 ENV_SWITCH = "KVBLOCKS_VLLM"
+#: The environment variable holding the plugin's retention policy, as a spec
+#: (`kvblocks.retention_spec`; docs/retention.md), e.g. `session=30;quota=burst:0`.
+ENV_RETENTION = "KVBLOCKS_VLLM_RETENTION"
 
 # (module, attribute) -> vLLM's own object, while installed.
 _saved: dict[tuple[str, str], Any] = {}
@@ -101,6 +104,13 @@ def installed() -> bool:
 def plugin() -> None:
     """vLLM general plugin (entry point `vllm.general_plugins`): installs kvblocks in
     this vLLM process when `KVBLOCKS_VLLM` is set to 1 / true / yes, and does nothing
-    otherwise."""
+    otherwise. `KVBLOCKS_VLLM_RETENTION` (a spec such as `session=30`) sets the
+    retention policy; a bad spec raises `SpecError` (a `ValueError`) naming it."""
     if os.environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes", "on"):
-        install()
+        spec = os.environ.get(ENV_RETENTION, "").strip()
+        retention = None
+        if spec:
+            from kvblocks.retention_spec import parse_retention
+
+            retention = parse_retention(spec).build()
+        install(retention=retention)

@@ -1,0 +1,267 @@
+"""A retention policy for the prefix cache as one line of text: ``kvblocks simulate
+--retention SPEC`` and ``KVBLOCKS_VLLM_RETENTION=SPEC`` for ``kvblocks.vllm``.
+
+The rules are ``docs/retention.md``'s; this module only reads and writes the spec::
+
+    SPEC  := "lru" | ITEM (SEP ITEM)*            SEP := "," | ";" | "+"
+    ITEM  := "session=" SECONDS                  blocks of a session kept SECONDS after a turn
+           | "ttl=" SECONDS                      one TTL for every class
+           | "ttl=" CLASS ":" SECONDS ("," ...)  a TTL per class ("none": no TTL)
+           | "classes=" K                        priority classes (class 0 evicted first)
+           | "default-class=" CLASS              the class of a priority not mapped
+           | "priority=" PRIO ":" CLASS ("," ...)  request priority -> class
+           | "quota=" BLOCKS                     every tenant's quota (default_tenant_quota)
+           | "quota=" TENANT ":" BLOCKS ("," ...)  per-tenant quotas (a bare BLOCKS among
+                                                   them is the default quota)
+
+A piece without ``=`` continues the list of the item before it (``quota=a:10,b:20``), so
+``,`` both separates items and lists. ``classes`` defaults to one more than the highest
+class named. ``lru`` (also ``none``) is vLLM's order: no policy.
+
+In ``--sweep retention=V1,V2,...`` the commas separate the policies, a piece without ``=``
+still continues the one before, and the items of one policy are joined with ``+`` (or
+``;``): ``--sweep retention=lru,session=30,quota=burst:0,classes=2+priority=0:1``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RetentionSpec", "SpecError", "parse_retention", "split_sweep"]
+
+LRU_WORDS = ("lru", "none")
+_KEYS = ("classes", "default-class", "priority", "ttl", "session", "quota")
+_LIST_KEYS = ("priority", "ttl", "quota")
+
+
+class SpecError(ValueError):
+    """A retention spec that cannot be read (the message is one line)."""
+
+
+@dataclass(frozen=True)
+class RetentionSpec:
+    """A parsed ``--retention`` spec; all defaults = ``lru`` (no policy).
+
+    Attributes mirror ``kvblocks.RetentionPolicy``'s arguments (``docs/retention.md``);
+    ``ttl_s`` is None, one float for every class, or one entry per class.
+    """
+
+    classes: int = 1
+    default_class: int = 0
+    priority_classes: tuple[tuple[int, int], ...] = ()
+    ttl_s: float | tuple[float | None, ...] | None = None
+    session_s: float | None = None
+    tenant_quotas: tuple[tuple[str, int], ...] = ()
+    default_tenant_quota: int | None = None
+
+    @property
+    def is_lru(self) -> bool:
+        """No policy: vLLM's LRU order."""
+        return self == RetentionSpec()
+
+    @property
+    def spec(self) -> str:
+        """The canonical spec text (``lru`` for no policy); parses back to ``self``."""
+        if self.is_lru:
+            return "lru"
+        items = []
+        if self.classes != 1:
+            items.append(f"classes={self.classes}")
+        if self.default_class:
+            items.append(f"default-class={self.default_class}")
+        if self.priority_classes:
+            items.append("priority=" + ",".join(f"{p}:{c}" for p, c in self.priority_classes))
+        if isinstance(self.ttl_s, tuple):
+            items.append("ttl=" + ",".join(f"{c}:{_num(t)}" for c, t in enumerate(self.ttl_s) if t))
+        elif self.ttl_s is not None:
+            items.append(f"ttl={_num(self.ttl_s)}")
+        if self.session_s is not None:
+            items.append(f"session={_num(self.session_s)}")
+        quotas = [f"{t}:{q}" for t, q in self.tenant_quotas]
+        if self.default_tenant_quota is not None:
+            quotas.insert(0, str(self.default_tenant_quota))
+        if quotas:
+            items.append("quota=" + ",".join(quotas))
+        return ";".join(items)
+
+    def policy_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``kvblocks.RetentionPolicy``."""
+        ttl: float | list[float | None] | None
+        ttl = list(self.ttl_s) if isinstance(self.ttl_s, tuple) else self.ttl_s
+        return {
+            "classes": self.classes,
+            "default_class": self.default_class,
+            "priority_classes": dict(self.priority_classes),
+            "ttl_s": ttl,
+            "session_s": self.session_s,
+            "tenant_quotas": dict(self.tenant_quotas),
+            "default_tenant_quota": self.default_tenant_quota,
+        }
+
+    def as_json(self) -> dict[str, Any]:
+        """``{"spec": str, "policy": {...} | null}`` (``runs[i].retention`` in the JSON)."""
+        if self.is_lru:
+            return {"spec": "lru", "policy": None}
+        kw = self.policy_kwargs()
+        kw["priority_classes"] = {str(p): c for p, c in self.priority_classes}
+        return {"spec": self.spec, "policy": kw}
+
+    def build(self) -> Any:
+        """A ``kvblocks.RetentionPolicy``, or None for ``lru``.
+
+        Raises:
+            SpecError: The core rejects the policy, or this kvblocks has no retention.
+        """
+        if self.is_lru:
+            return None
+        import kvblocks
+
+        cls = getattr(kvblocks, "RetentionPolicy", None)
+        if cls is None:
+            raise SpecError("this kvblocks build has no RetentionPolicy (docs/retention.md)")
+        try:
+            return cls(**self.policy_kwargs())
+        except (ValueError, TypeError) as e:
+            raise SpecError(f"retention {self.spec!r}: {e}") from None
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def _seconds(key: str, text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise SpecError(f"{key}: expected seconds, got {text!r}") from None
+    if not v > 0 or not math.isfinite(v):
+        raise SpecError(f"{key}: seconds must be > 0, got {text!r}")
+    return v
+
+
+def _int(key: str, text: str, lo: int | None) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise SpecError(f"{key}: expected an integer, got {text!r}") from None
+    if lo is not None and v < lo:
+        raise SpecError(f"{key}: must be >= {lo}, got {text!r}")
+    return v
+
+
+def _pair(key: str, text: str) -> tuple[str, str]:
+    name, sep, value = text.rpartition(":")
+    if not sep or not name.strip() or not value.strip():
+        raise SpecError(f"{key}: expected NAME:VALUE, got {text!r}")
+    return name.strip(), value.strip()
+
+
+def parse_retention(text: str) -> RetentionSpec:
+    """Reads a ``--retention`` spec (grammar in the module docs).
+
+    Raises:
+        SpecError: A one-line message naming the bad piece.
+    """
+    items: list[tuple[str, list[str]]] = []
+    for raw in re.split(r"[,;+]", text):
+        piece = raw.strip()
+        if not piece:
+            raise SpecError(f"empty item in {text!r}")
+        if "=" in piece:
+            key, _, value = piece.partition("=")
+            key = key.strip().lower().replace("_", "-")
+            if key not in _KEYS:
+                raise SpecError(
+                    f"unknown key {key!r} in {text!r} (keys: {', '.join(_KEYS)}; or lru)"
+                )
+            if any(k == key for k, _ in items):
+                raise SpecError(f"{key} given twice in {text!r}")
+            items.append((key, [value.strip()]))
+        elif piece.lower() in LRU_WORDS:
+            items.append(("lru", []))
+        elif items and items[-1][0] in _LIST_KEYS:
+            items[-1][1].append(piece)
+        else:
+            raise SpecError(f"expected KEY=VALUE or lru, got {piece!r} in {text!r}")
+    if any(k == "lru" for k, _ in items):
+        if len(items) > 1:
+            raise SpecError(f"lru (no policy) takes no other items: {text!r}")
+        return RetentionSpec()
+    got = dict(items)
+    classes: int | None = None
+    if "classes" in got:
+        classes = _int("classes", got["classes"][0], 1)
+    default_class = (
+        _int("default-class", got["default-class"][0], 0) if "default-class" in got else 0
+    )
+    named = [default_class]
+    prio: dict[int, int] = {}
+    for entry in got.get("priority", []):
+        p, c = _pair("priority", entry)
+        pv = _int("priority", p, None)
+        if pv in prio:
+            raise SpecError(f"priority: {pv} mapped twice")
+        prio[pv] = _int("priority", c, 0)
+        named.append(prio[pv])
+    ttl_one: float | None = None
+    ttl_per: dict[int, float | None] = {}
+    for entry in got.get("ttl", []):
+        if ":" not in entry:
+            if ttl_one is not None or ttl_per or len(got["ttl"]) > 1:
+                raise SpecError(
+                    f"ttl: one SECONDS for every class, or CLASS:SECONDS items: {entry!r}"
+                )
+            ttl_one = _seconds("ttl", entry)
+            continue
+        c, t = _pair("ttl", entry)
+        cv = _int("ttl", c, 0)
+        if cv in ttl_per:
+            raise SpecError(f"ttl: class {cv} given twice")
+        ttl_per[cv] = None if t.lower() == "none" else _seconds("ttl", t)
+        named.append(cv)
+    need = 1 + max(named)
+    if classes is None:
+        classes = need
+    elif need > classes:
+        raise SpecError(f"class {need - 1} is named but classes={classes} (classes count from 0)")
+    ttl: float | tuple[float | None, ...] | None = ttl_one
+    if any(t is not None for t in ttl_per.values()):
+        ttl = tuple(ttl_per.get(c) for c in range(classes))
+    session = _seconds("session", got["session"][0]) if "session" in got else None
+    quotas: dict[str, int] = {}
+    default_quota: int | None = None
+    for entry in got.get("quota", []):
+        if ":" not in entry:
+            if default_quota is not None:
+                raise SpecError(f"quota: two default quotas in {text!r}")
+            default_quota = _int("quota", entry, 0)
+            continue
+        t, q = _pair("quota", entry)
+        if t in quotas:
+            raise SpecError(f"quota: tenant {t!r} given twice")
+        quotas[t] = _int("quota", q, 0)
+    return RetentionSpec(
+        classes,
+        default_class,
+        tuple(sorted(prio.items())),
+        ttl,
+        session,
+        tuple(sorted(quotas.items())),
+        default_quota,
+    )
+
+
+def split_sweep(text: str) -> list[str]:
+    """The policies of ``--sweep retention=...``: split at commas, a piece without ``=``
+    (other than ``lru``) continuing the policy before it."""
+    out: list[str] = []
+    for raw in text.split(","):
+        piece = raw.strip()
+        if out and piece and "=" not in piece and piece.lower() not in LRU_WORDS:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
