@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import kvblocks as kb
@@ -22,6 +24,10 @@ CLASSES: list[tuple[type[kb.KVBlocksError], type[Exception]]] = [
     (kb.InvalidSpecError, ValueError),
     (kb.UnsupportedError, NotImplementedError),
     (kb.NotPinnedError, KeyError),
+    (kb.InvalidTypeError, TypeError),
+    (kb.IntOverflowError, OverflowError),
+    (kb.BlockIndexError, IndexError),
+    (kb.UnknownLayerError, KeyError),
 ]
 
 # Rows of the bad-input table whose error Python or PyO3 raises before the core sees the
@@ -32,7 +38,10 @@ CONVERSION_ERRORS = (TypeError, OverflowError, AttributeError, RuntimeError)
 
 def test_base_class() -> None:
     assert issubclass(kb.KVBlocksError, Exception)
-    assert not issubclass(kb.KVBlocksError, (ValueError, KeyError, NotImplementedError))
+    assert not issubclass(
+        kb.KVBlocksError,
+        (ValueError, KeyError, NotImplementedError, TypeError, OverflowError, IndexError),
+    )
     assert kb.KVBlocksError.__module__ == "kvblocks._core"
     assert kb.KVBlocksError.__doc__
 
@@ -52,7 +61,8 @@ def test_class_bases(cls: type[kb.KVBlocksError], builtin: type[Exception]) -> N
 
 
 def test_one_class_per_variant() -> None:
-    """Every exported subclass is in CLASSES (one per `KvError` variant)."""
+    """Every exported subclass is in CLASSES (one per `KvError` variant, and the binding
+    layer's four)."""
     exported = {
         v
         for v in vars(kb).values()
@@ -97,3 +107,119 @@ def test_vllm_unsupported_config_error_is_in_the_tree() -> None:
     assert issubclass(UnsupportedConfigError, kb.UnsupportedError)
     assert issubclass(UnsupportedConfigError, kb.KVBlocksError)
     assert issubclass(UnsupportedConfigError, NotImplementedError)
+
+
+# --- Errors raised outside the core: the binding layer's own checks, kvblocks.device,
+# kvblocks.events, kvblocks.metrics and kvblocks.sim.
+
+
+def _vllm_like_request(**fields: Any) -> SimpleNamespace:
+    """The attributes `RequestBlockHasher` reads from a vLLM `Request`."""
+    base: dict[str, Any] = {
+        "_all_token_ids": list(range(2 * BS)),
+        "block_hashes": [],
+        "lora_request": None,
+        "cache_salt": None,
+        "mm_features": [],
+        "prompt_embeds": None,
+    }
+    return SimpleNamespace(**{**base, **fields})
+
+
+def test_request_hasher_errors() -> None:
+    from kvblocks._core import RequestBlockHasher
+
+    with pytest.raises(kb.InvalidArgumentError, match="num_hash_lookahead_tokens"):
+        RequestBlockHasher(BS, "sha256", -1)
+    hasher = RequestBlockHasher(BS, "sha256")
+    position = SimpleNamespace(offset=-1, length=2)
+    feature = SimpleNamespace(mm_position=position, identifier="image")
+    with pytest.raises(kb.InvalidArgumentError, match="mm_position"):
+        hasher(_vllm_like_request(mm_features=[feature]))
+    embeds = [[0.0]] * (2 * BS)
+    with pytest.raises(kb.InvalidArgumentError, match="without tensor_data"):
+        hasher(_vllm_like_request(prompt_embeds=embeds))
+    odd = RequestBlockHasher(BS, "sha256", tensor_data=lambda _: b"odd")
+    with pytest.raises(kb.InvalidArgumentError, match="rows"):
+        odd(_vllm_like_request(prompt_embeds=embeds))
+    with pytest.raises(kb.InvalidTypeError, match="cache_salt"):
+        hasher(_vllm_like_request(cache_salt=3))
+    with pytest.raises(kb.IntOverflowError):
+        hasher(_vllm_like_request(_all_token_ids=[2**70] * (2 * BS)))
+
+
+def test_binding_type_and_overflow_checks() -> None:
+    mgr = kb.KVCacheManager(config(full()), 64, BS)
+    request = kb.Request("r", list(range(2 * BS)), kb.BlockHasher(BS))
+    with pytest.raises(kb.InvalidTypeError, match="new_computed_blocks"):
+        mgr.allocate_slots(request, BS, 0, "not blocks")  # type: ignore[arg-type]
+    with pytest.raises(kb.IntOverflowError, match="u32"):
+        kb.Request("big", [2**40] * BS, kb.BlockHasher(BS))
+
+
+def test_events_errors() -> None:
+    from kvblocks.events import ZmqEventPublisher, offset_endpoint_port
+
+    with pytest.raises(kb.InvalidArgumentError, match="endpoint"):
+        offset_endpoint_port("ipc:///tmp/x", 1)
+    with pytest.raises(kb.InvalidArgumentError, match="buffer_steps"):
+        ZmqEventPublisher(buffer_steps=-1)
+
+
+def test_metrics_errors() -> None:
+    from kvblocks.metrics import KVCacheMetrics
+
+    metrics = KVCacheMetrics()
+    with pytest.raises(kb.InvalidArgumentError, match="usage"):
+        metrics.observe(usage=2.0)
+    counts = dict.fromkeys(
+        ("queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits"), 0
+    )
+    stats = SimpleNamespace(requests=-1, **counts)
+    with pytest.raises(kb.InvalidArgumentError, match="non-negative"):
+        metrics.observe(stats)
+
+
+def test_sim_errors(tmp_path: Path) -> None:
+    from kvblocks.sim import presets, workloads
+    from kvblocks.sim.engine import ReplayError
+
+    with pytest.raises(kb.InvalidArgumentError, match="unknown workload"):
+        workloads.generate("nonsense")
+    with pytest.raises(kb.InvalidArgumentError, match="memory size"):
+        presets.parse_memory("lots")
+    assert issubclass(workloads.TraceError, kb.InvalidArgumentError)
+    assert issubclass(ReplayError, kb.KVBlocksError) and issubclass(ReplayError, RuntimeError)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("[1, 2]\n")
+    with pytest.raises(workloads.TraceError) as info:
+        workloads.read_trace(str(bad))
+    assert isinstance(info.value, kb.KVBlocksError) and isinstance(info.value, ValueError)
+
+
+def test_device_errors() -> None:
+    torch = pytest.importorskip("torch")
+    from kvblocks.device import KVPages, block_table, slot_mapping
+
+    spec = full()
+    names = ["layer.0"]
+    num_blocks = 8
+    tensors = [kb.KVCacheTensor(num_blocks * spec.page_size_bytes, names)]
+    cfg = kb.KVCacheConfig(num_blocks, tensors, [kb.KVCacheGroupSpec(names, spec)])
+    pages = KVPages(cfg)
+    with pytest.raises(kb.BlockIndexError, match="out of range"):
+        pages.zero_blocks([num_blocks])
+    with pytest.raises(kb.InvalidTypeError, match="integers"):
+        pages.zero_blocks(torch.tensor([1.0]))
+    with pytest.raises(kb.InvalidArgumentError, match="duplicate"):
+        pages.copy_blocks([1, 2], [3, 3])
+    with pytest.raises(kb.UnknownLayerError, match="no layer"):
+        pages.kv_cache("nonsense")
+    with pytest.raises(kb.InvalidArgumentError, match="layout"):
+        KVPages(cfg, layout="XYZ")  # type: ignore[arg-type]
+    with pytest.raises(kb.InvalidArgumentError, match="max_blocks"):
+        block_table([[1]], -1)
+    with pytest.raises(kb.IntOverflowError, match="int32"):
+        block_table([[2**40]], 1)
+    with pytest.raises(kb.InvalidTypeError, match="2-D"):
+        slot_mapping(torch.zeros(3, dtype=torch.int32), [0], [1], BS)

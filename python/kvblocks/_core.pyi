@@ -15,6 +15,7 @@ __all__ = [
     "AllBlocksCleared",
     "AttentionSpec",
     "BlockHasher",
+    "BlockIndexError",
     "BlockOutOfRangeError",
     "BlockPool",
     "BlockRemoved",
@@ -25,8 +26,10 @@ __all__ = [
     "DoubleFreeError",
     "EventSink",
     "FullAttentionSpec",
+    "IntOverflowError",
     "InvalidArgumentError",
     "InvalidSpecError",
+    "InvalidTypeError",
     "KVBlocksError",
     "KVCacheBlock",
     "KVCacheBlocks",
@@ -37,14 +40,17 @@ __all__ = [
     "KVCacheTensor",
     "MLAAttentionSpec",
     "MambaSpec",
+    "NotPinnedError",
     "OutOfBlocksError",
     "PrefixCacheStats",
     "Request",
     "RequestBlockHasher",
+    "RetentionPolicy",
     "SinkFullAttentionSpec",
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
     "UnknownAlgorithmError",
+    "UnknownLayerError",
     "UnknownRequestError",
     "UnsupportedError",
     "__version__",
@@ -58,9 +64,10 @@ __all__ = [
 __version__: str
 
 # --- Errors (src/python/errors.rs) ---------------------------------------------------
-# One class per `KvError` variant. Each also derives from the builtin exception kvblocks
-# raised there before (and vLLM raises in the same case), so `except ValueError` and
-# `except KeyError` keep working.
+# One class per `KvError` variant, then four for input the binding layer and
+# kvblocks.device check themselves. Each also derives from the builtin exception kvblocks
+# raised there before (and vLLM raises in the same case), so `except ValueError`,
+# `except KeyError`, `except TypeError` ... keep working.
 
 class KVBlocksError(Exception):
     """The base class of every error kvblocks raises for bad input or a broken invariant."""
@@ -91,6 +98,18 @@ class UnsupportedError(KVBlocksError, NotImplementedError):
 
 class NotPinnedError(KVBlocksError, KeyError):
     """Unpinning a prefix that is not pinned."""
+
+class InvalidTypeError(KVBlocksError, TypeError):
+    """An argument of the wrong type, found by kvblocks' own checks."""
+
+class IntOverflowError(KVBlocksError, OverflowError):
+    """An int too large for the type kvblocks keeps it in."""
+
+class BlockIndexError(KVBlocksError, IndexError):
+    """A block id outside the pages of kvblocks.device."""
+
+class UnknownLayerError(KVBlocksError, KeyError):
+    """A layer name the KV cache pages do not hold (kvblocks.device)."""
 
 # --- Retention (src/python/retention.rs; docs/retention.md) ---------------------------
 
@@ -124,7 +143,7 @@ class RetentionPolicy:
     def tenant_quotas(self) -> dict[str, int]: ...
     @property
     def default_tenant_quota(self) -> int | None: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
 # --- KV cache specs (src/python/spec.rs) ---------------------------------------------
 

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from kvblocks._core import EventSink, encode_event_batch
+from kvblocks._core import EventSink, InvalidArgumentError, encode_event_batch
 
 if TYPE_CHECKING:
     import zmq
@@ -61,7 +61,7 @@ def offset_endpoint_port(endpoint: str | None, data_parallel_rank: int) -> str |
         if int(port) == 0:
             return endpoint
         return f"{base}:{int(port) + data_parallel_rank}"
-    raise ValueError("Invalid endpoint: must contain 'inproc' or 'tcp'")
+    raise InvalidArgumentError("Invalid endpoint: must contain 'inproc' or 'tcp'")
 
 
 def _is_bind_endpoint(endpoint: str) -> bool:
@@ -96,7 +96,7 @@ class ZmqEventPublisher:
         import zmq
 
         if buffer_steps < 0:
-            raise ValueError("buffer_steps must be >= 0")
+            raise InvalidArgumentError("buffer_steps must be >= 0")
         self._sink = EventSink(
             max_queue_size=max_queue_size, format=format, data_parallel_rank=data_parallel_rank
         )

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from kvblocks._core import PrefixCacheStats
+from kvblocks._core import InvalidArgumentError, PrefixCacheStats
 
 __all__ = ["KVCacheMetrics", "MetricSample", "PrefixCacheStats", "StatsSource"]
 
@@ -85,13 +85,13 @@ class KVCacheMetrics:
             for attr in self._totals:
                 value = getattr(stats, attr)
                 if not isinstance(value, int) or value < 0:
-                    raise ValueError(f"{attr} must be a non-negative int, got {value!r}")
+                    raise InvalidArgumentError(f"{attr} must be a non-negative int, got {value!r}")
             for attr in self._totals:
                 self._totals[attr] += getattr(stats, attr)
             self._resets += bool(getattr(stats, "reset", False))
         if usage is not None:
             if not 0.0 <= usage <= 1.0:
-                raise ValueError(f"usage must be in [0, 1], got {usage!r}")
+                raise InvalidArgumentError(f"usage must be in [0, 1], got {usage!r}")
             self._usage = usage
 
     def samples(self) -> list[MetricSample]:

@@ -23,11 +23,11 @@ pub(crate) fn sink_kind(s: &SinkFullAttentionSpec) -> AttentionKind {
 }
 
 /// The sink blocks a sink manager takes at construction: `sink_len / bs`, which must be
-/// a positive whole number.
+/// a positive whole number. The one sink-length check: a sink spec's `build` calls it too.
 pub(crate) fn num_sink_blocks(sink_len: usize, bs: usize) -> Result<usize> {
     if sink_len == 0 || !sink_len.is_multiple_of(bs) {
         return Err(KvError::InvalidSpec(format!(
-            "sink_len {sink_len} must be a positive multiple of block_size {bs}"
+            "sink_len ({sink_len}) must be a positive multiple of block_size ({bs})"
         )));
     }
     Ok(sink_len / bs)

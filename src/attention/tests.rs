@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::events::event::TokensOnly;
+use crate::spec::KvCacheSpec;
+use crate::types::{BlockHash, NULL_BLOCK_ID};
 
 const NO_TOKENS: TokensOnly<'static> = TokensOnly(&[]);
 

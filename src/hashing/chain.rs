@@ -107,15 +107,8 @@ fn rewind(features: &[MmFeature], mut idx: usize, e: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hashing::extra_keys::tests::feat;
     use crate::hashing::{hash_block_tokens, none_hash, HashAlgo, LoraRequest, PromptEmbeds};
-
-    fn feat(id: &str, offset: usize, length: usize) -> MmFeature {
-        MmFeature {
-            identifier: id.to_owned(),
-            offset,
-            length,
-        }
-    }
 
     /// The plain model: every block hashed from scratch, extra keys from every feature
     /// that overlaps the block's window (no scan state).
@@ -226,19 +219,12 @@ mod tests {
             bytes_per_token: 3,
         };
         let sources = [
-            KeySources {
-                lora: None,
-                mm_features: &[],
-                cache_salt: None,
-                prompt_embeds: None,
-                objs: None,
-            },
+            KeySources::default(),
             KeySources {
                 lora: Some(&lora),
                 mm_features: &feats,
                 cache_salt: Some("salt"),
-                prompt_embeds: None,
-                objs: None,
+                ..KeySources::default()
             },
             KeySources {
                 lora: None,
@@ -268,13 +254,7 @@ mod tests {
     fn lookahead_keys_take_vllms_shape() {
         // (None, t) for L=1 and (None, t, u) for L=2 when the block has no keys.
         let tokens = [1u32, 2, 3, 4, 5, 6];
-        let src = KeySources {
-            lora: None,
-            mm_features: &[],
-            cache_salt: None,
-            prompt_embeds: None,
-            objs: None,
-        };
+        let src = KeySources::default();
         for algo in HashAlgo::ALL {
             let h = BlockHasher::new(2, algo).unwrap();
             let mut out = Vec::new();
@@ -305,8 +285,7 @@ mod tests {
             lora: Some(&lora),
             mm_features: &feats,
             cache_salt: Some("s"),
-            prompt_embeds: None,
-            objs: None,
+            ..KeySources::default()
         };
         for algo in HashAlgo::ALL {
             for la in [0, 1, 2] {
@@ -323,13 +302,7 @@ mod tests {
         let block: [i64; 5] = [-1, 0, 70000, -300, 1 << 40];
         let hex =
             |h: BlockHash| -> String { h.as_bytes().iter().map(|x| format!("{x:02x}")).collect() };
-        let src = KeySources {
-            lora: None,
-            mm_features: &[],
-            cache_salt: None,
-            prompt_embeds: None,
-            objs: None,
-        };
+        let src = KeySources::default();
         for (algo, want) in [
             (
                 HashAlgo::Sha256,

@@ -73,15 +73,7 @@ impl<K: ExtraKeys + ?Sized, T: Token> ExtraKeys for LookaheadKeys<'_, K, T> {
     }
 
     fn write_items<E: Encoder>(&self, e: &mut E) {
-        match self.keys {
-            None => e.none(),
-            Some(keys) => {
-                let n = keys.count();
-                e.tuple_begin(n);
-                keys.write_items(e);
-                e.tuple_end(n);
-            }
-        }
+        write_optional_keys(e, self.keys);
         for &t in self.tokens {
             e.int(t.to_i64());
         }
@@ -150,6 +142,20 @@ impl Token for i64 {
     }
 }
 
+/// Writes extra keys as a tuple of their items, or `None` when there are none.
+#[inline]
+fn write_optional_keys<E: Encoder, K: ExtraKeys + ?Sized>(e: &mut E, keys: Option<&K>) {
+    match keys {
+        None => e.none(),
+        Some(keys) => {
+            let n = keys.count();
+            e.tuple_begin(n);
+            keys.write_items(e);
+            e.tuple_end(n);
+        }
+    }
+}
+
 /// Serializes `(parent, tuple(tokens), extra_keys)` (extra keys `None` when absent) and
 /// returns the bytes vLLM's hash function would digest.
 pub(crate) fn encode_block<'e, E: Encoder, K: ExtraKeys + ?Sized>(
@@ -162,15 +168,7 @@ pub(crate) fn encode_block<'e, E: Encoder, K: ExtraKeys + ?Sized>(
     e.tuple_begin(3);
     e.bytes(parent);
     Token::write_tuple(e, tokens);
-    match extra_keys {
-        None => e.none(),
-        Some(keys) => {
-            let n = keys.count();
-            e.tuple_begin(n);
-            keys.write_items(e);
-            e.tuple_end(n);
-        }
-    }
+    write_optional_keys(e, extra_keys);
     e.tuple_end(3);
     e.finish()
 }

@@ -195,7 +195,7 @@ pub struct StrObjects {
 }
 
 /// Where a request's extra keys come from (borrowed from the request).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct KeySources<'a> {
     /// The request's LoRA adapter.
     pub lora: Option<&'a LoraRequest>,
@@ -395,10 +395,11 @@ pub fn to_event_extra_keys(tagged: &[KeyValue]) -> Result<Vec<KeyValue>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn feat(id: &str, offset: usize, length: usize) -> MmFeature {
+    /// A multimodal feature (shared with the chain's tests).
+    pub(crate) fn feat(id: &str, offset: usize, length: usize) -> MmFeature {
         MmFeature {
             identifier: id.to_owned(),
             offset,
@@ -420,8 +421,7 @@ mod tests {
             lora: Some(&lora),
             mm_features: &feats,
             cache_salt: Some("s"),
-            prompt_embeds: None,
-            objs: None,
+            ..KeySources::default()
         };
         let lora_key = KeyValue::Tuple(vec![s("lora"), s("L"), s("/p")]);
         let mm = |id: &str, off: i64| KeyValue::Tuple(vec![s("mm"), s(id), KeyValue::Int(off)]);
@@ -446,8 +446,7 @@ mod tests {
             lora: None,
             mm_features: &feats,
             cache_salt: Some(""),
-            prompt_embeds: None,
-            objs: None,
+            ..KeySources::default()
         };
         assert!(src.block_keys(0, 4, 0).0.is_none());
         // Block [8,12) ends the feature: the next block resumes past it.

@@ -2,7 +2,6 @@
 //! `KVCacheConfig` with vLLM's names. Other bindings read the core config through
 //! `PyRef<PyKVCacheConfig>::inner`.
 
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
 use pyo3::types::PyList;
@@ -10,6 +9,7 @@ use pyo3::IntoPyObjectExt;
 
 use super::spec::{spec_to_py, Count, PyKVCacheSpec};
 use crate::config::{BlockSizeParams, KvCacheConfig, KvCacheGroupSpec, KvCacheTensor};
+use crate::python::errors::{int_overflow, invalid_type};
 
 /// `==`/`!=` by value; other comparisons are not supported.
 fn compare<T: PartialEq>(a: &T, b: &T, op: CompareOp, py: Python<'_>) -> PyResult<PyObject> {
@@ -23,7 +23,7 @@ fn compare<T: PartialEq>(a: &T, b: &T, op: CompareOp, py: Python<'_>) -> PyResul
 /// A list of strings, refusing a bare `str` (which would split into characters).
 fn names(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<String>> {
     obj.extract()
-        .map_err(|_| PyTypeError::new_err(format!("{what} must be a list of layer names")))
+        .map_err(|_| invalid_type(format!("{what} must be a list of layer names")))
 }
 
 /// Formats layer names as a Python list literal.
@@ -52,7 +52,7 @@ impl PyKVCacheTensor {
             (Some(s), None) => names(s, "shared_by")?,
             (None, Some(l)) => names(l, "layers")?,
             _ => {
-                return Err(PyTypeError::new_err(
+                return Err(invalid_type(
                     "KVCacheTensor needs exactly one of shared_by or layers",
                 ))
             }
@@ -171,11 +171,7 @@ impl PyKVCacheConfig {
         let interval = prefix_cache_retention_interval
             .map(|c| u32::try_from(c.0))
             .transpose()
-            .map_err(|_| {
-                pyo3::exceptions::PyOverflowError::new_err(
-                    "prefix_cache_retention_interval does not fit in 32 bits",
-                )
-            })?;
+            .map_err(|_| int_overflow("prefix_cache_retention_interval does not fit in 32 bits"))?;
         let inner = KvCacheConfig::new(
             num_blocks.0,
             kv_cache_tensors.iter().map(|t| t.inner.clone()).collect(),

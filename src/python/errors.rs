@@ -4,11 +4,21 @@
 //! The match in [`class_of`] is exhaustive so that a new variant does not compile until it
 //! is mapped.
 //!
+//! Four more classes have no `KvError` variant: the binding layer (and `kvblocks.device`)
+//! raises them for input it checks itself before the core sees it: a wrong type
+//! (`InvalidTypeError`, a `TypeError`), an int too large for its type
+//! (`IntOverflowError`, an `OverflowError`), a block id outside the device pages
+//! (`BlockIndexError`, an `IndexError`) and an unknown layer name (`UnknownLayerError`,
+//! a `KeyError`). PyO3's own argument conversion still raises the plain builtins.
+//!
 //! PyO3's `create_exception!` takes one base, so the subclasses are made with Python's
 //! `type(name, (KVBlocksError, builtin), namespace)` on first use and kept for the
 //! process.
 
-use pyo3::exceptions::{PyException, PyKeyError, PyNotImplementedError, PyValueError};
+use pyo3::exceptions::{
+    PyException, PyIndexError, PyKeyError, PyNotImplementedError, PyOverflowError, PyTypeError,
+    PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyDict, PyTuple, PyType};
@@ -22,7 +32,8 @@ pyo3::create_exception!(
     PyException,
     "The base class of every error kvblocks raises for bad input or a broken invariant. \
      Each subclass also derives from the builtin exception raised in that case before \
-     (ValueError, KeyError or NotImplementedError), as vLLM does."
+     (ValueError, KeyError, NotImplementedError, TypeError, OverflowError or IndexError), \
+     as vLLM does."
 );
 
 /// The builtin base of a subclass.
@@ -31,6 +42,9 @@ enum Builtin {
     Value,
     Key,
     NotImplemented,
+    Type,
+    Overflow,
+    Index,
 }
 
 /// One subclass of `KVBlocksError`: its name, builtin base and docstring.
@@ -40,8 +54,9 @@ struct Class {
     doc: &'static str,
 }
 
-/// The subclasses, indexed by [`class_of`].
-const CLASSES: [Class; 9] = [
+/// The subclasses: one per `KvError` variant, indexed by [`class_of`], then the binding
+/// layer's own ([`INVALID_TYPE`], [`INT_OVERFLOW`], and two that only Python raises).
+const CLASSES: [Class; 13] = [
     Class {
         name: "InvalidArgumentError",
         builtin: Builtin::Value,
@@ -87,7 +102,33 @@ const CLASSES: [Class; 9] = [
         builtin: Builtin::Key,
         doc: "Unpinning a prefix that is not pinned.",
     },
+    Class {
+        name: "InvalidTypeError",
+        builtin: Builtin::Type,
+        doc: "An argument of the wrong type, found by kvblocks' own checks.",
+    },
+    Class {
+        name: "IntOverflowError",
+        builtin: Builtin::Overflow,
+        doc: "An int too large for the type kvblocks keeps it in (u32 block ids, 64-bit \
+              token ids and extra keys, int32 block tables).",
+    },
+    Class {
+        name: "BlockIndexError",
+        builtin: Builtin::Index,
+        doc: "A block id outside the pages of kvblocks.device.",
+    },
+    Class {
+        name: "UnknownLayerError",
+        builtin: Builtin::Key,
+        doc: "A layer name the KV cache pages do not hold (kvblocks.device).",
+    },
 ];
+
+/// The index in [`CLASSES`] of `InvalidTypeError`.
+const INVALID_TYPE: usize = 9;
+/// The index in [`CLASSES`] of `IntOverflowError`.
+const INT_OVERFLOW: usize = 10;
 
 /// The index in [`CLASSES`] of the error's class.
 fn class_of(e: &KvError) -> usize {
@@ -119,6 +160,9 @@ fn types(py: Python<'_>) -> PyResult<&[Py<PyType>]> {
                         Builtin::Value => py.get_type::<PyValueError>(),
                         Builtin::Key => py.get_type::<PyKeyError>(),
                         Builtin::NotImplemented => py.get_type::<PyNotImplementedError>(),
+                        Builtin::Type => py.get_type::<PyTypeError>(),
+                        Builtin::Overflow => py.get_type::<PyOverflowError>(),
+                        Builtin::Index => py.get_type::<PyIndexError>(),
                     };
                     let bases = PyTuple::new(py, [&base, &builtin])?;
                     let namespace = PyDict::new(py);
@@ -132,14 +176,17 @@ fn types(py: Python<'_>) -> PyResult<&[Py<PyType>]> {
         .map(Vec::as_slice)
 }
 
+/// An exception of the class at `index` in [`CLASSES`].
+fn error_of_class(index: usize, msg: String) -> PyErr {
+    Python::with_gil(|py| match types(py) {
+        Ok(types) => PyErr::from_type(types[index].bind(py).clone(), msg),
+        Err(err) => err,
+    })
+}
+
 impl From<KvError> for PyErr {
     fn from(e: KvError) -> Self {
-        let msg = e.to_string();
-        let index = class_of(&e);
-        Python::with_gil(|py| match types(py) {
-            Ok(types) => PyErr::from_type(types[index].bind(py).clone(), msg),
-            Err(err) => err,
-        })
+        error_of_class(class_of(&e), e.to_string())
     }
 }
 
@@ -157,4 +204,14 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// layer itself finds (lengths that differ, a negative count, an unknown format name).
 pub(crate) fn invalid_argument(msg: impl Into<String>) -> PyErr {
     KvError::InvalidArgument(msg.into()).into()
+}
+
+/// `InvalidTypeError(msg)`: an argument of the wrong type that the binding layer found.
+pub(crate) fn invalid_type(msg: impl Into<String>) -> PyErr {
+    error_of_class(INVALID_TYPE, msg.into())
+}
+
+/// `IntOverflowError(msg)`: an int too large for the type the binding layer converts to.
+pub(crate) fn int_overflow(msg: impl Into<String>) -> PyErr {
+    error_of_class(INT_OVERFLOW, msg.into())
 }

@@ -2,11 +2,11 @@
 //! with vLLM 0.33.0's field names and order, and the one Rust -> Python event conversion
 //! ([`event_to_py`]) shared by every binding that returns events.
 
-use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyString, PyTuple};
 
 use crate::events::event::{EventExtraKeys, KvCacheEvent};
+use crate::python::errors::{int_overflow, invalid_type};
 use crate::types::KeyValue;
 
 /// A `KeyValue` as the Python object it stands for.
@@ -37,9 +37,9 @@ pub(crate) fn key_value_from_py(obj: &Bound<'_, PyAny>) -> PyResult<KeyValue> {
     } else if let Ok(b) = obj.downcast::<PyBool>() {
         Ok(KeyValue::Bool(b.is_true()))
     } else if obj.is_instance_of::<PyInt>() {
-        obj.extract::<i64>().map(KeyValue::Int).map_err(|_| {
-            PyOverflowError::new_err(format!("extra key int {obj} does not fit in 64 bits"))
-        })
+        obj.extract::<i64>()
+            .map(KeyValue::Int)
+            .map_err(|_| int_overflow(format!("extra key int {obj} does not fit in 64 bits")))
     } else if let Ok(s) = obj.downcast::<PyString>() {
         Ok(KeyValue::Str(s.to_str()?.to_owned()))
     } else if let Ok(b) = obj.downcast::<PyBytes>() {
@@ -50,7 +50,7 @@ pub(crate) fn key_value_from_py(obj: &Bound<'_, PyAny>) -> PyResult<KeyValue> {
             .collect::<PyResult<_>>()
             .map(KeyValue::Tuple)
     } else {
-        Err(PyTypeError::new_err(format!(
+        Err(invalid_type(format!(
             "an extra key must be None, bool, int, str, bytes or tuple, not {}",
             obj.get_type().name()?
         )))

@@ -6,6 +6,7 @@
 //! Each id's int object is made once, on first use, and shared by every later list: a
 //! list then costs one reference-count increment per id.
 
+use crate::python::errors::int_overflow;
 use pyo3::exceptions::PyOverflowError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -32,7 +33,7 @@ pub(crate) fn extract_u32(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u32> {
 
 fn u32_error(py: Python<'_>, e: PyErr, what: &str) -> PyErr {
     if e.is_instance_of::<PyOverflowError>(py) {
-        PyOverflowError::new_err(format!("{what} must be ints in 0..=4294967295 (u32)"))
+        int_overflow(format!("{what} must be ints in 0..=4294967295 (u32)"))
     } else {
         e
     }

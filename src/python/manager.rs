@@ -1,24 +1,22 @@
-//! Python bindings for `manager`: `KVCacheManager`, `KVCacheBlocks`, `PrefixCacheStats`
-//! and the read-only `block_pool` view. Conversion only.
+//! Python bindings for `manager`: `KVCacheManager`, `KVCacheBlocks` and the read-only
+//! `block_pool` view (`PrefixCacheStats` is in `stats.rs`). Conversion only.
 
-use pyo3::exceptions::PyTypeError;
-
-use crate::python::errors::invalid_argument;
+use crate::python::errors::{invalid_argument, invalid_type};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
 use pyo3::{intern, PyTraverseError, PyVisit};
 
 use crate::attention::{ManagerParams, RequestView};
-use crate::kv_cache_manager::{
-    AllocateArgs, KvCacheManager, ManagerOptions, NewBlocks, PrefixCacheStats,
-};
+use crate::coordinator::BlockDemand;
+use crate::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions, NewBlocks};
 use crate::python::config::PyKVCacheConfig;
 use crate::python::events::events_to_py;
 use crate::python::ids::{extract_u32s, IdObjects};
 use crate::python::pool::PyBlockPool;
 use crate::python::request::{request_list, PyRequest};
 use crate::python::retention::PyRetentionPolicy;
+use crate::python::stats::PyPrefixCacheStats;
 use crate::python::vllm_request::{request_id, AnyRequest, Reads, RequestMemos, VllmRequest};
 use crate::request::Request;
 use crate::types::{BlockHash, BlockId};
@@ -278,35 +276,6 @@ impl PyKVCacheBlock {
     }
 }
 
-/// The Python face of `PrefixCacheStats` (the class itself is the core struct).
-#[pymethods]
-impl PrefixCacheStats {
-    #[new]
-    fn py_new() -> Self {
-        Self::default()
-    }
-
-    /// Adds one request's lookup (preempted requests count apart).
-    #[pyo3(name = "record")]
-    fn py_record(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
-        self.record(num_tokens, num_hits, preempted);
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "PrefixCacheStats(reset={}, requests={}, queries={}, hits={}, preempted_requests={}, \
-             preempted_queries={}, preempted_hits={})",
-            if self.reset { "True" } else { "False" },
-            self.requests,
-            self.queries,
-            self.hits,
-            self.preempted_requests,
-            self.preempted_queries,
-            self.preempted_hits
-        )
-    }
-}
-
 /// vLLM 0.33's `KVCacheManager`. Its calls take kvblocks' `Request` or vLLM's own,
 /// read in place. `subclass`: `kvblocks.vllm.KVCacheManager` adds vLLM's Python-level
 /// attributes on top.
@@ -347,7 +316,7 @@ fn hits_of<'py>(
     }
     let b = b
         .downcast::<PyKVCacheBlocks>()
-        .map_err(|_| PyTypeError::new_err("new_computed_blocks must be a KVCacheBlocks or None"))?;
+        .map_err(|_| invalid_type("new_computed_blocks must be a KVCacheBlocks or None"))?;
     Ok(Some(b.clone()))
 }
 
@@ -837,8 +806,8 @@ impl PyKVCacheManager {
     }
 
     /// The stats since the last call (`None` without `log_stats`).
-    fn make_prefix_cache_stats(&mut self) -> Option<PrefixCacheStats> {
-        self.inner.make_prefix_cache_stats()
+    fn make_prefix_cache_stats(&mut self) -> Option<PyPrefixCacheStats> {
+        self.inner.make_prefix_cache_stats().map(Into::into)
     }
 
     /// KV cache usage in [0, 1].
@@ -900,15 +869,15 @@ impl PyKVCacheManager {
     ) -> PyResult<isize> {
         let hits = (!new_computed_blocks.iter().all(Vec::is_empty))
             .then_some(new_computed_blocks.as_slice());
-        Ok(self.inner.get_num_blocks_to_allocate(
-            request_id,
+        let demand = BlockDemand {
             num_tokens,
             num_tokens_main_model,
             hits,
             num_encoder_tokens,
             total_computed_tokens,
             apply_admission_cap,
-        )?)
+        };
+        Ok(self.inner.get_num_blocks_to_allocate(request_id, &demand)?)
     }
 
     /// Frees the request's blocks outside every group's attention window for tokens
@@ -926,8 +895,8 @@ impl PyKVCacheManager {
     /// The stats recorded since the last `make_prefix_cache_stats`, without resetting
     /// them (`None` without `log_stats`).
     #[getter]
-    fn current_prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
-        self.inner.prefix_cache_stats()
+    fn current_prefix_cache_stats(&self) -> Option<PyPrefixCacheStats> {
+        self.inner.prefix_cache_stats().map(Into::into)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -1084,6 +1053,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyKVCacheManager>()?;
     m.add_class::<PyKVCacheBlocks>()?;
     m.add_class::<PyKVCacheBlock>()?;
-    m.add_class::<PrefixCacheStats>()?;
     Ok(())
 }

@@ -16,6 +16,7 @@ mod request;
 mod request_hasher;
 mod retention;
 mod spec;
+mod stats;
 mod vllm_request;
 
 /// The `kvblocks._core` extension module.
@@ -32,6 +33,7 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     spec::register(m)?;
     config::register(m)?;
     manager::register(m)?;
+    stats::register(m)?;
     request::register(m)?;
     request_hasher::register(m)?;
     retention::register(m)?;

@@ -7,9 +7,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use pyo3::exceptions::PyTypeError;
-
-use crate::python::errors::invalid_argument;
+use crate::python::errors::{invalid_argument, invalid_type};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PySet};
 
@@ -126,7 +124,7 @@ fn event_from_py(obj: &Bound<'_, PyAny>) -> PyResult<KvCacheEvent> {
             }))
         }
         "AllBlocksCleared" => Ok(KvCacheEvent::AllBlocksCleared),
-        other => Err(PyTypeError::new_err(format!(
+        other => Err(invalid_type(format!(
             "expected BlockStored, BlockRemoved or AllBlocksCleared, got {other}"
         ))),
     }
@@ -210,7 +208,7 @@ impl PyEventSink {
         } else if let Ok(pool) = source.downcast::<PyBlockPool>() {
             pool.try_borrow_mut()?.take_core_events(source.py())?
         } else {
-            return Err(PyTypeError::new_err(format!(
+            return Err(invalid_type(format!(
                 "publish_from takes a BlockPool or KVCacheManager, not {}",
                 source.get_type().name()?
             )));

@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PySlice, PyString};
 use pyo3::{ffi, intern};
@@ -20,6 +20,7 @@ use super::ids::extract_u32s;
 use crate::hashing::{
     none_hash, BlockHasher, KeySources, LoraRequest, MmFeature, PromptEmbedsView, StrObjects,
 };
+use crate::python::errors::{int_overflow, invalid_argument, invalid_type};
 use crate::types::BlockHash;
 
 /// Spans at least this many tokens are hashed with the GIL released.
@@ -61,7 +62,7 @@ impl Tokens {
         }
         let wide = seq.extract::<Vec<i64>>().map_err(|e| {
             if e.is_instance_of::<PyOverflowError>(seq.py()) {
-                PyOverflowError::new_err("token ids must be ints within 64 bits")
+                int_overflow("token ids must be ints within 64 bits")
             } else {
                 e
             }
@@ -133,7 +134,7 @@ impl<'py> KeyStrs<'py> {
 fn str_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
     let s = obj
         .downcast::<PyString>()
-        .map_err(|_| PyTypeError::new_err(format!("{what} must be a str")))?;
+        .map_err(|_| invalid_type(format!("{what} must be a str")))?;
     Ok(s.to_str()?.to_owned())
 }
 
@@ -190,7 +191,7 @@ fn mm_features_of<'py>(
         let length = pos.getattr(intern!(py, "length"))?.extract::<usize>();
         match (offset, length) {
             (Ok(o), Ok(l)) => Ok((o, l)),
-            _ => Err(PyValueError::new_err(format!(
+            _ => Err(invalid_argument(format!(
                 "request.mm_features[{i}].mm_position: offset and length must be ints >= 0"
             ))),
         }
@@ -251,7 +252,7 @@ impl PyRequestBlockHasher {
             })?;
         let bytes = value
             .downcast::<PyBytes>()
-            .map_err(|_| PyTypeError::new_err("NONE_HASH must be bytes"))?;
+            .map_err(|_| invalid_type("NONE_HASH must be bytes"))?;
         Ok(BlockHash::from_slice(bytes.as_bytes())?)
     }
 
@@ -263,7 +264,7 @@ impl PyRequestBlockHasher {
             let last = hashes.get_item(num_hashes - 1)?;
             let last = last
                 .downcast::<PyBytes>()
-                .map_err(|_| PyTypeError::new_err("request.block_hashes must hold bytes"))?;
+                .map_err(|_| invalid_type("request.block_hashes must hold bytes"))?;
             if !last.as_bytes().is_empty() {
                 return Ok(BlockHash::from_slice(last.as_bytes())?);
             }
@@ -293,14 +294,14 @@ impl PyRequestBlockHasher {
             }));
         }
         let Some(tensor_data) = &self.tensor_data else {
-            return Err(PyValueError::new_err(
+            return Err(invalid_argument(
                 "this hasher was made without tensor_data and cannot hash prompt_embeds",
             ));
         };
         let data = tensor_data.bind(py).call1((pe,))?;
         let nbytes = data.len()?;
         if nbytes % rows != 0 {
-            return Err(PyValueError::new_err(format!(
+            return Err(invalid_argument(format!(
                 "tensor_data(prompt_embeds) gave {nbytes} bytes, not {rows} rows"
             )));
         }
@@ -316,7 +317,7 @@ impl PyRequestBlockHasher {
             .get_item(slice)?
             .call_method0(intern!(py, "tobytes"))?
             .downcast_into::<PyBytes>()
-            .map_err(|_| PyTypeError::new_err("tensor_data(...)[a:b].tobytes() must be bytes"))?;
+            .map_err(|_| invalid_type("tensor_data(...)[a:b].tobytes() must be bytes"))?;
         Ok(Some(Embeds {
             rows: Some(rows.unbind()),
             bytes_per_token,
@@ -339,7 +340,7 @@ impl PyRequestBlockHasher {
     ) -> PyResult<Self> {
         let algo = parse_algo(algo)?;
         let lookahead = usize::try_from(num_hash_lookahead_tokens).map_err(|_| {
-            PyValueError::new_err(format!(
+            invalid_argument(format!(
                 "num_hash_lookahead_tokens must be >= 0, got {num_hash_lookahead_tokens}"
             ))
         })?;

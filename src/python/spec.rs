@@ -2,9 +2,7 @@
 //! names, keywords and `isinstance` relations. Each object holds one core
 //! [`KvCacheSpec`]; other bindings read it through `PyRef<PyKVCacheSpec>::inner`.
 
-use pyo3::exceptions::PyTypeError;
-
-use crate::python::errors::invalid_argument;
+use crate::python::errors::{invalid_argument, invalid_type};
 use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
 use pyo3::types::{PyDict, PyString, PyTuple, PyType};
@@ -50,7 +48,7 @@ impl<'py> FromPyObject<'py> for PyDtype {
         if text.starts_with("torch.") {
             return Ok(PyDtype(Dtype::parse(&text)?));
         }
-        Err(PyTypeError::new_err(format!(
+        Err(invalid_type(format!(
             "dtype must be a dtype name or a torch.dtype, got {}",
             ob.get_type().name()?
         )))
@@ -151,12 +149,12 @@ fn layer_specs(specs: &Bound<'_, PyDict>) -> PyResult<Vec<(String, KvCacheSpec)>
 
 fn attn_of(spec: &KvCacheSpec) -> PyResult<&AttentionParams> {
     spec.attention()
-        .ok_or_else(|| PyTypeError::new_err("not an attention spec"))
+        .ok_or_else(|| invalid_type("not an attention spec"))
 }
 
 fn full_of(spec: &KvCacheSpec) -> PyResult<&FullAttentionSpec> {
     spec.full_attention()
-        .ok_or_else(|| PyTypeError::new_err("not a full attention spec"))
+        .ok_or_else(|| invalid_type("not a full attention spec"))
 }
 
 /// Base class of every KV cache spec (vLLM's `KVCacheSpec`).
@@ -605,7 +603,7 @@ impl PyCrossAttentionSpec {
 fn mamba_of(spec: &KvCacheSpec) -> PyResult<&MambaSpec> {
     match spec {
         KvCacheSpec::Mamba(m) => Ok(m),
-        _ => Err(PyTypeError::new_err("not a Mamba spec")),
+        _ => Err(invalid_type("not a Mamba spec")),
     }
 }
 

@@ -3,7 +3,6 @@
 //! attributes; the request's block hashes (and, with events on, its tokens) are kept in a
 //! per-request memo that only ever converts the entries appended since the last call.
 
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use pyo3::{ffi, intern};
@@ -14,6 +13,7 @@ use rustc_hash::FxHashMap;
 use crate::attention::RequestView;
 use crate::events::event::{EventExtraKeys, StoredBlockSource};
 use crate::pool::RetentionHints;
+use crate::python::errors::invalid_type;
 use crate::request::Request;
 use crate::request::SlotHint;
 use crate::types::BlockHash;
@@ -107,13 +107,13 @@ unsafe fn list_item<'a, 'py>(list: &'a Bound<'py, PyList>, i: usize) -> Borrowed
 fn hash_of(item: Borrowed<'_, '_, PyAny>, i: usize) -> PyResult<BlockHash> {
     let bytes = item
         .downcast::<PyBytes>()
-        .map_err(|_| PyTypeError::new_err(format!("request.block_hashes[{i}] must be bytes")))?;
+        .map_err(|_| invalid_type(format!("request.block_hashes[{i}] must be bytes")))?;
     Ok(BlockHash::from_slice(bytes.as_bytes())?)
 }
 
 fn token_of(item: Borrowed<'_, '_, PyAny>, i: usize) -> PyResult<u32> {
     item.extract::<u32>().map_err(|_| {
-        PyTypeError::new_err(format!(
+        invalid_type(format!(
             "request token {i} must be an int in 0..=4294967295"
         ))
     })
@@ -165,7 +165,7 @@ impl<'py> Attrs<'_, 'py> {
 
     fn usize(&self, name: &Bound<'py, PyString>) -> PyResult<usize> {
         self.get(name)?.extract::<usize>().map_err(|_| {
-            PyTypeError::new_err(format!(
+            invalid_type(format!(
                 "request.{} must be an int >= 0",
                 name.to_string_lossy()
             ))
@@ -173,9 +173,9 @@ impl<'py> Attrs<'_, 'py> {
     }
 
     fn list(&self, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyList>> {
-        self.get(name)?.downcast_into::<PyList>().map_err(|_| {
-            PyTypeError::new_err(format!("request.{} must be a list", name.to_string_lossy()))
-        })
+        self.get(name)?
+            .downcast_into::<PyList>()
+            .map_err(|_| invalid_type(format!("request.{} must be a list", name.to_string_lossy())))
     }
 }
 
@@ -209,7 +209,7 @@ pub(crate) struct VllmRequest<'a> {
 /// The request's id object.
 pub(crate) fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
     let not_a_request = || {
-        PyTypeError::new_err(format!(
+        invalid_type(format!(
             "expected a kvblocks.Request or a vLLM Request, got {}",
             request
                 .get_type()
@@ -221,7 +221,7 @@ pub(crate) fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py
         .getattr(intern!(request.py(), "request_id"))
         .map_err(|_| not_a_request())?
         .downcast_into::<PyString>()
-        .map_err(|_| PyTypeError::new_err("request.request_id must be a str"))
+        .map_err(|_| invalid_type("request.request_id must be a str"))
 }
 
 impl<'a> VllmRequest<'a> {
@@ -267,7 +267,7 @@ impl<'a> VllmRequest<'a> {
         let num_in_flight_tokens = a
             .get(intern!(py, "num_in_flight_tokens"))?
             .extract::<i64>()
-            .map_err(|_| PyTypeError::new_err("request.num_in_flight_tokens must be an int"))?
+            .map_err(|_| invalid_type("request.num_in_flight_tokens must be an int"))?
             .max(0) as usize;
         sync(&mut memo.hashes, &hashes, hash_of)?;
         if reads.events {
@@ -296,14 +296,14 @@ fn retention_hints_of(a: &Attrs<'_, '_>, lora: Option<&(i64, String)>) -> PyResu
     let priority = match optional(intern!(py, "priority")) {
         Some(p) => p
             .extract::<i64>()
-            .map_err(|_| PyTypeError::new_err("request.priority must be an int"))?,
+            .map_err(|_| invalid_type("request.priority must be an int"))?,
         None => 0,
     };
     let session = optional(intern!(py, "session_id")).is_some();
     let tenant = match optional(intern!(py, "cache_salt")) {
         Some(salt) => Some(
             salt.extract::<String>()
-                .map_err(|_| PyTypeError::new_err("request.cache_salt must be a str"))?,
+                .map_err(|_| invalid_type("request.cache_salt must be a str"))?,
         ),
         None => lora.map(|l| l.1.clone()),
     };

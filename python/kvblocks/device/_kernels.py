@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from kvblocks._core import InvalidArgumentError
+
 # Grid dimensions 1 and 2 are limited to 65535 programs.
 _MAX_GRID_YZ = 65535
 
@@ -29,7 +31,9 @@ def mode() -> str:
     """The kernel path requested by KVBLOCKS_DEVICE_KERNEL."""
     value = os.environ.get("KVBLOCKS_DEVICE_KERNEL", "auto")
     if value not in ("auto", "torch", "triton"):
-        raise ValueError(f"KVBLOCKS_DEVICE_KERNEL must be auto, torch or triton, not {value!r}")
+        raise InvalidArgumentError(
+            f"KVBLOCKS_DEVICE_KERNEL must be auto, torch or triton, not {value!r}"
+        )
     return value
 
 
@@ -38,7 +42,7 @@ def swap_mode() -> str:
     "kernel" (the kernel reads/writes pinned host memory directly; needs the kernel path)."""
     value = os.environ.get("KVBLOCKS_DEVICE_SWAP", "dma")
     if value not in ("dma", "kernel"):
-        raise ValueError(f"KVBLOCKS_DEVICE_SWAP must be dma or kernel, not {value!r}")
+        raise InvalidArgumentError(f"KVBLOCKS_DEVICE_SWAP must be dma or kernel, not {value!r}")
     return value
 
 
@@ -120,11 +124,13 @@ def copy(
     """
     _, buffers, rows, width = src.shape
     if tuple(dst.shape[1:]) != (buffers, rows, width) or src.stride(3) != 1 or dst.stride(3) != 1:
-        raise ValueError("copy: views must agree on [buffers, rows, words] with unit stride")
+        raise InvalidArgumentError(
+            "copy: views must agree on [buffers, rows, words] with unit stride"
+        )
     block = min(4096, 1 << max(width - 1, 1).bit_length())
     chunks = -(-width // block)
     if chunks > _MAX_GRID_YZ:
-        raise ValueError(f"copy: a segment of {width} words needs too many chunks")
+        raise InvalidArgumentError(f"copy: a segment of {width} words needs too many chunks")
     placeholder = src_ids if src_ids is not None else dst_ids
     cuda = next((t.device for t in (src, dst) if t.is_cuda), None)
     # Triton launches on the current device: make it the pages' device.

@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 import torch
 
+from kvblocks._core import InvalidArgumentError, InvalidTypeError
+
 Layout = Literal["NHD", "HND"]
 
 ATTENTION_SPECS = frozenset(
@@ -51,7 +53,7 @@ def torch_dtype(value: object) -> torch.dtype:
         found = getattr(torch, value.removeprefix("torch."), None)
         if isinstance(found, torch.dtype):
             return found
-    raise TypeError(f"unknown dtype {value!r}: expected a torch.dtype or a torch dtype name")
+    raise InvalidTypeError(f"unknown dtype {value!r}: expected a torch.dtype or a torch dtype name")
 
 
 def dtype_size(dtype: torch.dtype) -> int:
@@ -150,10 +152,12 @@ def _layer_specs(config: Any) -> dict[str, Any]:
         members = spec.kv_cache_specs if type(spec).__name__ == UNIFORM_SPECS else None
         for name in group.layer_names:
             if name in specs:
-                raise ValueError(f"layer {name!r} is in more than one KV cache group")
+                raise InvalidArgumentError(f"layer {name!r} is in more than one KV cache group")
             if members is not None:
                 if name not in members:
-                    raise ValueError(f"layer {name!r} missing from UniformTypeKVCacheSpecs")
+                    raise InvalidArgumentError(
+                        f"layer {name!r} missing from UniformTypeKVCacheSpecs"
+                    )
                 specs[name] = members[name]
             else:
                 specs[name] = spec
@@ -180,16 +184,16 @@ def _layer_geom(name: str, spec: Any, buffer: int) -> LayerGeom:
             state_dtypes=(),
         )
         if mla and geom.num_kv_heads != 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"MLA layer {name!r} must have one latent head, not {geom.num_kv_heads}"
             )
         if geom.page % dtype_size(dtype):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"layer {name!r}: page_size_bytes {geom.page} is not a multiple of "
                 f"the {dtype} element size"
             )
         if geom.k_width + geom.v_width > geom.page:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"layer {name!r}: page_size_bytes {geom.page} is smaller than "
                 f"its K/V data ({geom.k_width + geom.v_width} bytes)"
             )
@@ -198,18 +202,20 @@ def _layer_geom(name: str, spec: Any, buffer: int) -> LayerGeom:
         shapes = tuple(tuple(int(d) for d in s) for s in spec.shapes)
         dtypes = tuple(torch_dtype(d) for d in spec.dtypes)
         if len(shapes) != len(dtypes):
-            raise ValueError(f"mamba layer {name!r}: {len(shapes)} shapes but {len(dtypes)} dtypes")
+            raise InvalidArgumentError(
+                f"mamba layer {name!r}: {len(shapes)} shapes but {len(dtypes)} dtypes"
+            )
         page = int(spec.page_size_bytes)
         used = 0
         for shape, dtype in zip(shapes, dtypes, strict=True):
             if page % dtype_size(dtype) or used % dtype_size(dtype):
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"mamba layer {name!r}: a {dtype} state is not aligned to its "
                     f"element size in a page of {page} bytes"
                 )
             used += math.prod(shape) * dtype_size(dtype)
         if used > page:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"mamba layer {name!r}: page_size_bytes {page} is smaller than "
                 f"its states ({used} bytes)"
             )
@@ -226,7 +232,7 @@ def _layer_geom(name: str, spec: Any, buffer: int) -> LayerGeom:
             shapes,
             dtypes,
         )
-    raise TypeError(f"layer {name!r}: unsupported KV cache spec kind {kind_name!r}")
+    raise InvalidTypeError(f"layer {name!r}: unsupported KV cache spec kind {kind_name!r}")
 
 
 def _buffer_planes(
@@ -266,7 +272,7 @@ def plan(config: Any, block_major: bool = False) -> Geometry:
     """
     num_blocks = int(config.num_blocks)
     if num_blocks < 1:
-        raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        raise InvalidArgumentError(f"num_blocks must be >= 1, got {num_blocks}")
     specs = _layer_specs(config)
     layers: dict[str, LayerGeom] = {}
     raw: list[tuple[int, int, bool, tuple[Plane, ...]]] = []
@@ -274,31 +280,33 @@ def plan(config: Any, block_major: bool = False) -> Geometry:
         size = int(tensor.size)
         names = tuple(tensor.shared_by)
         if size <= 0 or not names:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"KV cache tensor {index}: needs a positive size and at least one "
                 f"layer (size={size}, shared_by={list(names)})"
             )
         geoms = []
         for name in names:
             if name in layers:
-                raise ValueError(f"layer {name!r} is in more than one KV cache tensor")
+                raise InvalidArgumentError(f"layer {name!r} is in more than one KV cache tensor")
             if name not in specs:
-                raise ValueError(f"layer {name!r} of KV cache tensor {index} is in no group")
+                raise InvalidArgumentError(
+                    f"layer {name!r} of KV cache tensor {index} is in no group"
+                )
             geoms.append(_layer_geom(name, specs[name], index))
         pages = {g.page for g in geoms}
         if len(pages) != 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"KV cache tensor {index} is shared by layers of different page "
                 f"sizes {sorted(pages)}: a block id would not name one byte range"
             )
         page = pages.pop()
         if size % page:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"KV cache tensor {index}: size {size} is not a multiple of the page size {page}"
             )
         buf_blocks = size // page
         if buf_blocks < num_blocks:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"KV cache tensor {index} holds {buf_blocks} blocks, fewer than "
                 f"num_blocks={num_blocks}"
             )
@@ -308,7 +316,7 @@ def plan(config: Any, block_major: bool = False) -> Geometry:
         raw.append((size, buf_blocks, split, planes))
     missing = sorted(set(specs) - set(layers))
     if missing:
-        raise ValueError(f"layers {missing} are in a group but in no KV cache tensor")
+        raise InvalidArgumentError(f"layers {missing} are in a group but in no KV cache tensor")
 
     # Buffers with equal geometry are placed back to back at one stride (a batch).
     signatures: dict[tuple[int, int, tuple[Plane, ...]], list[int]] = {}

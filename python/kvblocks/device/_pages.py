@@ -14,6 +14,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 import torch
 
+from kvblocks._core import (
+    BlockIndexError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    UnknownLayerError,
+)
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
@@ -72,7 +79,7 @@ def _host_ids(ids: Ids, what: str) -> HostIds:
         try:
             buffer = array.array("q", ids)  # ints only (C loop); anything else: torch's checks
         except OverflowError:
-            raise IndexError(f"{what}: block id out of the int64 range") from None
+            raise BlockIndexError(f"{what}: block id out of the int64 range") from None
         except TypeError:
             pass
         else:
@@ -85,13 +92,17 @@ def _host_ids(ids: Ids, what: str) -> HostIds:
         try:
             tensor = torch.as_tensor(ids)
         except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(f"{what}: block ids must be a sequence of ints ({err})") from None
+            raise InvalidTypeError(
+                f"{what}: block ids must be a sequence of ints ({err})"
+            ) from None
         if tensor.numel() == 0:
             tensor = tensor.reshape(0).to(torch.int64)
     if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
-        raise TypeError(f"{what}: block ids must be integers, got {tensor.dtype}")
+        raise InvalidTypeError(f"{what}: block ids must be integers, got {tensor.dtype}")
     if tensor.dim() != 1:
-        raise ValueError(f"{what}: block ids must be 1-D, got shape {tuple(tensor.shape)}")
+        raise InvalidArgumentError(
+            f"{what}: block ids must be 1-D, got shape {tuple(tensor.shape)}"
+        )
     tensor = tensor.to("cpu", torch.int64)
     return HostIds(tensor, tensor.tolist())
 
@@ -99,13 +110,13 @@ def _host_ids(ids: Ids, what: str) -> HostIds:
 def _check_range(values: list[int], limit: int, what: str) -> None:
     if values and (min(values) < 0 or max(values) >= limit):
         bad = min(values) if min(values) < 0 else max(values)
-        raise IndexError(f"{what}: block id {bad} out of range [0, {limit})")
+        raise BlockIndexError(f"{what}: block id {bad} out of range [0, {limit})")
 
 
 def _check_unique(values: list[int], what: str) -> None:
     if len(set(values)) != len(values):
         dup = next(v for v, count in collections.Counter(values).items() if count > 1)
-        raise ValueError(f"{what}: duplicate destination block id {dup}")
+        raise InvalidArgumentError(f"{what}: duplicate destination block id {dup}")
 
 
 def _runs(*columns: HostIds, most: int) -> list[tuple[int, int]] | None:
@@ -169,11 +180,15 @@ def _available_bytes(device: torch.device) -> int | None:
 def _allocate(nbytes: int, device: torch.device, pin: bool, what: str) -> torch.Tensor:
     available = _available_bytes(device)
     if available is not None and nbytes > available:
-        raise ValueError(f"{what} needs {nbytes} bytes but {device} has {available} available")
+        raise InvalidArgumentError(
+            f"{what} needs {nbytes} bytes but {device} has {available} available"
+        )
     try:
         return torch.zeros(nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
     except (RuntimeError, torch.OutOfMemoryError) as err:
-        raise ValueError(f"{what}: cannot allocate {nbytes} bytes on {device}: {err}") from None
+        raise InvalidArgumentError(
+            f"{what}: cannot allocate {nbytes} bytes on {device}: {err}"
+        ) from None
 
 
 def _event() -> torch.cuda.Event:
@@ -279,14 +294,14 @@ class KVPages:
         protect_null_block: bool = True,
     ) -> None:
         if layout not in ("NHD", "HND"):
-            raise ValueError(f"layout must be 'NHD' or 'HND', got {layout!r}")
+            raise InvalidArgumentError(f"layout must be 'NHD' or 'HND', got {layout!r}")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if host_blocks is not None and host_blocks < 1:
-            raise ValueError(f"host_blocks must be >= 1, got {host_blocks}")
+            raise InvalidArgumentError(f"host_blocks must be >= 1, got {host_blocks}")
         self.layout: Layout = layout
         self.geometry: Geometry = plan(config, block_major)
         self.num_blocks = self.geometry.num_blocks
@@ -299,7 +314,7 @@ class KVPages:
         if host_bytes and self.device.type == "cpu":
             available = _available_bytes(cpu)
             if available is not None and self.geometry.total_bytes + host_bytes > available:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"the device pool and host pool need "
                     f"{self.geometry.total_bytes + host_bytes} bytes but the host "
                     f"has {available} available"
@@ -365,9 +380,11 @@ class KVPages:
         try:
             geom = self.geometry.layers[name]
         except KeyError:
-            raise KeyError(f"no layer {name!r} in this KV cache") from None
+            raise UnknownLayerError(f"no layer {name!r} in this KV cache") from None
         if geom.kind not in kinds:
-            raise TypeError(f"layer {name!r} is a {geom.kind} layer, expected {' or '.join(kinds)}")
+            raise InvalidTypeError(
+                f"layer {name!r} is a {geom.kind} layer, expected {' or '.join(kinds)}"
+            )
         return geom
 
     def _attention_view(self, geom: LayerGeom, value: bool, stacked: bool) -> torch.Tensor:
@@ -409,7 +426,7 @@ class KVPages:
                 buf.base // size,
             )
         if geom.head_size_v != geom.head_size:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"layer {name!r} has head_size {geom.head_size} != head_size_v "
                 f"{geom.head_size_v}: use key_cache() and value_cache()"
             )
@@ -455,7 +472,7 @@ class KVPages:
         _check_range(host.values, self.host_blocks if host_side else self.num_blocks, what)
         _check_unique(host.values, what)
         if not host_side and self._null and 0 in host.values:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{what}: block 0 is the null block and is never written "
                 f"(protect_null_block=False allows it)"
             )
@@ -463,13 +480,15 @@ class KVPages:
 
     def _same_length(self, a: HostIds, b: HostIds, what: str) -> None:
         if len(a.values) != len(b.values):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{what}: {len(a.values)} source ids but {len(b.values)} destination ids"
             )
 
     def _need_host_pool(self, what: str) -> torch.Tensor:
         if self.host_pool is None:
-            raise ValueError(f"{what} needs a host pool: create KVPages with host_blocks=N")
+            raise InvalidArgumentError(
+                f"{what} needs a host pool: create KVPages with host_blocks=N"
+            )
         return self.host_pool
 
     def _to_device(self, ids: torch.Tensor) -> torch.Tensor:
@@ -542,22 +561,22 @@ class KVPages:
         else:
             self._check_rows(out, n, "gather out")
             if not out.is_contiguous():
-                raise ValueError("gather out must be contiguous")
+                raise InvalidArgumentError("gather out must be contiguous")
         if n:
             self._gather_into(out, self._to_device(s.tensor))
         return out
 
     def _check_rows(self, rows: object, n: int, what: str) -> None:
         if not isinstance(rows, torch.Tensor):
-            raise TypeError(f"{what} must be a torch.Tensor, got {type(rows).__name__}")
+            raise InvalidTypeError(f"{what} must be a torch.Tensor, got {type(rows).__name__}")
         if rows.dtype != torch.uint8:
-            raise TypeError(f"{what} must be uint8, got {rows.dtype}")
+            raise InvalidTypeError(f"{what} must be uint8, got {rows.dtype}")
         if tuple(rows.shape) != (n, self.block_bytes):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{what} must have shape ({n}, {self.block_bytes}), got {tuple(rows.shape)}"
             )
         if rows.device != self.device:
-            raise ValueError(f"{what} is on {rows.device}, the pages on {self.device}")
+            raise InvalidArgumentError(f"{what} is on {rows.device}, the pages on {self.device}")
 
     def _gather_into(self, out: torch.Tensor, ids: torch.Tensor) -> None:
         for move in self._moves:
@@ -749,13 +768,13 @@ class KVPages:
         slots = _host_ids(slot_mapping, "write_slots slot_mapping").tensor
         if geom.kind == "mla":
             if value is not None:
-                raise ValueError(f"MLA layer {name!r} stores one latent: pass value=None")
+                raise InvalidArgumentError(f"MLA layer {name!r} stores one latent: pass value=None")
             pairs: list[tuple[torch.Tensor, tuple[int, ...], torch.Tensor]] = [
                 (key, (geom.head_size,), self.kv_cache(name))
             ]
         else:
             if value is None:
-                raise ValueError(f"attention layer {name!r} needs a value tensor")
+                raise InvalidArgumentError(f"attention layer {name!r} needs a value tensor")
             heads = geom.num_kv_heads
             pairs = [
                 (key, (heads, geom.head_size), self.key_cache(name)),
@@ -763,18 +782,20 @@ class KVPages:
             ]
         for tensor, inner, _cache in pairs:
             if not isinstance(tensor, torch.Tensor):
-                raise TypeError(
+                raise InvalidTypeError(
                     f"write_slots: expected a torch.Tensor, got {type(tensor).__name__}"
                 )
             if tuple(tensor.shape) != (slots.numel(), *inner):
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"write_slots {name!r}: expected shape "
                     f"{(slots.numel(), *inner)}, got {tuple(tensor.shape)}"
                 )
             if tensor.dtype != geom.dtype:
-                raise TypeError(f"write_slots {name!r}: expected {geom.dtype}, got {tensor.dtype}")
+                raise InvalidTypeError(
+                    f"write_slots {name!r}: expected {geom.dtype}, got {tensor.dtype}"
+                )
             if tensor.device != self.device:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"write_slots {name!r}: tensor on {tensor.device}, pages on {self.device}"
                 )
         valid = slots >= 0
@@ -784,7 +805,7 @@ class KVPages:
         _check_range(kept_values, self.num_blocks * bs, "write_slots slot")
         _check_unique(kept_values, "write_slots slot_mapping")
         if self._null and kept_values and min(kept_values) < bs:
-            raise ValueError("write_slots: a slot falls in block 0, the null block")
+            raise InvalidArgumentError("write_slots: a slot falls in block 0, the null block")
         if kept.numel() == 0:
             return
         rows = None if bool(valid.all()) else self._to_device(torch.nonzero(valid).flatten())

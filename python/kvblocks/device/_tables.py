@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from kvblocks._core import IntOverflowError, InvalidArgumentError, InvalidTypeError
 from kvblocks.device._pages import Ids, _host_ids
 
 if TYPE_CHECKING:
@@ -62,11 +63,11 @@ def block_table(
     CPU at `max_blocks` columns the result views its memory; narrower tables are padded
     with nulls, wider ones cut where the extra columns hold only nulls."""
     if max_blocks < 0:
-        raise ValueError(f"max_blocks must be >= 0, got {max_blocks}")
+        raise InvalidArgumentError(f"max_blocks must be >= 0, got {max_blocks}")
     matrix = _int32_matrix(block_ids_per_request)
     if matrix is not None:
         if matrix.numel() and int(matrix.min()) < 0:
-            raise ValueError(f"block_table: negative block id {int(matrix.min())}")
+            raise InvalidArgumentError(f"block_table: negative block id {int(matrix.min())}")
         return _on(torch.device(device), _fit_width(matrix, max_blocks))
     block_ids_per_request = cast("Sequence[Ids]", block_ids_per_request)
     parts = [
@@ -77,16 +78,16 @@ def block_table(
     table = torch.zeros((len(parts), max_blocks), dtype=torch.int32)
     if parts and int(lengths.max()) > max_blocks:
         row = int(torch.argmax(lengths))
-        raise ValueError(
+        raise InvalidArgumentError(
             f"block_table: request {row} has {int(lengths[row])} blocks, more than "
             f"max_blocks={max_blocks}"
         )
     flat = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
     if flat.numel():
         if int(flat.min()) < 0:
-            raise ValueError(f"block_table: negative block id {int(flat.min())}")
+            raise InvalidArgumentError(f"block_table: negative block id {int(flat.min())}")
         if int(flat.max()) > torch.iinfo(torch.int32).max:
-            raise OverflowError(f"block_table: block id {int(flat.max())} does not fit int32")
+            raise IntOverflowError(f"block_table: block id {int(flat.max())} does not fit int32")
         table[torch.arange(max_blocks) < lengths[:, None]] = flat.to(torch.int32)
     return _on(torch.device(device), table)
 
@@ -103,7 +104,7 @@ def _fit_width(table: torch.Tensor, max_blocks: int) -> torch.Tensor:
         extra = torch.nonzero(table[:, max_blocks:])
         if extra.numel():
             row = int(extra[0, 0])
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"block_table: request {row} has more blocks than max_blocks={max_blocks}"
             )
         return table[:, :max_blocks].contiguous()
@@ -126,32 +127,32 @@ def slot_mapping(
     if matrix is not None:
         table = matrix
     if not isinstance(table, torch.Tensor) or table.dim() != 2:
-        raise TypeError("slot_mapping: table must be a 2-D tensor (see block_table)")
+        raise InvalidTypeError("slot_mapping: table must be a 2-D tensor (see block_table)")
     if table.dtype.is_floating_point or table.dtype == torch.bool:
-        raise TypeError(f"slot_mapping: table must hold integers, got {table.dtype}")
+        raise InvalidTypeError(f"slot_mapping: table must hold integers, got {table.dtype}")
     if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+        raise InvalidArgumentError(f"block_size must be >= 1, got {block_size}")
     computed = _host_ids(num_computed_tokens, "slot_mapping num_computed_tokens").tensor
     scheduled = _host_ids(num_scheduled_tokens, "slot_mapping num_scheduled_tokens").tensor
     rows = table.shape[0]
     if computed.numel() != rows or scheduled.numel() != rows:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"slot_mapping: table has {rows} rows but {computed.numel()} computed "
             f"and {scheduled.numel()} scheduled counts"
         )
     if rows and (int(computed.min()) < 0 or int(scheduled.min()) < 0):
-        raise ValueError("slot_mapping: token counts must be >= 0")
+        raise InvalidArgumentError("slot_mapping: token counts must be >= 0")
     capacity = table.shape[1] * block_size
     ends = computed + scheduled
     if rows and int(ends.max()) > capacity:
         row = int(torch.argmax(ends))
-        raise ValueError(
+        raise InvalidArgumentError(
             f"slot_mapping: request {row} reaches token {int(ends[row])}, beyond "
             f"its {table.shape[1]} blocks of {block_size}"
         )
     total = int(scheduled.sum())
     if pad_to is not None and pad_to < total:
-        raise ValueError(f"slot_mapping: pad_to={pad_to} < {total} scheduled tokens")
+        raise InvalidArgumentError(f"slot_mapping: pad_to={pad_to} < {total} scheduled tokens")
     request = torch.repeat_interleave(torch.arange(rows), scheduled)
     starts = torch.cumsum(scheduled, 0) - scheduled
     positions = computed[request] + torch.arange(total) - starts[request]

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from kvblocks._core import InvalidArgumentError
 from kvblocks.sim.presets import KVLayout, build_kvblocks_manager, build_vllm_manager
 
 __all__ = ["Backend", "KvblocksBackend", "VllmBackend", "make_backend", "vllm_available"]
@@ -168,6 +169,6 @@ def make_backend(
         return KvblocksBackend(layout, hash_algo, batch, events, retention)
     if impl == "vllm":
         if retention is not None:
-            raise ValueError("vLLM's KV cache manager has no retention policies")
+            raise InvalidArgumentError("vLLM's KV cache manager has no retention policies")
         return VllmBackend(layout, hash_algo)
-    raise ValueError(f"unknown implementation {impl!r}")
+    raise InvalidArgumentError(f"unknown implementation {impl!r}")

@@ -60,6 +60,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, NamedTuple
 
+from kvblocks._core import InvalidArgumentError, KVBlocksError
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult, Ceilings, block_keys
 from kvblocks.sim.presets import KVLayout
@@ -91,7 +92,7 @@ CALL_TYPES = (
 )
 
 
-class ReplayError(RuntimeError):
+class ReplayError(KVBlocksError, RuntimeError):
     """The trace cannot be replayed (e.g. a request never fits an idle cache)."""
 
 
@@ -399,7 +400,7 @@ class Engine:
         self.ceilings: Ceilings | None = None
         if opt.ceilings:
             if layout is None:
-                raise ValueError("the ceilings need the backend's layout")
+                raise InvalidArgumentError("the ceilings need the backend's layout")
             capacity = (self.num_blocks - 1) // len(layout.groups)
             self.ceilings = Ceilings(ceiling_block_size(layout), capacity)
         self._followers: dict[str, list[int]] = {}

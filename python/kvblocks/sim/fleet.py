@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kvblocks
+from kvblocks._core import InvalidArgumentError
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult
 from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, ReplayResult, StepSeries
@@ -160,9 +161,11 @@ class Fleet:
         cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
     ) -> None:
         if router not in ROUTERS:
-            raise ValueError(f"unknown router {router!r}; choose from {', '.join(ROUTERS)}")
+            raise InvalidArgumentError(
+                f"unknown router {router!r}; choose from {', '.join(ROUTERS)}"
+            )
         if options.time_model is None:
-            raise ValueError("a fleet runs in time: options.time_model is required")
+            raise InvalidArgumentError("a fleet runs in time: options.time_model is required")
         self.trace = trace
         self.router = router
         self.replicas = n = len(backends)

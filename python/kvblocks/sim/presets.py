@@ -27,6 +27,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from kvblocks._core import InvalidArgumentError
+
 __all__ = [
     "MODEL_PRESETS",
     "REPLAY_CONFIGS",
@@ -278,7 +280,9 @@ def replay_layout(
     coordinator), scheduler block size 32.
     """
     if config not in REPLAY_CONFIGS:
-        raise ValueError(f"unknown config {config!r}; choose from {', '.join(REPLAY_CONFIGS)}")
+        raise InvalidArgumentError(
+            f"unknown config {config!r}; choose from {', '.join(REPLAY_CONFIGS)}"
+        )
     full = GroupDesc("full", 1, block_size)
     groups: tuple[GroupDesc, ...] = (full,)
     hash_bs = sched_bs = block_size
@@ -440,9 +444,9 @@ def parse_memory(text: str) -> int:
     try:
         value = float(num)
     except ValueError:
-        raise ValueError(f"not a memory size: {text!r} (e.g. 40GiB)") from None
+        raise InvalidArgumentError(f"not a memory size: {text!r} (e.g. 40GiB)") from None
     if unit not in _MEMORY_UNITS or value <= 0 or not math.isfinite(value):
-        raise ValueError(f"not a memory size: {text!r} (e.g. 40GiB)")
+        raise InvalidArgumentError(f"not a memory size: {text!r} (e.g. 40GiB)")
     return int(value * _MEMORY_UNITS[unit])
 
 
@@ -454,7 +458,7 @@ def _with_overrides(
 ) -> tuple[GroupDesc, ...]:
     unknown = set(overrides) - set(_OVERRIDABLE)
     if unknown:
-        raise ValueError(f"cannot override {', '.join(sorted(unknown))}")
+        raise InvalidArgumentError(f"cannot override {', '.join(sorted(unknown))}")
     out = []
     offset = 0
     for g in groups:
@@ -511,9 +515,11 @@ def model_layout(
             or a budget too small for two blocks.
     """
     if preset not in MODEL_PRESETS:
-        raise ValueError(f"unknown model preset {preset!r}; choose from {', '.join(MODEL_PRESETS)}")
+        raise InvalidArgumentError(
+            f"unknown model preset {preset!r}; choose from {', '.join(MODEL_PRESETS)}"
+        )
     if (num_blocks is None) == (gpu_memory is None):
-        raise ValueError("give exactly one of num_blocks and gpu_memory")
+        raise InvalidArgumentError("give exactly one of num_blocks and gpu_memory")
     spec_groups = _with_overrides(MODEL_PRESETS[preset].groups, overrides or {})
     if max_model_len is None:
         max_model_len = MODEL_PRESETS[preset].max_model_len
@@ -541,7 +547,7 @@ def model_layout(
     if gpu_memory is not None:
         n = gpu_memory // layout.bytes_per_block
         if n < 2:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"gpu memory {gpu_memory} bytes holds {n} blocks of "
                 f"{layout.bytes_per_block} bytes; need at least 2"
             )

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvblocks._core import InvalidArgumentError
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout
 
 __all__ = [
@@ -108,7 +109,7 @@ def kv_memory_after_weights(
     rule without the activation peak). Raises ValueError when the weights do not fit."""
     free = int(gpu.memory_bytes * utilization) - weight_bytes // tp
     if free <= 0:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{weight_bytes / 2**30:.1f} GiB of weights over tp={tp} do not fit in "
             f"{utilization:.0%} of {gpu.description}'s memory; raise --tp"
         )
@@ -158,11 +159,13 @@ class StepTimeModel:
         fp8: bool = False,
     ) -> None:
         if tp < 1 or overhead_s < 0 or not 0 < efficiency <= 1:
-            raise ValueError("tp >= 1, overhead >= 0 and 0 < efficiency <= 1 are required")
+            raise InvalidArgumentError(
+                "tp >= 1, overhead >= 0 and 0 < efficiency <= 1 are required"
+            )
         p = MODEL_PRESETS[preset]
         peak = gpu.fp8_flops if fp8 else gpu.bf16_flops
         if peak is None:
-            raise ValueError(f"{gpu.description} has no FP8 tensor cores")
+            raise InvalidArgumentError(f"{gpu.description} has no FP8 tensor cores")
         self.gpu, self.tp, self.overhead_s, self.efficiency = gpu, tp, overhead_s, efficiency
         self.flops_per_s = peak * efficiency
         self.bytes_per_s = gpu.hbm_bytes_per_s * efficiency

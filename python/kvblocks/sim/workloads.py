@@ -32,6 +32,8 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvblocks._core import InvalidArgumentError
+
 __all__ = [
     "DEFAULT_SIZES",
     "KINDS",
@@ -202,7 +204,7 @@ class Trace:
         return max((r.prompt_len + r.max_output_tokens for r in self.requests), default=0)
 
 
-class TraceError(ValueError):
+class TraceError(InvalidArgumentError):
     """A trace file that cannot be read; the message names the file and line."""
 
 
@@ -420,18 +422,18 @@ def generate(kind: str, seed: int = 0, params: WorkloadParams | None = None) -> 
         ValueError: Unknown kind or non-positive sizes.
     """
     if kind not in KINDS:
-        raise ValueError(f"unknown workload {kind!r}; choose from {', '.join(KINDS)}")
+        raise InvalidArgumentError(f"unknown workload {kind!r}; choose from {', '.join(KINDS)}")
     p = params or WorkloadParams()
     n_def, rate_def = DEFAULT_SIZES[kind]
     n = n_def if p.num_requests is None else p.num_requests
     rate = rate_def if p.rate is None else p.rate
     n_sys = p.num_system_prompts or (4 if kind in ("agentic", "multi-tenant") else 8)
     if n < 1 or rate <= 0 or n_sys < 1:
-        raise ValueError("num_requests, rate and num_system_prompts must be positive")
+        raise InvalidArgumentError("num_requests, rate and num_system_prompts must be positive")
     burst_every = p.burst_every or DEFAULT_BURST_EVERY
     burst_size = DEFAULT_BURST_SIZE if p.burst_size is None else p.burst_size
     if burst_every < 1 or burst_size < 0:
-        raise ValueError("burst_every must be positive and burst_size not negative")
+        raise InvalidArgumentError("burst_every must be positive and burst_size not negative")
     d = _Draws(seed * 1_000_003 + _KIND_SEED[kind])
     if kind == "shared-prefix":
         reqs = _shared_prefix(d, n, rate, n_sys)
@@ -515,7 +517,7 @@ def synthetic_mooncake(
 def _int_field(obj: dict[str, Any], key: str, lo: int) -> int:
     v = obj.get(key)
     if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise ValueError(f"{key!r} must be an integer >= {lo}, got {v!r}")
+        raise InvalidArgumentError(f"{key!r} must be an integer >= {lo}, got {v!r}")
     return v
 
 
@@ -526,13 +528,15 @@ def _retention_fields(obj: dict[str, Any], *session_keys: str) -> tuple[int, str
     if prio is None:
         prio = 0
     if not isinstance(prio, int) or isinstance(prio, bool):
-        raise ValueError(f"'priority' must be an integer, got {prio!r}")
+        raise InvalidArgumentError(f"'priority' must be an integer, got {prio!r}")
     for key in session_keys:
         sid = obj.get(key)
         if sid is None:
             continue
         if isinstance(sid, bool) or not isinstance(sid, (str, int)) or sid == "":
-            raise ValueError(f"{key!r} must be a non-empty string, an integer or null, got {sid!r}")
+            raise InvalidArgumentError(
+                f"{key!r} must be a non-empty string, an integer or null, got {sid!r}"
+            )
         return prio, str(sid)
     return prio, None
 
@@ -540,10 +544,10 @@ def _retention_fields(obj: dict[str, Any], *session_keys: str) -> tuple[int, str
 def _kvtrace_request(obj: dict[str, Any]) -> TraceRequest:
     rid = obj.get("request_id")
     if not isinstance(rid, str) or not rid:
-        raise ValueError(f"'request_id' must be a non-empty string, got {rid!r}")
+        raise InvalidArgumentError(f"'request_id' must be a non-empty string, got {rid!r}")
     after = obj.get("after")
     if after is not None and not isinstance(after, str):
-        raise ValueError(f"'after' must be a request id or null, got {after!r}")
+        raise InvalidArgumentError(f"'after' must be a request id or null, got {after!r}")
     token_ids: tuple[int, ...] | None = None
     segments: list[tuple[int, int]] = []
     if obj.get("prompt_token_ids") is not None:
@@ -551,12 +555,12 @@ def _kvtrace_request(obj: dict[str, Any]) -> TraceRequest:
         if not isinstance(ids, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
         ):
-            raise ValueError("'prompt_token_ids' must be a list of non-negative integers")
+            raise InvalidArgumentError("'prompt_token_ids' must be a list of non-negative integers")
         token_ids = tuple(ids)
     else:
         prompt = obj.get("prompt")
         if not isinstance(prompt, list):
-            raise ValueError("needs 'prompt' segments or 'prompt_token_ids'")
+            raise InvalidArgumentError("needs 'prompt' segments or 'prompt_token_ids'")
         for seg in prompt:
             if (
                 not isinstance(seg, list)
@@ -565,11 +569,13 @@ def _kvtrace_request(obj: dict[str, Any]) -> TraceRequest:
                 or seg[0] < 0
                 or seg[1] < 0
             ):
-                raise ValueError(f"prompt segment must be [seed, n] of non-negative ints: {seg!r}")
+                raise InvalidArgumentError(
+                    f"prompt segment must be [seed, n] of non-negative ints: {seg!r}"
+                )
             segments.append((seg[0], seg[1]))
     salt = obj.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
-        raise ValueError(f"'cache_salt' must be a non-empty string or null, got {salt!r}")
+        raise InvalidArgumentError(f"'cache_salt' must be a non-empty string or null, got {salt!r}")
     # "session": what trace.py writes (the session's number, null outside agentic)
     prio, session = _retention_fields(obj, "session_id", "session")
     req = TraceRequest(
@@ -585,24 +591,24 @@ def _kvtrace_request(obj: dict[str, Any]) -> TraceRequest:
         session_id=session,
     )
     if req.prompt_len < 1:
-        raise ValueError("empty prompt")
+        raise InvalidArgumentError("empty prompt")
     return req
 
 
 def _mooncake_request(obj: dict[str, Any], index: int, block: int, step_ms: float) -> TraceRequest:
     ts = obj.get("timestamp")
     if not isinstance(ts, (int, float)) or isinstance(ts, bool) or ts < 0:
-        raise ValueError(f"'timestamp' must be a non-negative number (ms), got {ts!r}")
+        raise InvalidArgumentError(f"'timestamp' must be a non-negative number (ms), got {ts!r}")
     n_in = _int_field(obj, "input_length", 1)
     n_out = _int_field(obj, "output_length", 1)
     hash_ids = obj.get("hash_ids")
     if not isinstance(hash_ids, list) or not all(
         isinstance(h, int) and not isinstance(h, bool) for h in hash_ids
     ):
-        raise ValueError("'hash_ids' must be a list of integers")
+        raise InvalidArgumentError("'hash_ids' must be a list of integers")
     need = -(-n_in // block)
     if len(hash_ids) != need:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"input_length {n_in} needs {need} hash ids of {block} tokens, got {len(hash_ids)}"
         )
     segs = [(splitmix64((h ^ _MOONCAKE_SALT) & MASK64), block) for h in hash_ids]
@@ -611,7 +617,7 @@ def _mooncake_request(obj: dict[str, Any], index: int, block: int, step_ms: floa
     out_seed = splitmix64(index ^ _MOONCAKE_SALT)
     tenant = obj.get("tenant")
     if tenant is not None and (not isinstance(tenant, str) or not tenant):
-        raise ValueError(f"'tenant' must be a non-empty string or null, got {tenant!r}")
+        raise InvalidArgumentError(f"'tenant' must be a non-empty string or null, got {tenant!r}")
     prio, session = _retention_fields(obj, "session_id")
     return TraceRequest(
         f"mc-{index:06d}", int(ts // step_ms), tuple(segs), out_seed, n_out,
@@ -634,7 +640,7 @@ def read_trace(path: str, *, mooncake_block: int = 512, step_ms: float = 50.0) -
         TraceError: Unreadable file or a malformed line (the message names file and line).
     """
     if mooncake_block < 1 or step_ms <= 0:
-        raise ValueError("mooncake_block and step_ms must be positive")
+        raise InvalidArgumentError("mooncake_block and step_ms must be positive")
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.readlines()
@@ -651,25 +657,27 @@ def read_trace(path: str, *, mooncake_block: int = 512, step_ms: float = 50.0) -
         try:
             obj = json.loads(line)
             if not isinstance(obj, dict):
-                raise ValueError("not a JSON object")
+                raise InvalidArgumentError("not a JSON object")
             if fmt is None:
                 if "format" in obj:
                     if obj["format"] != "kvtrace-v1":
-                        raise ValueError(f"unsupported trace format {obj['format']!r}")
+                        raise InvalidArgumentError(f"unsupported trace format {obj['format']!r}")
                     fmt, header = "kvtrace-v1", obj
                     continue
                 if "hash_ids" in obj or "input_length" in obj:
                     fmt = "mooncake"
                 else:
-                    raise ValueError("neither a kvtrace-v1 header nor a Mooncake record")
+                    raise InvalidArgumentError("neither a kvtrace-v1 header nor a Mooncake record")
             if fmt == "mooncake":
                 req = _mooncake_request(obj, len(reqs), mooncake_block, step_ms)
             else:
                 req = _kvtrace_request(obj)
                 if req.after is not None and req.after not in ids:
-                    raise ValueError(f"'after' names {req.after!r}, not an earlier request")
+                    raise InvalidArgumentError(
+                        f"'after' names {req.after!r}, not an earlier request"
+                    )
             if req.request_id in ids:
-                raise ValueError(f"duplicate request_id {req.request_id!r}")
+                raise InvalidArgumentError(f"duplicate request_id {req.request_id!r}")
         except ValueError as e:  # json.JSONDecodeError is a ValueError
             raise TraceError(f"{path}:{lineno}: {e}") from None
         ids.add(req.request_id)

@@ -1,0 +1,168 @@
+//! Allocation in one group: how many blocks a request would take
+//! ([`SingleTypeManager::get_num_blocks_to_allocate`], capped by the type's admission
+//! cap), adding hit and external blocks, and extending the table with new blocks.
+
+use super::{cdiv, mamba, AttentionKind, RequestBlocks, SingleTypeManager};
+use crate::error::Result;
+use crate::pool::BlockPool;
+use crate::types::{BlockId, NULL_BLOCK_ID};
+
+impl SingleTypeManager {
+    /// Slots the table must cover for `num_tokens` tokens (Mamba adds its speculative
+    /// state blocks).
+    #[inline]
+    fn slot_tokens(&self, num_tokens: usize) -> usize {
+        match self.params.kind {
+            AttentionKind::Mamba {
+                num_speculative_blocks,
+                ..
+            } => num_tokens + self.params.block_size * num_speculative_blocks,
+            _ => num_tokens,
+        }
+    }
+
+    /// Blocks that allocating for `num_tokens` (`num_tokens_main_model` without the
+    /// lookahead) would take off the free queue (vLLM 0.33's
+    /// `get_num_blocks_to_allocate`, hits that are still free included). Align-mode
+    /// Mamba may return a negative count, and `num_blocks + 1` to defer a request whose
+    /// hit was cached during this step.
+    #[allow(clippy::too_many_arguments)]
+    pub fn get_num_blocks_to_allocate(
+        &self,
+        rb: &RequestBlocks,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        new_computed: &[BlockId],
+        total_computed_tokens: usize,
+        apply_admission_cap: bool,
+        pool: &BlockPool,
+    ) -> isize {
+        if let AttentionKind::Mamba { align, .. } = self.params.kind {
+            if let Some(&last) = new_computed.last() {
+                let key = pool.block_hash(last).ok().flatten();
+                if key.is_some_and(|k| self.cached_this_step.contains(&k)) {
+                    return pool.num_blocks() as isize + 1;
+                }
+            }
+            if align {
+                return mamba::num_blocks_to_allocate(
+                    self,
+                    rb,
+                    num_tokens_main_model,
+                    new_computed,
+                    pool,
+                );
+            }
+        }
+        self.blocks_to_allocate(
+            rb,
+            num_tokens,
+            new_computed,
+            total_computed_tokens,
+            apply_admission_cap,
+            pool,
+        ) as isize
+    }
+
+    /// The common (non align-mode) `get_num_blocks_to_allocate`.
+    fn blocks_to_allocate(
+        &self,
+        rb: &RequestBlocks,
+        num_tokens: usize,
+        new_computed: &[BlockId],
+        total_computed_tokens: usize,
+        apply_admission_cap: bool,
+        pool: &BlockPool,
+    ) -> usize {
+        let bs = self.params.block_size;
+        let mut required = cdiv(self.slot_tokens(num_tokens), bs);
+        if apply_admission_cap {
+            if let Some(cap) = self.max_admission_blocks {
+                required = required.min(cap);
+            }
+        }
+        let held = rb.table.len();
+        if rb.num_cached.is_some() {
+            return required.saturating_sub(held);
+        }
+        let skipped_blocks = self.num_skipped_tokens(total_computed_tokens) / bs;
+        let new_blocks = required.saturating_sub(skipped_blocks.max(new_computed.len() + held));
+        let skip_hits = skipped_blocks.saturating_sub(held).min(new_computed.len());
+        let evictable = new_computed[skip_hits..]
+            .iter()
+            .filter(|&&b| b != NULL_BLOCK_ID && pool.ref_cnt(b).unwrap_or(1) == 0)
+            .count();
+        new_blocks + evictable
+    }
+
+    /// Adds a new request's prefix-cache hit blocks to its (empty) table: out-of-window
+    /// hits become nulls, the rest are touched (vLLM 0.33's `add_local_computed_blocks`).
+    pub fn add_local_computed_blocks(
+        &self,
+        rb: &mut RequestBlocks,
+        hits: &[BlockId],
+        num_local_computed: usize,
+        num_external_computed: usize,
+        pool: &mut BlockPool,
+    ) -> Result<()> {
+        if matches!(self.params.kind, AttentionKind::CrossAttention) {
+            return Ok(());
+        }
+        debug_assert!(rb.table.is_empty());
+        let skipped =
+            self.num_skipped_tokens(num_local_computed + num_external_computed) / self.block_size();
+        let kept = &hits[skipped.min(hits.len())..];
+        if self.enable_caching {
+            pool.touch(kept)?;
+        }
+        rb.table.extend(std::iter::repeat_n(NULL_BLOCK_ID, skipped));
+        rb.table.extend_from_slice(kept);
+        rb.num_cached = Some(rb.table.len());
+        Ok(())
+    }
+
+    /// Allocates blocks for KV-connector tokens inside the window (after every group's
+    /// hits were touched).
+    pub fn allocate_external_computed_blocks(
+        &self,
+        rb: &mut RequestBlocks,
+        num_local_computed: usize,
+        num_external_computed: usize,
+        pool: &mut BlockPool,
+    ) -> Result<()> {
+        if matches!(self.params.kind, AttentionKind::CrossAttention) {
+            return Ok(());
+        }
+        let total = num_local_computed + num_external_computed;
+        let skipped = self.num_skipped_tokens(total);
+        let external = if skipped > 0 {
+            num_external_computed.min(total - skipped)
+        } else {
+            num_external_computed
+        };
+        if external == 0 {
+            return Ok(());
+        }
+        let n = cdiv(total, self.block_size()).saturating_sub(rb.table.len());
+        pool.get_new_blocks_into(n, &mut rb.table)
+    }
+
+    /// Extends the table to cover `num_tokens` tokens with blocks from the queue head
+    /// (align-mode Mamba: `num_tokens_main_model`, one state block at most).
+    pub fn allocate_new_blocks(
+        &self,
+        rb: &mut RequestBlocks,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        pool: &mut BlockPool,
+    ) -> Result<()> {
+        if let AttentionKind::Mamba { align: true, .. } = self.params.kind {
+            return mamba::allocate_new_blocks(self, rb, num_tokens_main_model, pool);
+        }
+        let required = cdiv(self.slot_tokens(num_tokens), self.block_size());
+        if required > rb.table.len() {
+            pool.get_new_blocks_into(required - rb.table.len(), &mut rb.table)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,62 @@
+//! Freeing in one group: a finished request's table (tail first), and the blocks that
+//! fell out of the attention window (replaced with nulls).
+
+use super::{mamba, AttentionKind, RequestBlocks, SingleTypeManager};
+use crate::error::Result;
+use crate::pool::BlockPool;
+use crate::types::{BlockId, NULL_BLOCK_ID};
+
+/// The blocks a request's table holds a reference to: all but its leading nulls.
+fn held_blocks(rb: &RequestBlocks) -> &[BlockId] {
+    let start = rb
+        .table
+        .iter()
+        .position(|&b| b != NULL_BLOCK_ID)
+        .unwrap_or(rb.table.len());
+    &rb.table[start..]
+}
+
+impl SingleTypeManager {
+    /// Frees the request's table: leading nulls are dropped, the rest is freed tail
+    /// first.
+    pub fn free(&self, rb: &mut RequestBlocks, pool: &mut BlockPool) -> Result<()> {
+        pool.free_blocks(held_blocks(rb).iter().rev().copied())?;
+        rb.clear();
+        Ok(())
+    }
+
+    /// Forgets the request and appends its blocks to `out` in allocation order, leading
+    /// nulls dropped, without freeing them (vLLM's `pop_blocks_for_free`: the caller
+    /// frees them later, in reverse).
+    pub fn pop_blocks_for_free(&self, rb: &mut RequestBlocks, out: &mut Vec<BlockId>) {
+        out.extend_from_slice(held_blocks(rb));
+        rb.clear();
+    }
+
+    /// Frees the blocks whose tokens the next token no longer attends to, replacing them
+    /// with nulls; the freed blocks go back to the pool highest position first.
+    pub fn remove_skipped_blocks(
+        &self,
+        rb: &mut RequestBlocks,
+        num_computed_tokens: usize,
+        pool: &mut BlockPool,
+    ) -> Result<()> {
+        if let AttentionKind::Mamba { align: true, .. } = self.params.kind {
+            return mamba::remove_skipped_blocks(self, rb, num_computed_tokens, pool);
+        }
+        let skipped = self.num_skipped_tokens(num_computed_tokens);
+        if skipped == 0 {
+            return Ok(());
+        }
+        let end = (skipped / self.block_size()).min(rb.table.len());
+        let start = rb.table[..end]
+            .iter()
+            .rposition(|&b| b == NULL_BLOCK_ID)
+            .map_or(0, |i| i + 1);
+        if start < end {
+            pool.free_blocks(rb.table[start..end].iter().rev().copied())?;
+            rb.table[start..end].fill(NULL_BLOCK_ID);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,106 @@
+//! Prefix-cache hits: the lookup every attention type shares ([`HitQuery`]) and the
+//! dispatch of [`SingleTypeManager::find_longest_cache_hit`] to the type's own search.
+
+use super::{chunked_local, cross_attention, full, mamba, sliding_window};
+use super::{AttentionKind, SingleTypeManager};
+use crate::error::Result;
+use crate::pool::BlockPool;
+use crate::types::{BlockHash, BlockId, GroupId};
+
+/// A prefix-cache lookup, shared by every attention type's `find_longest_cache_hit`.
+#[derive(Debug, Clone, Copy)]
+pub struct HitQuery<'a> {
+    /// The request's hashes at `hash_block_size`.
+    pub hashes: &'a [BlockHash],
+    /// Tokens per hash.
+    pub hash_block_size: usize,
+    /// The longest hit allowed, in tokens.
+    pub max_length: usize,
+    /// Groups that must all hit (one list per group in the output).
+    pub groups: &'a [GroupId],
+    /// Whether to drop the last matched block (EAGLE).
+    pub drop_eagle: bool,
+    /// Hit lengths must be multiples of this.
+    pub alignment: usize,
+}
+
+impl HitQuery<'_> {
+    /// The hash of the group block `i` for block size `bs` (0.33: the last hash inside
+    /// the block).
+    #[inline]
+    pub(crate) fn hash(&self, bs: usize, i: usize) -> &BlockHash {
+        let k = bs / self.hash_block_size;
+        &self.hashes[(i + 1) * k - 1]
+    }
+
+    /// Number of full group blocks the hashes cover.
+    #[inline]
+    pub(crate) fn num_hashed_blocks(&self, bs: usize) -> usize {
+        self.hashes.len() / (bs / self.hash_block_size)
+    }
+
+    /// Group blocks a hit may cover: within `max_length` and the hashes.
+    #[inline]
+    pub(crate) fn max_blocks(&self, bs: usize) -> usize {
+        (self.max_length / bs).min(self.num_hashed_blocks(bs))
+    }
+
+    /// Looks block `i` up in every group; on a full hit appends one block per group to
+    /// `out` and returns true; otherwise leaves `out` as it was.
+    #[inline]
+    pub(crate) fn push_hit(
+        &self,
+        pool: &BlockPool,
+        bs: usize,
+        i: usize,
+        out: &mut [Vec<BlockId>],
+    ) -> bool {
+        let h = self.hash(bs, i);
+        for (j, &g) in self.groups.iter().enumerate() {
+            match pool.cached_block(h, g) {
+                Some(b) => out[j].push(b),
+                None => {
+                    for o in &mut out[..j] {
+                        o.pop();
+                    }
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
+impl SingleTypeManager {
+    /// The longest prefix hit of `query` for this manager's attention type; fills one
+    /// list per group of `query.groups` into `out` and returns the hit length in tokens.
+    pub fn find_longest_cache_hit(
+        &self,
+        query: &HitQuery<'_>,
+        pool: &BlockPool,
+        out: &mut [Vec<BlockId>],
+    ) -> Result<usize> {
+        for o in out.iter_mut() {
+            o.clear();
+        }
+        let bs = self.block_size();
+        match self.params.kind {
+            AttentionKind::FullAttention | AttentionKind::SinkFullAttention { .. } => {
+                Ok(full::find_longest_cache_hit(query, bs, pool, out))
+            }
+            AttentionKind::SlidingWindow { sliding_window, .. } => Ok(
+                sliding_window::find_longest_cache_hit(query, bs, sliding_window, pool, out),
+            ),
+            AttentionKind::ChunkedLocal {
+                attention_chunk_size,
+            } => chunked_local::find_longest_cache_hit(query, bs, attention_chunk_size, pool, out),
+            AttentionKind::Mamba { align: true, .. } => {
+                Ok(mamba::find_longest_cache_hit(query, bs, pool, out))
+            }
+            AttentionKind::Mamba { .. } => {
+                Err(mamba::unsupported("prefix caching in mode \"none\""))
+            }
+            AttentionKind::CrossAttention => Err(cross_attention::unsupported_lookup()),
+        }
+    }
+}

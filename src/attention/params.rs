@@ -1,0 +1,73 @@
+//! [`ManagerParams`]: what a group's manager needs to know about its group, and the
+//! mapping from a config's groups to it.
+
+use super::AttentionKind;
+use crate::config::KvCacheConfig;
+use crate::error::Result;
+
+/// What a manager needs to know about its group, independent of how specs are modelled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagerParams {
+    /// The attention type.
+    pub kind: AttentionKind,
+    /// Tokens per block of this group.
+    pub block_size: usize,
+    /// `kv_cache_spec_kind` annotation of this group's `BlockStored` events.
+    pub spec_kind: &'static str,
+    /// `kv_cache_spec_sliding_window` annotation of this group's `BlockStored` events.
+    pub event_sliding_window: Option<u32>,
+    /// `KVCacheGroupSpec.is_eagle_group`.
+    pub is_eagle_group: bool,
+    /// Groups with equal `spec_class` have equal specs: the hybrid coordinator looks
+    /// them up together (vLLM compares specs with `==`).
+    pub spec_class: usize,
+}
+
+impl ManagerParams {
+    /// Parameters of a group with default annotations and its own spec class.
+    pub fn new(kind: AttentionKind, block_size: usize, spec_class: usize) -> Self {
+        let window = match kind {
+            AttentionKind::SlidingWindow { sliding_window, .. } => {
+                u32::try_from(sliding_window).ok()
+            }
+            _ => None,
+        };
+        Self {
+            spec_kind: kind.spec_kind(),
+            kind,
+            block_size,
+            event_sliding_window: window,
+            is_eagle_group: false,
+            spec_class,
+        }
+    }
+}
+
+impl ManagerParams {
+    /// One parameter set per group of `config`, in group order: vLLM's spec-to-manager
+    /// mapping (MLA is full attention; a uniform group uses its first layer's spec).
+    /// Groups with equal specs share a `spec_class`. Mamba "align" is not supported.
+    pub fn from_config(config: &KvCacheConfig) -> Result<Vec<Self>> {
+        let groups = &config.kv_cache_groups;
+        groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let spec = &g.kv_cache_spec;
+                let class = groups
+                    .iter()
+                    .position(|o| o.kv_cache_spec == *spec)
+                    .unwrap_or(i);
+                let kind = AttentionKind::from_spec(spec)?;
+                Ok(Self {
+                    kind,
+                    block_size: spec.block_size(),
+                    spec_kind: spec.kind(),
+                    event_sliding_window: spec.sliding_window().map(|w| w as u32),
+                    is_eagle_group: g.is_eagle_group,
+                    spec_class: class,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,255 @@
+//! [`KvCacheSpec`], the one type for every spec class ([`SpecClass`]): construction and
+//! validation ([`KvCacheSpec::build`]), the fields every spec answers (block size, DCP
+//! sharding, page size) and `isinstance`.
+
+use super::{
+    invalid, is_uniform_type, overflow, AttentionParams, ChunkedLocalAttentionSpec,
+    CrossAttentionSpec, FullAttentionSpec, MambaSpec, MlaAttentionSpec, SinkFullAttentionSpec,
+    SlidingWindowSpec, UniformTypeSpecs,
+};
+use crate::attention::full;
+use crate::error::Result;
+
+/// The Python class a spec is an instance of; used to pick merge rules (vLLM calls
+/// `type(specs[0]).merge(specs)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SpecClass {
+    /// `KVCacheSpec`: the base rule (all specs equal).
+    Base,
+    /// `FullAttentionSpec`.
+    FullAttention,
+    /// `MLAAttentionSpec`.
+    MlaAttention,
+    /// `SinkFullAttentionSpec`.
+    SinkFullAttention,
+    /// `SlidingWindowSpec`.
+    SlidingWindow,
+    /// `ChunkedLocalAttentionSpec`.
+    ChunkedLocalAttention,
+    /// `MambaSpec`.
+    Mamba,
+    /// `CrossAttentionSpec`.
+    CrossAttention,
+    /// `UniformTypeKVCacheSpecs`.
+    UniformType,
+}
+
+/// One layer's (or one group's) KV cache format.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KvCacheSpec {
+    /// Full attention.
+    FullAttention(FullAttentionSpec),
+    /// Multi-head latent attention.
+    MlaAttention(MlaAttentionSpec),
+    /// Full attention with attention sinks.
+    SinkFullAttention(SinkFullAttentionSpec),
+    /// Sliding window attention.
+    SlidingWindow(SlidingWindowSpec),
+    /// Chunked local attention.
+    ChunkedLocalAttention(ChunkedLocalAttentionSpec),
+    /// Mamba state.
+    Mamba(MambaSpec),
+    /// Encoder-decoder cross attention.
+    CrossAttention(CrossAttentionSpec),
+    /// Same-type layers sharing one block table.
+    UniformType(UniformTypeSpecs),
+}
+
+macro_rules! impl_from {
+    ($($ty:ident => $variant:ident),* $(,)?) => {$(
+        impl From<$ty> for KvCacheSpec {
+            fn from(s: $ty) -> Self {
+                KvCacheSpec::$variant(s)
+            }
+        }
+    )*};
+}
+
+impl_from!(
+    FullAttentionSpec => FullAttention,
+    MlaAttentionSpec => MlaAttention,
+    SinkFullAttentionSpec => SinkFullAttention,
+    SlidingWindowSpec => SlidingWindow,
+    ChunkedLocalAttentionSpec => ChunkedLocalAttention,
+    MambaSpec => Mamba,
+    CrossAttentionSpec => CrossAttention,
+    UniformTypeSpecs => UniformType,
+);
+
+fn check_positive(name: &str, v: usize) -> Result<()> {
+    if v == 0 {
+        return invalid(format!("{name} must be positive"));
+    }
+    Ok(())
+}
+
+fn check_optional_positive(name: &str, v: Option<usize>) -> Result<()> {
+    v.map_or(Ok(()), |v| check_positive(name, v))
+}
+
+fn check_full(f: &FullAttentionSpec) -> Result<()> {
+    f.attn.check()?;
+    check_optional_positive("sliding_window", f.sliding_window)?;
+    check_optional_positive("attention_chunk_size", f.attention_chunk_size)
+}
+
+impl KvCacheSpec {
+    /// Validates the spec and normalises it as vLLM's `__post_init__` does (MLA pages
+    /// are padded up to `alignment`). Every other method assumes a built spec.
+    pub fn build(mut self) -> Result<KvCacheSpec> {
+        match &mut self {
+            KvCacheSpec::FullAttention(f) => check_full(f)?,
+            KvCacheSpec::MlaAttention(m) => {
+                if m.full.attn.head_size_v != 0 {
+                    return invalid("MLAAttentionSpec stores one latent: head_size_v must be 0");
+                }
+                check_full(&m.full)?;
+                check_optional_positive("alignment", m.alignment)?;
+                if let Some(align) = m.alignment {
+                    let page = m.full.attn.unpadded_page_size()?;
+                    let padded = page.checked_next_multiple_of(align).ok_or_else(overflow)?;
+                    if padded != page {
+                        m.full.attn.page_size_padded = Some(padded);
+                    }
+                }
+            }
+            KvCacheSpec::SinkFullAttention(s) => {
+                check_full(&s.full)?;
+                full::num_sink_blocks(s.sink_len, s.full.attn.block_size)?;
+            }
+            KvCacheSpec::SlidingWindow(s) => {
+                s.attn.check()?;
+                check_positive("sliding_window", s.sliding_window)?;
+            }
+            KvCacheSpec::ChunkedLocalAttention(c) => {
+                c.attn.check()?;
+                check_positive("attention_chunk_size", c.attention_chunk_size)?;
+            }
+            KvCacheSpec::CrossAttention(c) => c.attn.check()?,
+            KvCacheSpec::Mamba(m) => {
+                check_positive("block_size", m.block_size)?;
+                if m.shapes.len() != m.dtypes.len() {
+                    return invalid(format!(
+                        "MambaSpec needs one dtype per shape ({} shapes, {} dtypes)",
+                        m.shapes.len(),
+                        m.dtypes.len()
+                    ));
+                }
+                check_optional_positive(
+                    "prefill_checkpoint_alignment",
+                    m.prefill_checkpoint_alignment,
+                )?;
+                let page = m.unpadded_page_size()?;
+                if let Some(padded) = m.page_size_padded.filter(|&p| p < page) {
+                    return invalid(format!(
+                        "page_size_padded ({padded}) is smaller than the page size ({page})"
+                    ));
+                }
+            }
+            KvCacheSpec::UniformType(u) => {
+                check_positive("block_size", u.block_size)?;
+                let specs: Vec<&KvCacheSpec> = u.kv_cache_specs.specs().collect();
+                if specs.is_empty() {
+                    return invalid("UniformTypeKVCacheSpecs needs at least one layer");
+                }
+                if !is_uniform_type(specs.iter().copied()) {
+                    return invalid(
+                        "UniformTypeKVCacheSpecs layers must all be of one type \
+                         (same class family, block size and type parameters)",
+                    );
+                }
+                if specs[0].block_size() != u.block_size {
+                    return invalid(format!(
+                        "block_size ({}) differs from the layers' block size ({})",
+                        u.block_size,
+                        specs[0].block_size()
+                    ));
+                }
+                // Page sizes of members are summed: check that cannot overflow.
+                specs.iter().try_fold(0usize, |acc, s| {
+                    acc.checked_add(s.page_size_bytes()).ok_or_else(overflow)
+                })?;
+            }
+        }
+        Ok(self)
+    }
+
+    /// The class this spec is an instance of (most derived).
+    pub fn class(&self) -> SpecClass {
+        match self {
+            KvCacheSpec::FullAttention(_) => SpecClass::FullAttention,
+            KvCacheSpec::MlaAttention(_) => SpecClass::MlaAttention,
+            KvCacheSpec::SinkFullAttention(_) => SpecClass::SinkFullAttention,
+            KvCacheSpec::SlidingWindow(_) => SpecClass::SlidingWindow,
+            KvCacheSpec::ChunkedLocalAttention(_) => SpecClass::ChunkedLocalAttention,
+            KvCacheSpec::Mamba(_) => SpecClass::Mamba,
+            KvCacheSpec::CrossAttention(_) => SpecClass::CrossAttention,
+            KvCacheSpec::UniformType(_) => SpecClass::UniformType,
+        }
+    }
+
+    /// The attention fields, for every attention spec.
+    pub fn attention(&self) -> Option<&AttentionParams> {
+        match self {
+            KvCacheSpec::SlidingWindow(s) => Some(&s.attn),
+            KvCacheSpec::ChunkedLocalAttention(c) => Some(&c.attn),
+            KvCacheSpec::CrossAttention(c) => Some(&c.attn),
+            _ => self.full_attention().map(|f| &f.attn),
+        }
+    }
+
+    /// The full attention fields, for full attention and its subclasses (MLA, sink).
+    pub fn full_attention(&self) -> Option<&FullAttentionSpec> {
+        match self {
+            KvCacheSpec::FullAttention(f) => Some(f),
+            KvCacheSpec::MlaAttention(m) => Some(&m.full),
+            KvCacheSpec::SinkFullAttention(s) => Some(&s.full),
+            _ => None,
+        }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        match self {
+            KvCacheSpec::Mamba(m) => m.block_size,
+            KvCacheSpec::UniformType(u) => u.block_size,
+            _ => self.attention().map_or(0, |a| a.block_size),
+        }
+    }
+
+    /// Whether DCP shards this cache's tokens (attention default true; Mamba false;
+    /// a uniform group takes its first member's).
+    pub fn dcp_sharded(&self) -> bool {
+        match self {
+            KvCacheSpec::Mamba(_) => false,
+            KvCacheSpec::UniformType(u) => u
+                .kv_cache_specs
+                .specs()
+                .next()
+                .is_some_and(|s| s.dcp_sharded()),
+            _ => self.attention().is_some_and(|a| a.dcp_sharded),
+        }
+    }
+
+    /// Bytes of one page (one block of this layer or group).
+    pub fn page_size_bytes(&self) -> usize {
+        match self {
+            KvCacheSpec::Mamba(m) => m
+                .page_size_padded
+                .unwrap_or_else(|| m.unpadded_page_size().unwrap_or(usize::MAX)),
+            KvCacheSpec::UniformType(u) => {
+                u.kv_cache_specs.specs().map(|s| s.page_size_bytes()).sum()
+            }
+            _ => self.attention().map_or(0, AttentionParams::page_size_bytes),
+        }
+    }
+
+    /// Whether this spec is of `class` (or a subclass of it), as `isinstance` in vLLM.
+    pub fn is_instance(&self, class: SpecClass) -> bool {
+        match class {
+            SpecClass::Base => true,
+            SpecClass::FullAttention => self.full_attention().is_some(),
+            _ => self.class() == class,
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! Unit tests of the spec module.
+
+use super::*;
+use crate::attention::AttentionKind;
+
+fn attn(bs: usize, heads: usize, head: usize, dtype: Dtype) -> AttentionParams {
+    AttentionParams::new(bs, heads, head, dtype)
+}
+
+fn full(bs: usize) -> KvCacheSpec {
+    KvCacheSpec::from(FullAttentionSpec::new(attn(bs, 8, 128, Dtype::Bfloat16)))
+        .build()
+        .unwrap()
+}
+
+fn swa(bs: usize, sw: usize) -> KvCacheSpec {
+    KvCacheSpec::from(SlidingWindowSpec {
+        attn: attn(bs, 8, 128, Dtype::Bfloat16),
+        sliding_window: sw,
+        extra_retained_tokens: 0,
+    })
+    .build()
+    .unwrap()
+}
+
+fn mla(align: Option<usize>) -> KvCacheSpec {
+    let mut a = attn(16, 1, 576, Dtype::Bfloat16);
+    a.head_size_v = 0;
+    KvCacheSpec::from(MlaAttentionSpec {
+        full: FullAttentionSpec::new(a),
+        cache_dtype_str: None,
+        alignment: align,
+    })
+    .build()
+    .unwrap()
+}
+
+#[test]
+fn attention_page_size() {
+    // 8 heads * 16 tokens * (128 + 128) * 2 bytes.
+    assert_eq!(full(16).page_size_bytes(), 65_536);
+    let mut a = attn(16, 8, 128, Dtype::Float32);
+    a.head_size_v = 64;
+    let s = KvCacheSpec::from(FullAttentionSpec::new(a))
+        .build()
+        .unwrap();
+    assert_eq!(s.page_size_bytes(), 8 * 16 * 192 * 4);
+}
+
+#[test]
+fn mla_page_is_single_latent_padded_to_alignment() {
+    assert_eq!(mla(None).page_size_bytes(), 16 * 576 * 2);
+    // 18432 rounded up to a multiple of 1000.
+    assert_eq!(mla(Some(1000)).page_size_bytes(), 19_000);
+    assert_eq!(mla(Some(512)).page_size_bytes(), 18_432);
+}
+
+#[test]
+fn mamba_page_sums_states() {
+    let mut m = MambaSpec::new(
+        16,
+        vec![vec![3, 4], vec![2, 5, 7]],
+        vec![Dtype::Float32, Dtype::Bfloat16],
+    );
+    let s = KvCacheSpec::from(m.clone()).build().unwrap();
+    assert_eq!(s.page_size_bytes(), 12 * 4 + 70 * 2);
+    m.page_size_padded = Some(1024);
+    assert_eq!(
+        KvCacheSpec::from(m.clone())
+            .build()
+            .unwrap()
+            .page_size_bytes(),
+        1024
+    );
+    m.page_size_padded = Some(100);
+    assert!(KvCacheSpec::from(m).build().is_err());
+}
+
+#[test]
+fn full_memory_with_and_without_dcp() {
+    let p = MemoryParams::new(1000);
+    assert_eq!(full(16).max_memory_usage_bytes(&p).unwrap(), 63 * 65_536);
+    let p = MemoryParams {
+        dcp_world_size: 4,
+        ..p
+    };
+    // cdiv(1000, 4) = 250 tokens -> 16 blocks.
+    assert_eq!(full(16).max_memory_usage_bytes(&p).unwrap(), 16 * 65_536);
+}
+
+#[test]
+fn swa_and_chunked_admission() {
+    let s = swa(16, 4096);
+    assert_eq!(s.max_admission_blocks_per_request(8192, 32_768), Some(769));
+    let p = MemoryParams {
+        max_num_batched_tokens: 8192,
+        ..MemoryParams::new(32_768)
+    };
+    assert_eq!(s.max_memory_usage_bytes(&p).unwrap(), 769 * 65_536);
+    // Capped by max_model_len: cdiv(1000, 16) + 1.
+    assert_eq!(s.max_admission_blocks_per_request(8192, 1000), Some(64));
+    let c = KvCacheSpec::from(ChunkedLocalAttentionSpec {
+        attn: attn(16, 8, 128, Dtype::Bfloat16),
+        attention_chunk_size: 8192,
+    })
+    .build()
+    .unwrap();
+    assert_eq!(c.max_admission_blocks_per_request(8192, 32_768), Some(1024));
+    let two = MemoryParams {
+        max_concurrent_batches: 2,
+        ..p
+    };
+    // min(8192 + 16384, 32768) / 16.
+    assert_eq!(c.max_memory_usage_bytes(&two).unwrap(), 1536 * 65_536);
+    let dcp = MemoryParams {
+        dcp_world_size: 2,
+        ..p
+    };
+    assert!(s.max_memory_usage_bytes(&dcp).is_err());
+    assert_eq!(full(16).max_admission_blocks_per_request(1, 1), None);
+}
+
+#[test]
+fn mamba_cross_and_uniform_memory() {
+    let mut m = MambaSpec::new(16, vec![vec![10]], vec![Dtype::Float32]);
+    m.num_speculative_blocks = 2;
+    let p = MemoryParams::new(4096);
+    let none = KvCacheSpec::from(m.clone()).build().unwrap();
+    assert_eq!(none.max_memory_usage_bytes(&p).unwrap(), 40 * 3);
+    m.mamba_cache_mode = MambaCacheMode::Align;
+    m.num_prefill_checkpoint_blocks = 1;
+    let align = KvCacheSpec::from(m).build().unwrap();
+    assert_eq!(align.max_memory_usage_bytes(&p).unwrap(), 40 * 5);
+
+    let cross = KvCacheSpec::from(CrossAttentionSpec {
+        attn: attn(16, 8, 128, Dtype::Bfloat16),
+    })
+    .build()
+    .unwrap();
+    let p = MemoryParams {
+        max_num_encoder_input_tokens: 1500,
+        ..p
+    };
+    assert_eq!(cross.max_memory_usage_bytes(&p).unwrap(), 94 * 65_536);
+
+    let half = KvCacheSpec::from(FullAttentionSpec::new(attn(16, 4, 128, Dtype::Bfloat16)))
+        .build()
+        .unwrap();
+    let u = KvCacheSpec::from(UniformTypeSpecs {
+        block_size: 16,
+        kv_cache_specs: LayerSpecs(vec![("a".into(), full(16)), ("b".into(), half)]),
+    })
+    .build()
+    .unwrap();
+    assert_eq!(u.page_size_bytes(), 65_536 + 32_768);
+    // Both need cdiv(4096, 16) = 256 pages.
+    assert_eq!(u.max_memory_usage_bytes(&p).unwrap(), 256 * 98_304);
+    assert_eq!(u.kind(), "full_attention");
+    assert_eq!(
+        AttentionKind::from_spec(&u).unwrap(),
+        AttentionKind::FullAttention
+    );
+}
+
+#[test]
+fn merge_full_windows() {
+    let mut a = FullAttentionSpec::new(attn(16, 8, 128, Dtype::Bfloat16));
+    let plain = KvCacheSpec::from(a.clone()).build().unwrap();
+    a.sliding_window = Some(128);
+    let windowed = KvCacheSpec::from(a.clone()).build().unwrap();
+    let merged = KvCacheSpec::merge(&[plain.clone(), windowed.clone()]).unwrap();
+    assert_eq!(merged, windowed);
+    a.sliding_window = Some(256);
+    let other = KvCacheSpec::from(a.clone()).build().unwrap();
+    assert!(KvCacheSpec::merge(&[windowed.clone(), other]).is_err());
+    a.sliding_window = None;
+    a.attention_chunk_size = Some(64);
+    let chunked = KvCacheSpec::from(a).build().unwrap();
+    assert!(KvCacheSpec::merge(&[windowed, chunked]).is_err());
+    assert!(KvCacheSpec::merge(&[plain.clone(), full(32)]).is_err());
+    assert!(KvCacheSpec::merge(&[plain.clone(), mla(None)]).is_err());
+    assert!(KvCacheSpec::merge(&[plain.clone(), swa(16, 8)]).is_err());
+    assert!(KvCacheSpec::merge(&[]).is_err());
+}
+
+#[test]
+fn merge_sink_mla_and_base() {
+    let sink = |n| {
+        KvCacheSpec::from(SinkFullAttentionSpec {
+            full: FullAttentionSpec::new(attn(16, 8, 128, Dtype::Bfloat16)),
+            sink_len: n,
+        })
+        .build()
+        .unwrap()
+    };
+    // Sink merge keeps the first sink_len; full merge drops it.
+    let m = KvCacheSpec::merge(&[sink(32), sink(16)]).unwrap();
+    assert_eq!(m, sink(32));
+    let m = KvCacheSpec::merge_as(SpecClass::FullAttention, &[sink(32), full(16)]).unwrap();
+    assert_eq!(m, full(16));
+    assert!(KvCacheSpec::merge_as(SpecClass::SinkFullAttention, &[full(16)]).is_err());
+    // MLA merge drops alignment but keeps the padded page.
+    let m = KvCacheSpec::merge(&[mla(Some(1000)), mla(Some(1000))]).unwrap();
+    assert_eq!(m.page_size_bytes(), 19_000);
+    assert_ne!(m, mla(Some(1000)));
+    assert!(KvCacheSpec::merge(&[mla(None), mla(Some(1000))]).is_err());
+    assert_eq!(
+        KvCacheSpec::merge(&[swa(16, 8), swa(16, 8)]).unwrap(),
+        swa(16, 8)
+    );
+    assert!(KvCacheSpec::merge(&[swa(16, 8), swa(16, 4)]).is_err());
+}
+
+#[test]
+fn kinds_windows_and_managers() {
+    assert_eq!(full(16).kind(), "full_attention");
+    assert_eq!(mla(None).kind(), "mla_attention");
+    assert_eq!(
+        AttentionKind::from_spec(&mla(None)).unwrap(),
+        AttentionKind::FullAttention
+    );
+    assert_eq!(swa(16, 8).kind(), "sliding_window");
+    assert_eq!(swa(16, 8).sliding_window(), Some(8));
+    assert_eq!(
+        AttentionKind::from_spec(&swa(16, 8)).unwrap(),
+        AttentionKind::SlidingWindow {
+            sliding_window: 8,
+            extra_retained_tokens: 0
+        }
+    );
+    let u = KvCacheSpec::from(UniformTypeSpecs {
+        block_size: 16,
+        kv_cache_specs: LayerSpecs(vec![("a".into(), full(16)), ("b".into(), mla(None))]),
+    })
+    .build()
+    .unwrap();
+    assert_eq!(u.kind(), "full_attention");
+    assert_eq!(u.sliding_window(), None);
+    let w = KvCacheSpec::from(UniformTypeSpecs {
+        block_size: 16,
+        kv_cache_specs: LayerSpecs(vec![("a".into(), swa(16, 8)), ("b".into(), swa(16, 8))]),
+    })
+    .build()
+    .unwrap();
+    assert_eq!((w.kind(), w.sliding_window()), ("sliding_window", Some(8)));
+    assert_eq!(
+        AttentionKind::from_spec(&w).unwrap(),
+        AttentionKind::SlidingWindow {
+            sliding_window: 8,
+            extra_retained_tokens: 0
+        }
+    );
+    assert!(mla(None).is_instance(SpecClass::FullAttention));
+    assert!(mla(None).is_instance(SpecClass::Base));
+    assert!(!swa(16, 8).is_instance(SpecClass::FullAttention));
+    assert!(!full(16).is_instance(SpecClass::MlaAttention));
+}
+
+#[test]
+fn uniform_type_rules_and_order_free_equality() {
+    assert!(is_uniform_type([&full(16), &mla(None)]));
+    assert!(!is_uniform_type([&full(16), &full(32)]));
+    assert!(!is_uniform_type([&swa(16, 8), &swa(16, 4)]));
+    assert!(!is_uniform_type([&full(16), &swa(16, 8)]));
+    assert!(!is_uniform_type(std::iter::empty()));
+    let ab = LayerSpecs(vec![("a".into(), full(16)), ("b".into(), mla(None))]);
+    let ba = LayerSpecs(vec![("b".into(), mla(None)), ("a".into(), full(16))]);
+    assert_eq!(ab, ba);
+    let bad = UniformTypeSpecs {
+        block_size: 16,
+        kv_cache_specs: LayerSpecs(vec![("a".into(), full(16)), ("b".into(), swa(16, 8))]),
+    };
+    assert!(KvCacheSpec::from(bad).build().is_err());
+}
+
+#[test]
+fn display_reads_like_vllm_repr() {
+    assert_eq!(
+        swa(16, 8).to_string(),
+        "SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=128, \
+         dtype=torch.bfloat16, head_size_v=128, page_size_padded=None, dcp_sharded=True, \
+         sliding_window=8, extra_retained_tokens=0)"
+    );
+    let mut m = MambaSpec::new(16, vec![vec![4]], vec![Dtype::Int8]);
+    m.mamba_type = "it's".into();
+    let text = KvCacheSpec::from(m).build().unwrap().to_string();
+    assert!(
+        text.contains("shapes=((4,),), dtypes=(torch.int8,)"),
+        "{text}"
+    );
+    assert!(text.contains(r"mamba_type='it\'s'"), "{text}");
+}
+
+#[test]
+fn construction_validates() {
+    assert!(
+        KvCacheSpec::from(FullAttentionSpec::new(attn(0, 8, 128, Dtype::Int8)))
+            .build()
+            .is_err()
+    );
+    assert!(
+        KvCacheSpec::from(FullAttentionSpec::new(attn(16, 0, 128, Dtype::Int8)))
+            .build()
+            .is_err()
+    );
+    let sink = |n| {
+        KvCacheSpec::from(SinkFullAttentionSpec {
+            full: FullAttentionSpec::new(attn(16, 8, 128, Dtype::Int8)),
+            sink_len: n,
+        })
+        .build()
+    };
+    assert!(sink(0).is_err());
+    assert!(sink(24).is_err());
+    assert!(sink(48).is_ok());
+    let huge = attn(usize::MAX / 2, 8, 128, Dtype::Float64);
+    assert!(KvCacheSpec::from(FullAttentionSpec::new(huge))
+        .build()
+        .is_err());
+    let m = MambaSpec::new(16, vec![vec![1]], vec![]);
+    assert!(KvCacheSpec::from(m).build().is_err());
+}
