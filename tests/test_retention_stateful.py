@@ -873,22 +873,15 @@ VALID: dict[str, Any] = PolicyModel(
 ).kwargs()
 
 
-# A negative count is converted to an unsigned Rust integer before the policy checks it,
-# and PyO3 raises OverflowError, which is neither a ValueError nor a KVBlocksError
-# (docs/retention.md: "an invalid policy field (ValueError)"). Strict: the mark goes when
-# the bindings check the sign.
-NEGATIVE_COUNT = pytest.mark.xfail(raises=OverflowError, strict=True, reason="OverflowError")
-
-
 @pytest.mark.parametrize(
     "bad",
     [
         {"classes": 0},
-        pytest.param({"classes": -1}, marks=NEGATIVE_COUNT),
+        {"classes": -1},
         {"default_class": 2},
-        pytest.param({"default_class": -1}, marks=NEGATIVE_COUNT),
+        {"default_class": -1},
         {"priority_classes": {0: 2}},
-        pytest.param({"priority_classes": {0: -1}}, marks=NEGATIVE_COUNT),
+        {"priority_classes": {0: -1}},
         {"ttl_s": -1.0},
         {"ttl_s": math.nan},
         {"ttl_s": math.inf},
@@ -896,8 +889,8 @@ NEGATIVE_COUNT = pytest.mark.xfail(raises=OverflowError, strict=True, reason="Ov
         {"ttl_s": [1.0, -2.0]},
         {"session_s": -1.0},
         {"session_s": math.nan},
-        pytest.param({"tenant_quotas": {"a": -1}}, marks=NEGATIVE_COUNT),
-        pytest.param({"default_tenant_quota": -1}, marks=NEGATIVE_COUNT),
+        {"tenant_quotas": {"a": -1}},
+        {"default_tenant_quota": -1},
     ],
     ids=repr,
 )
@@ -919,10 +912,7 @@ def cached_pool(policy: PolicyModel | None) -> tuple[kb.BlockPool, list[bytes], 
     return pool, req.block_hashes, blocks
 
 
-@pytest.mark.parametrize(
-    "cls",
-    [2, pytest.param(-1, marks=NEGATIVE_COUNT)],
-)
+@pytest.mark.parametrize("cls", [2, -1])
 def test_free_with_a_class_out_of_range_changes_nothing(cls: int) -> None:
     pool = kb.BlockPool(6, True, HBS, retention=make_policy(PolicyModel(classes=2)))
     blocks = pool.get_new_blocks(2)

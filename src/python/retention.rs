@@ -34,31 +34,51 @@ fn ttl_of(ttl_s: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Option<f64>>> {
     Ok(ttl)
 }
 
+/// A count or class given as a Python int: a negative one is bad input, not an overflow.
+pub(crate) fn non_negative(name: &str, value: i64) -> PyResult<usize> {
+    usize::try_from(value)
+        .map_err(|_| invalid_argument(format!("{name} must be >= 0, got {value}")))
+}
+
 #[pymethods]
 impl PyRetentionPolicy {
     #[new]
     #[pyo3(signature = (*, classes=1, default_class=0, priority_classes=None, ttl_s=None,
                         session_s=None, tenant_quotas=None, default_tenant_quota=None))]
     fn new(
-        classes: usize,
-        default_class: usize,
-        priority_classes: Option<BTreeMap<i64, usize>>,
+        classes: i64,
+        default_class: i64,
+        priority_classes: Option<BTreeMap<i64, i64>>,
         ttl_s: Option<&Bound<'_, PyAny>>,
         session_s: Option<f64>,
-        tenant_quotas: Option<BTreeMap<String, usize>>,
-        default_tenant_quota: Option<usize>,
+        tenant_quotas: Option<BTreeMap<String, i64>>,
+        default_tenant_quota: Option<i64>,
     ) -> PyResult<Self> {
-        if classes == 0 {
-            return Err(invalid_argument("classes must be at least 1"));
+        if classes < 1 {
+            return Err(invalid_argument(format!(
+                "classes must be at least 1, got {classes}"
+            )));
         }
+        let priority_classes = priority_classes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(p, c)| Ok((p, non_negative("a class in priority_classes", c)?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let tenant_quotas = tenant_quotas
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(t, q)| Ok((t, non_negative("a tenant quota", q)?)))
+            .collect::<PyResult<Vec<_>>>()?;
         let inner = RetentionPolicy {
-            classes,
-            default_class,
-            priority_classes: priority_classes.unwrap_or_default().into_iter().collect(),
+            classes: non_negative("classes", classes)?,
+            default_class: non_negative("default_class", default_class)?,
+            priority_classes,
             ttl_s: ttl_of(ttl_s)?,
             session_s,
-            tenant_quotas: tenant_quotas.unwrap_or_default().into_iter().collect(),
-            default_tenant_quota,
+            tenant_quotas,
+            default_tenant_quota: default_tenant_quota
+                .map(|q| non_negative("default_tenant_quota", q))
+                .transpose()?,
         };
         inner.validate()?;
         Ok(Self { inner })
