@@ -10,7 +10,7 @@ use pyo3::types::{PyBytes, PyList};
 
 use super::events::events_to_py;
 use super::manager::PyKVCacheManager;
-use super::retention::PyRetentionPolicy;
+use super::retention::{non_negative, PyRetentionPolicy};
 use crate::events::event::TokensOnly;
 use crate::pool::{BlockPool, HashKey};
 use crate::types::{BlockHash, BlockId, GroupId};
@@ -216,13 +216,16 @@ impl PyBlockPool {
         &mut self,
         py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
-        priority_class: Option<usize>,
+        priority_class: Option<i64>,
         session: bool,
         tenant: Option<&str>,
     ) -> PyResult<()> {
         let ids = extract_u32s(block_ids, "block ids")?;
+        let class = priority_class
+            .map(|c| non_negative("priority_class", c))
+            .transpose()?;
         let mut pool = self.home.pool(py)?;
-        if let Some(tag) = pool.free_tag_with(priority_class, session, tenant)? {
+        if let Some(tag) = pool.free_tag_with(class, session, tenant)? {
             pool.set_free_tag(tag);
         }
         Ok(pool.free_blocks(ids.iter().copied())?)
