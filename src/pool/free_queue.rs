@@ -113,21 +113,38 @@ impl FreeQueue {
     #[inline]
     pub fn popleft_n(&mut self, n: usize, mut each: impl FnMut(BlockId)) {
         debug_assert!(n <= self.len);
-        let mut left = n;
-        let mut list = 0;
-        while left > 0 {
-            let (head, tail) = (self.head(list), self.tail(list));
+        if n == 0 {
+            return;
+        }
+        if self.links.len() == self.blocks as usize + 2 {
+            // One list (vLLM's queue): it holds all `n`, no tail check needed.
+            let head = self.head(0);
             let mut cur = self.links[head as usize][NEXT];
-            while left > 0 && cur != tail {
+            for _ in 0..n {
                 let next = self.links[cur as usize][NEXT];
                 self.links[cur as usize] = [UNLINKED, UNLINKED];
                 each(cur);
                 cur = next;
-                left -= 1;
             }
             self.links[head as usize][NEXT] = cur;
             self.links[cur as usize][PREV] = head;
-            list += 1;
+        } else {
+            let mut left = n;
+            let mut list = 0;
+            while left > 0 {
+                let (head, tail) = (self.head(list), self.tail(list));
+                let mut cur = self.links[head as usize][NEXT];
+                while left > 0 && cur != tail {
+                    let next = self.links[cur as usize][NEXT];
+                    self.links[cur as usize] = [UNLINKED, UNLINKED];
+                    each(cur);
+                    cur = next;
+                    left -= 1;
+                }
+                self.links[head as usize][NEXT] = cur;
+                self.links[cur as usize][PREV] = head;
+                list += 1;
+            }
         }
         self.len -= n;
     }
@@ -158,6 +175,7 @@ impl FreeQueue {
     }
 
     /// Links `blocks` at the tail of `list`, in order.
+    #[inline]
     pub fn append_to(&mut self, list: usize, blocks: &[BlockId]) {
         if blocks.is_empty() {
             return;
@@ -168,6 +186,7 @@ impl FreeQueue {
     }
 
     /// Links `blocks`, in their own order, before the head of `list`.
+    #[inline]
     pub fn prepend_to(&mut self, list: usize, blocks: &[BlockId]) {
         if blocks.is_empty() {
             return;
@@ -178,15 +197,18 @@ impl FreeQueue {
     }
 
     /// Links `blocks` in order between the adjacent nodes `before` and `after`.
+    #[inline]
     fn link_chain(&mut self, before: u32, blocks: impl IntoIterator<Item = BlockId>, after: u32) {
         let mut prev = before;
+        let mut n = 0;
         for b in blocks {
             debug_assert!(!self.contains(b));
             self.links[prev as usize][NEXT] = b;
             self.links[b as usize][PREV] = prev;
             prev = b;
-            self.len += 1;
+            n += 1;
         }
+        self.len += n;
         self.links[prev as usize][NEXT] = after;
         self.links[after as usize][PREV] = prev;
     }

@@ -220,16 +220,17 @@ impl BlockPool {
         out.reserve(n);
         let mut any_cached = false;
         let (ref_cnt, hash_of) = (&mut self.ref_cnt, &self.hash_of);
-        let mut retention = self.retention.as_deref_mut();
         self.queue.popleft_n(n, |b| {
             debug_assert_eq!(ref_cnt[b as usize], 0);
             ref_cnt[b as usize] = 1;
             any_cached |= hash_of[b as usize].is_some();
-            if let Some(r) = retention.as_deref_mut() {
-                r.forget(b);
-            }
             out.push(b);
         });
+        if let Some(r) = self.retention.as_deref_mut() {
+            for &b in &out[start..] {
+                r.forget(b);
+            }
+        }
         // Only pools that hand out cached blocks pay for the second pass, which evicts
         // them in queue order (the order of their `BlockRemoved` events).
         if any_cached && self.enable_caching {
@@ -337,7 +338,11 @@ impl BlockPool {
             return Err(err);
         }
         self.queue.prepend_n(&front);
-        self.link_cached(&back);
+        if self.retention.is_none() {
+            self.queue.append_n(&back);
+        } else {
+            self.link_cached(&back);
+        }
         self.to_front = front;
         self.to_back = back;
         Ok(())
