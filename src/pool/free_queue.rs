@@ -38,7 +38,15 @@ impl FreeQueue {
     pub fn new(n: usize) -> Self {
         let mut q = Self::empty(n, 1);
         let (head, tail) = (q.head(0), q.tail(0));
-        q.link_chain(head, 0..n as u32, tail);
+        for b in 0..n as u32 {
+            q.links[b as usize] = [if b == 0 { head } else { b - 1 }, b + 1];
+        }
+        if n > 0 {
+            q.links[n - 1][NEXT] = tail;
+            q.links[head as usize][NEXT] = 0;
+            q.links[tail as usize][PREV] = n as u32 - 1;
+        }
+        q.len = n;
         q
     }
 
@@ -182,7 +190,7 @@ impl FreeQueue {
         }
         let tail = self.tail(list);
         let last = self.links[tail as usize][PREV];
-        self.link_chain(last, blocks.iter().copied(), tail);
+        self.link_chain(last, blocks, tail);
     }
 
     /// Links `blocks`, in their own order, before the head of `list`.
@@ -193,22 +201,19 @@ impl FreeQueue {
         }
         let head = self.head(list);
         let first = self.links[head as usize][NEXT];
-        self.link_chain(head, blocks.iter().copied(), first);
+        self.link_chain(head, blocks, first);
     }
 
     /// Links `blocks` in order between the adjacent nodes `before` and `after`.
-    #[inline]
-    fn link_chain(&mut self, before: u32, blocks: impl IntoIterator<Item = BlockId>, after: u32) {
+    fn link_chain(&mut self, before: u32, blocks: &[BlockId], after: u32) {
         let mut prev = before;
-        let mut n = 0;
-        for b in blocks {
+        for &b in blocks {
             debug_assert!(!self.contains(b));
             self.links[prev as usize][NEXT] = b;
             self.links[b as usize][PREV] = prev;
             prev = b;
-            n += 1;
         }
-        self.len += n;
+        self.len += blocks.len();
         self.links[prev as usize][NEXT] = after;
         self.links[after as usize][PREV] = prev;
     }
