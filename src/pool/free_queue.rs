@@ -116,43 +116,46 @@ impl FreeQueue {
         (b != self.tail(list)).then_some(b)
     }
 
-    /// Removes the first `n` blocks (the caller checked `n <= len`), list after list,
-    /// calling `each` on them in queue order.
+    /// Removes the first `n` blocks of a one-list queue (vLLM's; the caller checked
+    /// `n <= len`), calling `each` on them in queue order.
     #[inline]
     pub fn popleft_n(&mut self, n: usize, mut each: impl FnMut(BlockId)) {
-        debug_assert!(n <= self.len);
+        debug_assert!(n <= self.len && self.num_lists() == 1);
         if n == 0 {
             return;
         }
-        if self.links.len() == self.blocks as usize + 2 {
-            // One list (vLLM's queue): it holds all `n`, no tail check needed.
-            let head = self.head(0);
+        let head = self.head(0);
+        let mut cur = self.links[head as usize][NEXT];
+        for _ in 0..n {
+            let next = self.links[cur as usize][NEXT];
+            self.links[cur as usize] = [UNLINKED, UNLINKED];
+            each(cur);
+            cur = next;
+        }
+        self.links[head as usize][NEXT] = cur;
+        self.links[cur as usize][PREV] = head;
+        self.len -= n;
+    }
+
+    /// Removes the first `n` blocks (the caller checked `n <= len`), list after list,
+    /// calling `each` on them in queue order.
+    pub fn popleft_n_lists(&mut self, n: usize, mut each: impl FnMut(BlockId)) {
+        debug_assert!(n <= self.len);
+        let mut left = n;
+        let mut list = 0;
+        while left > 0 {
+            let (head, tail) = (self.head(list), self.tail(list));
             let mut cur = self.links[head as usize][NEXT];
-            for _ in 0..n {
+            while left > 0 && cur != tail {
                 let next = self.links[cur as usize][NEXT];
                 self.links[cur as usize] = [UNLINKED, UNLINKED];
                 each(cur);
                 cur = next;
+                left -= 1;
             }
             self.links[head as usize][NEXT] = cur;
             self.links[cur as usize][PREV] = head;
-        } else {
-            let mut left = n;
-            let mut list = 0;
-            while left > 0 {
-                let (head, tail) = (self.head(list), self.tail(list));
-                let mut cur = self.links[head as usize][NEXT];
-                while left > 0 && cur != tail {
-                    let next = self.links[cur as usize][NEXT];
-                    self.links[cur as usize] = [UNLINKED, UNLINKED];
-                    each(cur);
-                    cur = next;
-                    left -= 1;
-                }
-                self.links[head as usize][NEXT] = cur;
-                self.links[cur as usize][PREV] = head;
-                list += 1;
-            }
+            list += 1;
         }
         self.len -= n;
     }

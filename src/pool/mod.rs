@@ -220,15 +220,19 @@ impl BlockPool {
         out.reserve(n);
         let mut any_cached = false;
         let (ref_cnt, hash_of) = (&mut self.ref_cnt, &self.hash_of);
-        self.queue.popleft_n(n, |b| {
+        let take = |b: BlockId| {
             debug_assert_eq!(ref_cnt[b as usize], 0);
             ref_cnt[b as usize] = 1;
             any_cached |= hash_of[b as usize].is_some();
             out.push(b);
-        });
-        if let Some(r) = self.retention.as_deref_mut() {
-            for &b in &out[start..] {
-                r.forget(b);
+        };
+        match self.retention.as_deref_mut() {
+            None => self.queue.popleft_n(n, take),
+            Some(r) => {
+                self.queue.popleft_n_lists(n, take);
+                for &b in &out[start..] {
+                    r.forget(b);
+                }
             }
         }
         // Only pools that hand out cached blocks pay for the second pass, which evicts
