@@ -46,24 +46,6 @@ pub struct CacheHit {
     pub num_uncached: usize,
 }
 
-/// What a block count asks (the arguments of vLLM's `get_num_blocks_to_allocate`): the
-/// blocks an allocation would take off the free queue.
-#[derive(Debug, Clone, Copy)]
-pub struct BlockDemand<'a> {
-    /// Slots the tables must cover (lookahead included).
-    pub num_tokens: usize,
-    /// `num_tokens` without the lookahead (align-mode Mamba counts these).
-    pub num_tokens_main_model: usize,
-    /// The prefix hit's blocks per group; `None` for no hit (vLLM's empty sentinel).
-    pub hits: Option<&'a [Vec<BlockId>]>,
-    /// Encoder tokens (cross-attention groups).
-    pub num_encoder_tokens: usize,
-    /// Tokens already computed: local hits plus external tokens.
-    pub total_computed_tokens: usize,
-    /// Whether each group is capped at its admission cap (sliding window, chunked local).
-    pub apply_admission_cap: bool,
-}
-
 /// How a coordinator is built (besides the groups).
 #[derive(Debug, Clone, Copy)]
 pub struct CoordinatorOptions {
@@ -463,30 +445,46 @@ impl Coordinator {
     }
 
     /// Blocks an allocation would take off the free queue, summed over groups (signed:
-    /// align-mode Mamba can count negatively).
+    /// align-mode Mamba can count negatively). `hits` is `None` for no prefix hit (vLLM's
+    /// empty sentinel).
+    #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
         &self,
         rbs: &[RequestBlocks],
-        demand: &BlockDemand<'_>,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        hits: Option<&[Vec<BlockId>]>,
+        num_encoder_tokens: usize,
+        total_computed_tokens: usize,
+        apply_admission_cap: bool,
     ) -> isize {
-        let d = demand;
         self.managers
             .iter()
             .zip(rbs)
             .enumerate()
             .map(|(i, (m, rb))| {
-                // Cross-attention groups hold the encoder tokens and take no hits.
-                let (tokens, main, hits, computed) =
-                    if matches!(m.params().kind, AttentionKind::CrossAttention) {
-                        let n = d.num_encoder_tokens;
-                        (n, n, &[][..], 0)
-                    } else {
-                        let hits = d.hits.map_or(&[][..], |h| &h[i][..]);
-                        let computed = d.total_computed_tokens;
-                        (d.num_tokens, d.num_tokens_main_model, hits, computed)
-                    };
-                let cap = d.apply_admission_cap;
-                m.get_num_blocks_to_allocate(rb, tokens, main, hits, computed, cap, &self.pool)
+                if matches!(m.params().kind, AttentionKind::CrossAttention) {
+                    m.get_num_blocks_to_allocate(
+                        rb,
+                        num_encoder_tokens,
+                        num_encoder_tokens,
+                        &[],
+                        0,
+                        apply_admission_cap,
+                        &self.pool,
+                    )
+                } else {
+                    let h = hits.map_or(&[][..], |h| &h[i][..]);
+                    m.get_num_blocks_to_allocate(
+                        rb,
+                        num_tokens,
+                        num_tokens_main_model,
+                        h,
+                        total_computed_tokens,
+                        apply_admission_cap,
+                        &self.pool,
+                    )
+                }
             })
             .sum()
     }

@@ -31,7 +31,7 @@
 use rustc_hash::FxHashMap;
 
 use crate::attention::{AttentionKind, ManagerParams, RequestBlocks, RequestView};
-use crate::coordinator::{BlockDemand, Coordinator, CoordinatorOptions};
+use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
 use crate::events::event::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
 use crate::pool::{BlockPool, FreeTag, RetentionHints};
@@ -623,17 +623,15 @@ impl KvCacheManager {
         let free = self.coord.pool().num_free_blocks() as isize;
         if args.full_sequence_must_fit {
             let full = request.num_tokens().min(self.max_model_len);
-            let demand = BlockDemand {
-                num_tokens: full,
-                num_tokens_main_model: full,
+            let need = self.coord.get_num_blocks_to_allocate(
+                self.tables_or_empty(slot),
+                full,
+                full,
                 hits,
-                num_encoder_tokens: args.num_encoder_tokens,
-                total_computed_tokens: total,
-                apply_admission_cap: true,
-            };
-            let need = self
-                .coord
-                .get_num_blocks_to_allocate(self.tables_or_empty(slot), &demand);
+                args.num_encoder_tokens,
+                total,
+                true,
+            );
             if need + watermark > free {
                 return Ok(false);
             }
@@ -646,17 +644,15 @@ impl KvCacheManager {
             self.coord
                 .remove_skipped_blocks(&mut self.slots[s * g..(s + 1) * g], processed)?;
         }
-        let demand = BlockDemand {
-            num_tokens: need_slots,
-            num_tokens_main_model: main,
+        let need = self.coord.get_num_blocks_to_allocate(
+            self.tables_or_empty(slot),
+            need_slots,
+            main,
             hits,
-            num_encoder_tokens: args.num_encoder_tokens,
-            total_computed_tokens: local + args.num_external_computed_tokens,
-            apply_admission_cap: false,
-        };
-        let need = self
-            .coord
-            .get_num_blocks_to_allocate(self.tables_or_empty(slot), &demand);
+            args.num_encoder_tokens,
+            local + args.num_external_computed_tokens,
+            false,
+        );
         let available =
             self.coord.pool().num_free_blocks() as isize - args.reserved_blocks as isize;
         if need + watermark > available {
@@ -1033,16 +1029,28 @@ impl KvCacheManager {
 
     /// The blocks an allocation would take from the pool (vLLM's
     /// `coordinator.get_num_blocks_to_allocate`, a dry run: nothing changes).
+    #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
         &self,
         request_id: &str,
-        demand: &BlockDemand<'_>,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        hits: Option<&[Vec<BlockId>]>,
+        num_encoder_tokens: usize,
+        total_computed_tokens: usize,
+        apply_admission_cap: bool,
     ) -> Result<isize> {
-        self.check_hit_groups(demand.hits)?;
+        self.check_hit_groups(hits)?;
         let slot = self.requests.get(request_id).copied();
-        Ok(self
-            .coord
-            .get_num_blocks_to_allocate(self.tables_or_empty(slot), demand))
+        Ok(self.coord.get_num_blocks_to_allocate(
+            self.tables_or_empty(slot),
+            num_tokens,
+            num_tokens_main_model,
+            hits,
+            num_encoder_tokens,
+            total_computed_tokens,
+            apply_admission_cap,
+        ))
     }
 
     /// Frees the request's blocks that no token from `processed_computed_tokens` on

@@ -226,15 +226,9 @@ fn sliding_window_end_to_end() {
     let (hits, hit) = m.get_computed_blocks(&b).unwrap();
     assert_eq!((hits[0].clone(), hit), (vec![0, 0, 0, 4, 5], 20));
     let rbs = m.tables_or_empty(None);
-    let demand = BlockDemand {
-        num_tokens: 23,
-        num_tokens_main_model: 23,
-        hits: Some(&hits),
-        num_encoder_tokens: 0,
-        total_computed_tokens: 20,
-        apply_admission_cap: false,
-    };
-    let need = m.coordinator().get_num_blocks_to_allocate(rbs, &demand);
+    let need = m
+        .coordinator()
+        .get_num_blocks_to_allocate(rbs, 23, 23, Some(&hits), 0, 20, false);
     assert_eq!(need, 3, "1 new + 2 evictable hits");
     admit(&mut m, &mut b);
     assert_eq!(m.get_block_ids("b"), vec![vec![0, 0, 0, 4, 5, 6]]);

@@ -8,7 +8,6 @@ use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
 use pyo3::{intern, PyTraverseError, PyVisit};
 
 use crate::attention::{ManagerParams, RequestView};
-use crate::coordinator::BlockDemand;
 use crate::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions, NewBlocks};
 use crate::python::config::PyKVCacheConfig;
 use crate::python::events::events_to_py;
@@ -869,15 +868,15 @@ impl PyKVCacheManager {
     ) -> PyResult<isize> {
         let hits = (!new_computed_blocks.iter().all(Vec::is_empty))
             .then_some(new_computed_blocks.as_slice());
-        let demand = BlockDemand {
+        Ok(self.inner.get_num_blocks_to_allocate(
+            request_id,
             num_tokens,
             num_tokens_main_model,
             hits,
             num_encoder_tokens,
             total_computed_tokens,
             apply_admission_cap,
-        };
-        Ok(self.inner.get_num_blocks_to_allocate(request_id, &demand)?)
+        )?)
     }
 
     /// Frees the request's blocks outside every group's attention window for tokens
