@@ -23,10 +23,11 @@ pub const MAX_CLASSES: usize = 64;
 /// The free list of uncached and expired blocks, popped first.
 pub const FRONT: usize = 0;
 
-/// A retention policy, as given: validated by [`RetentionPolicy::validate`].
-#[derive(Debug, Clone, PartialEq, Default)]
+/// A retention policy, as given: validated by [`RetentionPolicy::validate`]. The default
+/// has one class and nothing else (vLLM's order).
+#[derive(Debug, Clone, PartialEq)]
 pub struct RetentionPolicy {
-    /// Number of priority classes (class 0 is evicted first); 0 means 1.
+    /// Number of priority classes (class 0 is evicted first), 1 to [`MAX_CLASSES`].
     pub classes: usize,
     /// The class of a request whose priority `priority_classes` does not map.
     pub default_class: usize,
@@ -43,18 +44,29 @@ pub struct RetentionPolicy {
     pub default_tenant_quota: Option<usize>,
 }
 
-impl RetentionPolicy {
-    /// Number of classes (at least 1).
-    pub fn num_classes(&self) -> usize {
-        self.classes.max(1)
+impl Default for RetentionPolicy {
+    fn default() -> Self {
+        Self {
+            classes: 1,
+            default_class: 0,
+            priority_classes: Vec::new(),
+            ttl_s: Vec::new(),
+            session_s: None,
+            tenant_quotas: Vec::new(),
+            default_tenant_quota: None,
+        }
     }
+}
 
+impl RetentionPolicy {
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(KvError::InvalidArgument(msg));
-        let k = self.num_classes();
-        if k > MAX_CLASSES {
-            return bad(format!("classes must be in 1..={MAX_CLASSES}, got {k}"));
+        let k = self.classes;
+        if !(1..=MAX_CLASSES).contains(&k) {
+            return bad(format!(
+                "classes must be between 1 and {MAX_CLASSES}, got {k}"
+            ));
         }
         if self.default_class >= k {
             return bad(format!(
@@ -87,8 +99,8 @@ impl RetentionPolicy {
         Ok(())
     }
 
-    /// The TTL of class `c`.
-    fn ttl(&self, c: usize) -> Option<f64> {
+    /// The TTL of class `c` (`ttl_s` holds none, one for every class, or one per class).
+    pub fn ttl(&self, c: usize) -> Option<f64> {
         match self.ttl_s.len() {
             0 => None,
             1 => self.ttl_s[0],
@@ -130,6 +142,15 @@ pub struct FreeTag {
     pub tenant: u32,
 }
 
+/// The default class, no session, no tenant.
+fn default_tag(policy: &RetentionPolicy) -> FreeTag {
+    FreeTag {
+        class: policy.default_class as u8,
+        session: false,
+        tenant: NO_TENANT,
+    }
+}
+
 /// The policy's state beside the pool's free lists.
 ///
 /// NOTE 1: `class_of[b]` and `idle_since[b]` describe a cached block in a class or the
@@ -139,7 +160,6 @@ pub struct FreeTag {
 #[derive(Debug, Clone)]
 pub struct PolicyState {
     policy: RetentionPolicy,
-    classes: usize,
     class_of: Vec<u8>,
     idle_since: Vec<f64>,
     tenant_of: Vec<u32>,
@@ -154,15 +174,9 @@ pub struct PolicyState {
 impl PolicyState {
     /// The state for a pool of `num_blocks` blocks under a validated `policy`.
     pub fn new(policy: RetentionPolicy, num_blocks: usize) -> Self {
-        let classes = policy.num_classes();
-        let tag = FreeTag {
-            class: policy.default_class as u8,
-            session: false,
-            tenant: NO_TENANT,
-        };
+        let tag = default_tag(&policy);
         Self {
             policy,
-            classes,
             class_of: vec![0; num_blocks],
             idle_since: vec![0.0; num_blocks],
             tenant_of: vec![NO_TENANT; num_blocks],
@@ -181,7 +195,7 @@ impl PolicyState {
 
     /// Number of free lists: the front, one per class, the session list.
     pub fn num_lists(&self) -> usize {
-        self.classes + 2
+        self.policy.classes + 2
     }
 
     fn class_list(c: u8) -> usize {
@@ -189,16 +203,12 @@ impl PolicyState {
     }
 
     fn session_list(&self) -> usize {
-        self.classes + 1
+        self.policy.classes + 1
     }
 
     /// The tag of a free with no request behind it: the default class.
     pub fn default_tag(&self) -> FreeTag {
-        FreeTag {
-            class: self.policy.default_class as u8,
-            session: false,
-            tenant: NO_TENANT,
-        }
+        default_tag(&self.policy)
     }
 
     /// The tag of a request's frees.
@@ -209,14 +219,7 @@ impl PolicyState {
             .iter()
             .find(|&&(p, _)| p == hints.priority)
             .map_or(self.policy.default_class, |&(_, c)| c);
-        FreeTag {
-            class: class as u8,
-            session: hints.session && self.policy.session_s.is_some(),
-            tenant: hints
-                .tenant
-                .as_deref()
-                .map_or(NO_TENANT, |t| self.tenant(t)),
-        }
+        self.make_tag(class, hints.session, hints.tenant.as_deref())
     }
 
     /// The tag of a free that names its class, session and tenant directly
@@ -228,17 +231,23 @@ impl PolicyState {
         tenant: Option<&str>,
     ) -> Result<FreeTag> {
         let class = class.unwrap_or(self.policy.default_class);
-        if class >= self.classes {
+        if class >= self.policy.classes {
             return Err(KvError::InvalidArgument(format!(
                 "priority_class {class} is not a class (0 to {})",
-                self.classes - 1
+                self.policy.classes - 1
             )));
         }
-        Ok(FreeTag {
+        Ok(self.make_tag(class, session, tenant))
+    }
+
+    /// The tag of a valid class: a session counts only with a session window, a tenant
+    /// only with a quota.
+    fn make_tag(&mut self, class: usize, session: bool, tenant: Option<&str>) -> FreeTag {
+        FreeTag {
             class: class as u8,
             session: session && self.policy.session_s.is_some(),
             tenant: tenant.map_or(NO_TENANT, |t| self.tenant(t)),
-        })
+        }
     }
 
     /// The index of tenant `name` if it has a quota (registered on first sight), else
@@ -340,7 +349,7 @@ impl PolicyState {
                 queue.append_to(Self::class_list(self.class_of[b as usize]), &[b]);
             }
         }
-        for c in 0..self.classes as u8 {
+        for c in 0..self.policy.classes as u8 {
             let Some(ttl) = self.policy.ttl(c as usize) else {
                 continue;
             };
@@ -483,11 +492,22 @@ impl super::BlockPool {
     /// Links freed cached blocks as the current tag says (vLLM's LRU tail without a
     /// policy), then evicts what takes their tenant over its quota.
     pub(super) fn link_cached(&mut self, blocks: &[BlockId]) {
-        let Some(r) = self.retention.as_deref_mut() else {
+        let tag = self.retention.as_deref().map(PolicyState::tag);
+        self.link_cached_as(blocks, tag);
+    }
+
+    /// Links freed cached block `b` with the default tag (a pin let go of it).
+    pub(super) fn link_cached_default(&mut self, b: BlockId) {
+        let tag = self.retention.as_deref().map(PolicyState::default_tag);
+        self.link_cached_as(&[b], tag);
+    }
+
+    /// [`link_cached`](Self::link_cached) under `tag` (`None`: no policy).
+    fn link_cached_as(&mut self, blocks: &[BlockId], tag: Option<FreeTag>) {
+        let (Some(r), Some(tag)) = (self.retention.as_deref_mut(), tag) else {
             self.queue.append_n(blocks);
             return;
         };
-        let tag = r.tag();
         r.link_freed(&mut self.queue, blocks, tag, self.now);
         let mut over = std::mem::take(&mut self.over_quota);
         over.clear();
@@ -498,17 +518,6 @@ impl super::BlockPool {
             self.queue.prepend_n(&[b]);
         }
         self.over_quota = over;
-    }
-
-    /// Links freed cached block `b` with the default tag (a pin let go of it).
-    pub(super) fn link_cached_default(&mut self, b: BlockId) {
-        match self.retention.as_deref_mut() {
-            None => self.queue.append_n(&[b]),
-            Some(r) => {
-                let tag = r.default_tag();
-                r.link_freed(&mut self.queue, &[b], tag, self.now);
-            }
-        }
     }
 
     /// A free block that lost its cache entry moves to the head of the front under a

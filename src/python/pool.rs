@@ -10,7 +10,8 @@ use pyo3::types::{PyBytes, PyList};
 
 use super::events::events_to_py;
 use super::manager::PyKVCacheManager;
-use super::retention::{non_negative, PyRetentionPolicy};
+use super::retention::PyRetentionPolicy;
+use super::spec::Count;
 use crate::events::event::TokensOnly;
 use crate::pool::{BlockPool, HashKey};
 use crate::types::{BlockHash, BlockId, GroupId};
@@ -216,15 +217,13 @@ impl PyBlockPool {
         &mut self,
         py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
-        priority_class: Option<i64>,
+        priority_class: Option<Count>,
         session: bool,
         tenant: Option<&str>,
     ) -> PyResult<()> {
         let ids = extract_u32s(block_ids, "block ids")?;
-        let class = priority_class
-            .map(|c| non_negative("priority_class", c))
-            .transpose()?;
         let mut pool = self.home.pool(py)?;
+        let class = priority_class.map(|c| c.0);
         if let Some(tag) = pool.free_tag_with(class, session, tenant)? {
             pool.set_free_tag(tag);
         }

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyFloat, PySequence};
 
 use super::errors::invalid_argument;
+use super::spec::Count;
 use crate::pool::RetentionPolicy;
 
 /// A retention policy for the prefix cache (docs/retention.md); frozen.
@@ -34,51 +35,41 @@ fn ttl_of(ttl_s: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Option<f64>>> {
     Ok(ttl)
 }
 
-/// A count or class given as a Python int: a negative one is bad input, not an overflow.
-pub(crate) fn non_negative(name: &str, value: i64) -> PyResult<usize> {
-    usize::try_from(value)
-        .map_err(|_| invalid_argument(format!("{name} must be >= 0, got {value}")))
-}
-
 #[pymethods]
 impl PyRetentionPolicy {
     #[new]
-    #[pyo3(signature = (*, classes=1, default_class=0, priority_classes=None, ttl_s=None,
+    #[pyo3(signature = (*, classes=Count(1), default_class=Count(0), priority_classes=None, ttl_s=None,
                         session_s=None, tenant_quotas=None, default_tenant_quota=None))]
+    #[pyo3(
+        text_signature = "(*, classes=1, default_class=0, priority_classes=None, \
+                             ttl_s=None, session_s=None, tenant_quotas=None, \
+                             default_tenant_quota=None)"
+    )]
     fn new(
-        classes: i64,
-        default_class: i64,
-        priority_classes: Option<BTreeMap<i64, i64>>,
+        classes: Count,
+        default_class: Count,
+        priority_classes: Option<BTreeMap<i64, Count>>,
         ttl_s: Option<&Bound<'_, PyAny>>,
         session_s: Option<f64>,
-        tenant_quotas: Option<BTreeMap<String, i64>>,
-        default_tenant_quota: Option<i64>,
+        tenant_quotas: Option<BTreeMap<String, Count>>,
+        default_tenant_quota: Option<Count>,
     ) -> PyResult<Self> {
-        if classes < 1 {
-            return Err(invalid_argument(format!(
-                "classes must be at least 1, got {classes}"
-            )));
-        }
-        let priority_classes = priority_classes
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(p, c)| Ok((p, non_negative("a class in priority_classes", c)?)))
-            .collect::<PyResult<Vec<_>>>()?;
-        let tenant_quotas = tenant_quotas
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(t, q)| Ok((t, non_negative("a tenant quota", q)?)))
-            .collect::<PyResult<Vec<_>>>()?;
         let inner = RetentionPolicy {
-            classes: non_negative("classes", classes)?,
-            default_class: non_negative("default_class", default_class)?,
-            priority_classes,
+            classes: classes.0,
+            default_class: default_class.0,
+            priority_classes: priority_classes
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(p, c)| (p, c.0))
+                .collect(),
             ttl_s: ttl_of(ttl_s)?,
             session_s,
-            tenant_quotas,
-            default_tenant_quota: default_tenant_quota
-                .map(|q| non_negative("default_tenant_quota", q))
-                .transpose()?,
+            tenant_quotas: tenant_quotas
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(t, q)| (t, q.0))
+                .collect(),
+            default_tenant_quota: default_tenant_quota.map(|q| q.0),
         };
         inner.validate()?;
         Ok(Self { inner })
@@ -86,7 +77,7 @@ impl PyRetentionPolicy {
 
     #[getter]
     fn classes(&self) -> usize {
-        self.inner.num_classes()
+        self.inner.classes
     }
 
     #[getter]
@@ -102,12 +93,7 @@ impl PyRetentionPolicy {
     /// One TTL per class (`None`: none).
     #[getter]
     fn ttl_s(&self) -> Vec<Option<f64>> {
-        let k = self.inner.num_classes();
-        match self.inner.ttl_s.len() {
-            0 => vec![None; k],
-            1 => vec![self.inner.ttl_s[0]; k],
-            _ => self.inner.ttl_s.clone(),
-        }
+        (0..self.inner.classes).map(|c| self.inner.ttl(c)).collect()
     }
 
     #[getter]
