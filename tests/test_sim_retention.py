@@ -8,7 +8,6 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import kvblocks
 import pytest
 from kvblocks.retention_spec import RetentionSpec, SpecError, parse_retention, split_sweep
 from kvblocks.sim import cli
@@ -19,9 +18,6 @@ from kvblocks.sim.workloads import (
     read_trace,
     synthetic_mooncake,
 )
-
-HAVE_RETENTION = hasattr(kvblocks, "RetentionPolicy")
-needs_retention = pytest.mark.skipif(not HAVE_RETENTION, reason="no kvblocks.RetentionPolicy")
 
 
 def _simulate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -287,7 +283,6 @@ def test_lru_run_reports_no_policy_and_tenants(capsys: pytest.CaptureFixture[str
     assert "retention          lru (vLLM's order, no policy)" in out
 
 
-@needs_retention
 def test_retention_sweep_json_and_tables(capsys: pytest.CaptureFixture[str]) -> None:
     sweep = "retention=lru,session=30+quota=burst:0,classes=2+priority=0:1"
     code, out, _ = _simulate(capsys, *SMALL_MT, "--sweep", sweep, "--json")
@@ -336,7 +331,6 @@ def _tenant_rate(res: Any, *names: str) -> float:
     return sum(tenants[n][2] for n in names) / sum(tenants[n][1] for n in names)
 
 
-@needs_retention
 @pytest.mark.parametrize("timed", [False, True])
 def test_agentic_sessions_and_one_class_ttl_keep_lru_order(timed: bool) -> None:
     # Every agentic request has a session, so the session list is the LRU list, and a
@@ -353,7 +347,6 @@ def test_agentic_sessions_and_one_class_ttl_keep_lru_order(timed: bool) -> None:
     assert not lru.samples["advance_time"]  # no policy, no clock
 
 
-@needs_retention
 def test_multi_tenant_quota_and_sessions_at_equal_memory() -> None:
     # 300 arrivals with a burst of 48 one-off long prompts every 300 steps, in 8 GiB.
     trace = generate("multi-tenant", 0, WorkloadParams(num_requests=300, burst_every=300))
@@ -371,7 +364,6 @@ def test_multi_tenant_quota_and_sessions_at_equal_memory() -> None:
     assert _tenant_rate(session, "agent") > _tenant_rate(lru, "agent") + 0.03
 
 
-@needs_retention
 def test_fleet_runs_each_engine_under_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _simulate(
         capsys, *SMALL_MT, "--replicas", "2", "--retention", "session=30,quota=burst:0", "--json"

@@ -113,17 +113,14 @@ class RetentionSpec:
         """A ``kvblocks.RetentionPolicy``, or None for ``lru``.
 
         Raises:
-            SpecError: The core rejects the policy, or this kvblocks has no retention.
+            SpecError: The core rejects the policy.
         """
         if self.is_lru:
             return None
         import kvblocks
 
-        cls = getattr(kvblocks, "RetentionPolicy", None)
-        if cls is None:
-            raise SpecError("this kvblocks build has no RetentionPolicy (docs/retention.md)")
         try:
-            return cls(**self.policy_kwargs())
+            return kvblocks.RetentionPolicy(**self.policy_kwargs())
         except (ValueError, TypeError) as e:
             raise SpecError(f"retention {self.spec!r}: {e}") from None
 
