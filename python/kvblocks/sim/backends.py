@@ -82,13 +82,9 @@ class KvblocksBackend:
         priority: int = 0,
         session_id: str | None = None,
     ) -> tuple[Any, int]:
-        """See :class:`Backend`; without a policy, ``priority`` and ``session_id`` are not
-        passed (they would change nothing)."""
+        """See :class:`Backend` (without a policy, ``priority`` and ``session_id`` change
+        nothing)."""
         pc = time.perf_counter_ns
-        if self.retention is None:
-            t0 = pc()
-            req = self._request(request_id, prompt, self._hasher, cache_salt=cache_salt)
-            return req, pc() - t0
         t0 = pc()
         req = self._request(
             request_id,
