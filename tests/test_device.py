@@ -324,7 +324,7 @@ def test_swap_paths_on_cuda(fragmented: bool, monkeypatch: pytest.MonkeyPatch) -
 
     # Force the staged path (host index copy) or the per-run DMA path.
     monkeypatch.setattr(impl, "DMA_MAX_RUNS", 0 if fragmented else 1 << 30)
-    monkeypatch.setattr(impl, "DMA_MIN_RUN_BYTES", 1 << 60 if fragmented else 0)
+    monkeypatch.setattr(impl, "DMA_MIN_RUN_BYTES", 1 << 60 if fragmented else 1)
     pages = make("full", "cuda", host_blocks=30)
     state = snapshot(pages)
     host_ids = [29, 3, 17, 4, 5, 0]
