@@ -9,8 +9,10 @@ STAMP := $(VENV)/.deps-stamp
 # The package registry here sends no cacheable responses, so pip's own cache stays empty;
 # keep the downloaded wheels (torch is ~3 GB) in a local wheelhouse and install from it.
 WHEELS ?= $(HOME)/.cache/kvblocks-wheels
+# One torch for every venv (.venv and the vLLM ones), so the wheelhouse holds one ~3 GB copy.
+TORCH := $(shell grep -v "^\#" tools/vllm_env/torch.txt | head -1)
 DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy \
-	prometheus_client torch tqdm
+	prometheus_client "$(TORCH)" tqdm
 
 .PHONY: venv deps dev test test-rust test-python lint lint-deps lint-ext fmt bench simulate sim-dev \
 	oracle test-vllm vllm-scheduler-tests
@@ -18,7 +20,7 @@ DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplo
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml
+$(STAMP): $(BIN)/python pyproject.toml tools/vllm_env/torch.txt
 	$(PIP) download -d $(WHEELS) $(DEPS)
 	$(PIP) install --no-index --find-links $(WHEELS) $(DEPS)
 	touch $(STAMP)
