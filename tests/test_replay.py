@@ -22,7 +22,7 @@ from kvblocks.sim.workloads import Trace, TraceRequest, WorkloadParams, generate
 
 HAVE_KB = hasattr(kvblocks, "KVCacheManager")
 # The oracle tools sit in ../shared beside the checkout.
-ORACLE = Path(__file__).resolve().parent.parent.parent / "shared" / "tools" / "vllm-oracle"
+ORACLE = Path(__file__).resolve().parent.parent / "tools" / "oracle"
 
 
 def _impls() -> list[object]:

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE_PY = ROOT.parent / "shared" / "tools" / "vllm-oracle" / "trace.py"
+TRACE_PY = ROOT / "tools" / "oracle" / "trace.py"
 REPLAY_PY = ROOT / "benches" / "python" / "replay.py"
 
 KINDS = {  # kind -> (size flags, num_blocks)
