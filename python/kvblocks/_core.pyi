@@ -12,6 +12,8 @@ _DtypeLike: TypeAlias = object
 
 # What the extension module exports (PyO3 writes its `__all__`; stubtest checks the names).
 __all__ = [
+    "VLLM_ATTRIBUTES_READ",
+    "VLLM_REQUEST_STATUSES",
     "AllBlocksCleared",
     "AttentionSpec",
     "BlockHasher",
@@ -53,8 +55,6 @@ __all__ = [
     "UnknownLayerError",
     "UnknownRequestError",
     "UnsupportedError",
-    "VLLM_ATTRIBUTES_READ",
-    "VLLM_REQUEST_STATUSES",
     "__version__",
     "append_token_ids_batch",
     "ceiling_block_keys",
