@@ -317,6 +317,33 @@ def extend_manager_method(m: pytest.MonkeyPatch) -> str:
     )
 
 
+def extend_coordinator_method(m: pytest.MonkeyPatch) -> str:
+    import vllm.v1.core.kv_cache_coordinator as kv_cache_coordinator
+
+    class KVCacheCoordinator(kv_cache_coordinator.KVCacheCoordinator):  # type: ignore[misc]
+        def get_num_blocks_to_allocate(
+            self,
+            request_id: str,
+            num_tokens: int,
+            new_computed_blocks: Any,
+            num_encoder_tokens: int,
+            total_computed_tokens: int,
+            num_local_computed_tokens: int,
+            num_tokens_main_model: int,
+            apply_admission_cap: bool = False,
+            prefill_end: int = 0,
+            pinned_blocks: int = 0,
+        ) -> int:
+            raise AssertionError("never called")
+
+    m.setattr(kv_cache_coordinator, "KVCacheCoordinator", KVCacheCoordinator)
+    return (
+        f"vLLM {version()}: KVCacheCoordinator.get_num_blocks_to_allocate takes "
+        "'pinned_blocks', which kvblocks' CoordinatorView.get_num_blocks_to_allocate does "
+        "not accept"
+    )
+
+
 def require_event_field(m: pytest.MonkeyPatch) -> str:
     import msgspec
     import vllm.distributed.kv_events as kv_events
@@ -342,6 +369,7 @@ DRIFTS: list[Callable[[pytest.MonkeyPatch], str]] = [
     drop_spec_field,
     extend_manager_init,
     extend_manager_method,
+    extend_coordinator_method,
     require_event_field,
 ]
 

@@ -49,11 +49,27 @@ CLASS_MODULES = {
     "PlaceholderRange": "vllm.multimodal.inputs",
 }
 
-#: vLLM's classes whose public methods and properties its scheduler calls on the objects
-#: kvblocks hands it, and kvblocks' class that stands in for each.
+#: vLLM's classes whose methods its scheduler calls on the objects kvblocks hands it:
+#: vLLM's module and class, kvblocks' module and class, and whether kvblocks' stands in
+#: for every public method and property (True) or is a view of the ones vLLM's callers
+#: use, checked where it has them (False).
 _STAND_INS = (
-    ("vllm.v1.core.kv_cache_manager", "KVCacheManager", "kvblocks.vllm._manager"),
-    ("vllm.v1.core.kv_cache_manager", "KVCacheBlocks", "kvblocks"),
+    (
+        "vllm.v1.core.kv_cache_manager",
+        "KVCacheManager",
+        "kvblocks.vllm._manager",
+        "KVCacheManager",
+        True,
+    ),
+    ("vllm.v1.core.kv_cache_manager", "KVCacheBlocks", "kvblocks", "KVCacheBlocks", True),
+    (
+        "vllm.v1.core.kv_cache_coordinator",
+        "KVCacheCoordinator",
+        "kvblocks.vllm._manager",
+        "CoordinatorView",
+        False,
+    ),
+    ("vllm.v1.core.block_pool", "BlockPool", "kvblocks.vllm._manager", "BlockPool", False),
 )
 
 #: kvblocks' event classes, each turned into vLLM's class of the same name in
@@ -127,19 +143,21 @@ def _swapped() -> Iterator[str]:
 
 def _stand_ins() -> Iterator[str]:
     """vLLM's classes whose methods the scheduler calls on kvblocks' objects."""
-    for module, name, our_module in _STAND_INS:
+    for module, name, our_module, our_name, whole in _STAND_INS:
         theirs = getattr(importlib.import_module(module), name)
-        ours = getattr(importlib.import_module(our_module), name)
-        # Their own attributes and their bases', the nearest first, as lookup finds them.
+        ours = getattr(importlib.import_module(our_module), our_name)
+        # Their own attributes and their bases', the nearest last, as lookup finds them.
         found = {a: v for c in reversed(theirs.__mro__[:-1]) for a, v in vars(c).items()}
         for attr, value in found.items():
             if attr.startswith("_"):
                 continue
             label = f"{name}.{attr}"
             if not hasattr(ours, attr):
-                yield f"{label} has no counterpart in kvblocks' {name}"
+                if whole:
+                    yield f"{label} has no counterpart in kvblocks' {our_name}"
             elif inspect.isfunction(value):
-                problem = _incompatible(value, getattr(ours, attr), f"kvblocks' {label}", True)
+                what = f"kvblocks' {our_name}.{attr}"
+                problem = _incompatible(value, getattr(ours, attr), what, method=True)
                 if problem is not None:
                     yield f"{label} {problem}"
 
