@@ -152,6 +152,13 @@ def test_the_config_conversion_reads_only_declared_fields(
     assert {c for c, _ in read} == set(_config.CONFIG_FIELDS)
 
 
+def test_the_guard_checks_every_event_class_kvblocks_emits() -> None:
+    emitted = {
+        c for c in vars(_core).values() if isinstance(c, type) and hasattr(c, "__struct_fields__")
+    }
+    assert emitted == set(_drift._EVENTS)
+
+
 def test_unsupported_vllm_error_is_in_the_exception_tree() -> None:
     import kvblocks.vllm
 
