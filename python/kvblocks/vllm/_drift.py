@@ -8,8 +8,9 @@ What it checks, each against the declaration the code itself uses:
 - the callables `install()` swaps (`_install._TARGETS`): every call vLLM's own admits must
   bind the same way on kvblocks' replacement (`KVCacheManager.__init__` against kvblocks'
   manager, `get_request_block_hasher` against kvblocks');
-- the public methods and properties of vLLM's `KVCacheManager` and `KVCacheBlocks`, which
-  the scheduler calls on kvblocks' objects, by the same rule;
+- the public methods and properties of vLLM's `KVCacheManager` and `KVCacheBlocks`, and
+  those of vLLM's `KVCacheCoordinator` and `BlockPool` that kvblocks' views of them have,
+  which the scheduler calls on kvblocks' objects, by the same rule;
 - the attributes and `RequestStatus` values the Rust request view and hasher read
   (`kvblocks._core.VLLM_ATTRIBUTES_READ`, `VLLM_REQUEST_STATUSES`), on a real `Request`;
 - the fields of vLLM's spec and config classes that `_config.py` reads (`SPECS`,
