@@ -12,6 +12,8 @@ _DtypeLike: TypeAlias = object
 
 # What the extension module exports (PyO3 writes its `__all__`; stubtest checks the names).
 __all__ = [
+    "VLLM_ATTRIBUTES_READ",
+    "VLLM_REQUEST_STATUSES",
     "AllBlocksCleared",
     "AttentionSpec",
     "BlockHasher",
@@ -62,6 +64,14 @@ __all__ = [
 ]
 
 __version__: str
+
+VLLM_ATTRIBUTES_READ: tuple[tuple[str, tuple[str, ...]], ...]
+"""The attributes kvblocks reads on vLLM's objects, by the name of vLLM's class that holds
+them (`Request`, `LoRARequest`, `MultiModalFeatureSpec`, `PlaceholderRange`): what
+`kvblocks.vllm`'s drift guard checks against the installed vLLM."""
+
+VLLM_REQUEST_STATUSES: tuple[tuple[str, int], ...]
+"""The `RequestStatus` members kvblocks compares with, and the values it expects."""
 
 # --- Errors (src/python/errors.rs) ---------------------------------------------------
 # One class per `KvError` variant, then four for input the binding layer and
@@ -564,7 +574,7 @@ class KVCacheManager:
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None: ...
     def evict_blocks(self, block_ids: Iterable[int]) -> None: ...
     def reset_prefix_cache(self) -> bool: ...
-    def get_num_common_prefix_blocks(self, request_id: str) -> list[int]: ...
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]: ...
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None: ...
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None: ...

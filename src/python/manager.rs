@@ -764,8 +764,8 @@ impl PyKVCacheManager {
     }
 
     /// Zeros per group (vLLM 0.33).
-    fn get_num_common_prefix_blocks(&self, request_id: &str) -> Vec<usize> {
-        self.inner.get_num_common_prefix_blocks(request_id)
+    fn get_num_common_prefix_blocks(&self, running_request_id: &str) -> Vec<usize> {
+        self.inner.get_num_common_prefix_blocks(running_request_id)
     }
 
     /// The recorded KV cache events, annotated per group.

@@ -17,6 +17,7 @@ mod request_hasher;
 mod retention;
 mod spec;
 mod stats;
+mod vllm_reads;
 mod vllm_request;
 
 /// The `kvblocks._core` extension module.
@@ -37,5 +38,6 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     request::register(m)?;
     request_hasher::register(m)?;
     retention::register(m)?;
+    vllm_reads::register(m)?;
     Ok(())
 }

@@ -21,6 +21,7 @@ use crate::hashing::{
     none_hash, BlockHasher, KeySources, LoraRequest, MmFeature, PromptEmbedsView, StrObjects,
 };
 use crate::python::errors::{int_overflow, invalid_argument, invalid_type};
+use crate::python::vllm_reads::{lora_request, mm_feature, placeholder_range, request as attr};
 use crate::types::BlockHash;
 
 /// Spans at least this many tokens are hashed with the GIL released.
@@ -144,13 +145,13 @@ fn lora_of<'py>(
     strs: &mut KeyStrs<'py>,
 ) -> PyResult<Option<LoraRequest>> {
     let py = request.py();
-    let lora = request.getattr(intern!(py, "lora_request"))?;
+    let lora = request.getattr(intern!(py, attr::LORA_REQUEST))?;
     if !lora.is_truthy()? {
         strs.objects.extend([None, None]);
         return Ok(None);
     }
-    let name = lora.getattr(intern!(py, "lora_name"))?;
-    let path = lora.getattr(intern!(py, "lora_path"))?;
+    let name = lora.getattr(intern!(py, lora_request::LORA_NAME))?;
+    let path = lora.getattr(intern!(py, lora_request::LORA_PATH))?;
     let adapter = LoraRequest {
         name: str_of(&name, "lora_request.lora_name")?,
         path: str_of(&path, "lora_request.lora_path")?,
@@ -163,7 +164,7 @@ fn lora_of<'py>(
 
 /// `request.cache_salt`.
 fn salt_of<'py>(request: &Bound<'py, PyAny>, strs: &mut KeyStrs<'py>) -> PyResult<Option<String>> {
-    let salt = request.getattr(intern!(request.py(), "cache_salt"))?;
+    let salt = request.getattr(intern!(request.py(), attr::CACHE_SALT))?;
     if salt.is_none() {
         strs.objects.push(None);
         return Ok(None);
@@ -181,14 +182,18 @@ fn mm_features_of<'py>(
     strs: &mut KeyStrs<'py>,
 ) -> PyResult<Vec<MmFeature>> {
     let py = request.py();
-    let features = request.getattr(intern!(py, "mm_features"))?;
+    let features = request.getattr(intern!(py, attr::MM_FEATURES))?;
     if !features.is_truthy()? {
         return Ok(Vec::new());
     }
     let position = |f: &Bound<'_, PyAny>, i: usize| -> PyResult<(usize, usize)> {
-        let pos = f.getattr(intern!(py, "mm_position"))?;
-        let offset = pos.getattr(intern!(py, "offset"))?.extract::<usize>();
-        let length = pos.getattr(intern!(py, "length"))?.extract::<usize>();
+        let pos = f.getattr(intern!(py, mm_feature::MM_POSITION))?;
+        let offset = pos
+            .getattr(intern!(py, placeholder_range::OFFSET))?
+            .extract::<usize>();
+        let length = pos
+            .getattr(intern!(py, placeholder_range::LENGTH))?
+            .extract::<usize>();
         match (offset, length) {
             (Ok(o), Ok(l)) => Ok((o, l)),
             _ => Err(invalid_argument(format!(
@@ -205,7 +210,7 @@ fn mm_features_of<'py>(
     for (i, f) in features.try_iter()?.enumerate() {
         let f = f?;
         let (offset, length) = position(&f, i)?;
-        let identifier = f.getattr(intern!(py, "identifier"))?;
+        let identifier = f.getattr(intern!(py, mm_feature::IDENTIFIER))?;
         out.push(MmFeature {
             identifier: str_of(&identifier, &format!("request.mm_features[{i}].identifier"))?,
             offset,
@@ -280,7 +285,7 @@ impl PyRequestBlockHasher {
         span: &Range<usize>,
     ) -> PyResult<Option<Embeds>> {
         let py = request.py();
-        let pe = request.getattr(intern!(py, "prompt_embeds"))?;
+        let pe = request.getattr(intern!(py, attr::PROMPT_EMBEDS))?;
         if pe.is_none() {
             return Ok(None);
         }
@@ -373,11 +378,12 @@ impl PyRequestBlockHasher {
     /// The hashes of the full blocks `request` completed since its last call, as `bytes`.
     fn __call__<'py>(&self, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
         let py = request.py();
-        let tokens = match request.getattr(intern!(py, "_all_token_ids")) {
+        let tokens = match request.getattr(intern!(py, attr::ALL_TOKEN_IDS)) {
             Ok(t) => t,
+            // kvblocks' own `Request` (and a look-alike) names it without the underscore.
             Err(_) => request.getattr(intern!(py, "all_token_ids"))?,
         };
-        let hashes = request.getattr(intern!(py, "block_hashes"))?;
+        let hashes = request.getattr(intern!(py, attr::BLOCK_HASHES))?;
         let num_hashes = hashes.len()?;
         let Some(span) = self.hasher.pending_tokens(num_hashes, tokens.len()?) else {
             return Ok(PyList::empty(py));

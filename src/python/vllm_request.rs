@@ -14,13 +14,10 @@ use crate::attention::RequestView;
 use crate::events::event::{EventExtraKeys, StoredBlockSource};
 use crate::pool::RetentionHints;
 use crate::python::errors::invalid_type;
+use crate::python::vllm_reads::{lora_request, request as attr, STATUS_PREEMPTED, STATUS_WAITING};
 use crate::request::Request;
 use crate::request::SlotHint;
 use crate::types::BlockHash;
-
-/// vLLM's `RequestStatus.WAITING` and `RequestStatus.PREEMPTED` (an `IntEnum`).
-const STATUS_WAITING: i64 = 1;
-const STATUS_PREEMPTED: i64 = 6;
 
 /// What the manager keeps of one vLLM request object between calls: the object itself
 /// (so its address names it while the memo lives), its instance dict, its id, the slot
@@ -218,7 +215,7 @@ pub(crate) fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py
         ))
     };
     request
-        .getattr(intern!(request.py(), "request_id"))
+        .getattr(intern!(request.py(), attr::REQUEST_ID))
         .map_err(|_| not_a_request())?
         .downcast_into::<PyString>()
         .map_err(|_| invalid_type("request.request_id must be a str"))
@@ -236,17 +233,17 @@ impl<'a> VllmRequest<'a> {
         let memo = memos.get_or_insert(request)?;
         let dict = memo.dict.as_ref().map(|d| d.bind(py));
         let a = Attrs { obj: request, dict };
-        let tokens = a.list(intern!(py, "_all_token_ids"))?;
-        let hashes = a.list(intern!(py, "block_hashes"))?;
+        let tokens = a.list(intern!(py, attr::ALL_TOKEN_IDS))?;
+        let hashes = a.list(intern!(py, attr::BLOCK_HASHES))?;
         let awaiting_admission = reads.status && {
-            let status = a.get(intern!(py, "status"))?.extract::<i64>()?;
+            let status = a.get(intern!(py, attr::STATUS))?.extract::<i64>()?;
             status == STATUS_WAITING || status == STATUS_PREEMPTED
         };
         let (skip_reading_prefix_cache, num_preemptions) = if reads.lookup {
             (
-                a.get(intern!(py, "skip_reading_prefix_cache"))?
+                a.get(intern!(py, attr::SKIP_READING_PREFIX_CACHE))?
                     .is_truthy()?,
-                a.usize(intern!(py, "num_preemptions"))?,
+                a.usize(intern!(py, attr::NUM_PREEMPTIONS))?,
             )
         } else {
             (false, 0)
@@ -261,11 +258,11 @@ impl<'a> VllmRequest<'a> {
         } else {
             RetentionHints::default()
         };
-        let num_prompt_tokens = a.usize(intern!(py, "num_prompt_tokens"))?;
-        let num_computed_tokens = a.usize(intern!(py, "num_computed_tokens"))?;
+        let num_prompt_tokens = a.usize(intern!(py, attr::NUM_PROMPT_TOKENS))?;
+        let num_computed_tokens = a.usize(intern!(py, attr::NUM_COMPUTED_TOKENS))?;
         // vLLM keeps this count signed; a negative one settles nothing more.
         let num_in_flight_tokens = a
-            .get(intern!(py, "num_in_flight_tokens"))?
+            .get(intern!(py, attr::NUM_IN_FLIGHT_TOKENS))?
             .extract::<i64>()
             .map_err(|_| invalid_type("request.num_in_flight_tokens must be an int"))?
             .max(0) as usize;
@@ -293,14 +290,14 @@ impl<'a> VllmRequest<'a> {
 fn retention_hints_of(a: &Attrs<'_, '_>, lora: Option<&(i64, String)>) -> PyResult<RetentionHints> {
     let py = a.obj.py();
     let optional = |name| a.get(name).ok().filter(|v| !v.is_none());
-    let priority = match optional(intern!(py, "priority")) {
+    let priority = match optional(intern!(py, attr::PRIORITY)) {
         Some(p) => p
             .extract::<i64>()
             .map_err(|_| invalid_type("request.priority must be an int"))?,
         None => 0,
     };
-    let session = optional(intern!(py, "session_id")).is_some();
-    let tenant = match optional(intern!(py, "cache_salt")) {
+    let session = optional(intern!(py, attr::SESSION_ID)).is_some();
+    let tenant = match optional(intern!(py, attr::CACHE_SALT)) {
         Some(salt) => Some(
             salt.extract::<String>()
                 .map_err(|_| invalid_type("request.cache_salt must be a str"))?,
@@ -317,13 +314,15 @@ fn retention_hints_of(a: &Attrs<'_, '_>, lora: Option<&(i64, String)>) -> PyResu
 /// `(lora_int_id, lora_name)` of the request's LoRA adapter, if any.
 fn lora_of(a: &Attrs<'_, '_>) -> PyResult<Option<(i64, String)>> {
     let py = a.obj.py();
-    let lora = a.get(intern!(py, "lora_request"))?;
+    let lora = a.get(intern!(py, attr::LORA_REQUEST))?;
     if lora.is_none() {
         return Ok(None);
     }
-    let id = lora.getattr(intern!(py, "lora_int_id"))?.extract::<i64>()?;
+    let id = lora
+        .getattr(intern!(py, lora_request::LORA_INT_ID))?
+        .extract::<i64>()?;
     let name = lora
-        .getattr(intern!(py, "lora_name"))?
+        .getattr(intern!(py, lora_request::LORA_NAME))?
         .extract::<String>()?;
     Ok(Some((id, name)))
 }

@@ -19,6 +19,7 @@ _LAZY = {
     "KVCacheManager": "kvblocks.vllm._manager",
     "BlockPool": "kvblocks.vllm._manager",
     "UnsupportedConfigError": "kvblocks.vllm._config",
+    "UnsupportedVLLMError": "kvblocks.vllm._drift",
     "get_request_block_hasher": "kvblocks.vllm._hashing",
 }
 
@@ -37,6 +38,7 @@ __all__ = [
     "BlockPool",
     "KVCacheManager",
     "UnsupportedConfigError",
+    "UnsupportedVLLMError",
     "fallbacks",
     "get_request_block_hasher",
     "install",

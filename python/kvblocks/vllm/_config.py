@@ -6,6 +6,7 @@ names what is missing: never a wrong answer at step time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import kvblocks as kb
@@ -16,89 +17,72 @@ class UnsupportedConfigError(kb.UnsupportedError):
     `kvblocks.UnsupportedError`, so also a `NotImplementedError`)."""
 
 
-def _common(spec: Any) -> dict[str, Any]:
-    return {
-        "block_size": spec.block_size,
-        "num_kv_heads": spec.num_kv_heads,
-        "head_size": spec.head_size,
-        "dtype": spec.dtype,
-        "page_size_padded": spec.page_size_padded,
-        "dcp_sharded": spec.dcp_sharded,
-    }
+#: The fields of vLLM's attention specs that every attention converter reads.
+_ATTENTION = ("block_size", "num_kv_heads", "head_size", "dtype", "page_size_padded", "dcp_sharded")
 
-
-def _head_size_v(spec: Any) -> dict[str, Any]:
-    return {"head_size_v": spec.head_size_v}
-
-
-def _full(spec: Any) -> kb.KVCacheSpec:
-    return kb.FullAttentionSpec(
-        **_common(spec),
-        **_head_size_v(spec),
-        sliding_window=spec.sliding_window,
-        attention_chunk_size=spec.attention_chunk_size,
-    )
-
-
-def _mla(spec: Any) -> kb.KVCacheSpec:
-    return kb.MLAAttentionSpec(
-        **_common(spec), cache_dtype_str=spec.cache_dtype_str, alignment=spec.alignment
-    )
-
-
-def _sink(spec: Any) -> kb.KVCacheSpec:
-    return kb.SinkFullAttentionSpec(
-        **_common(spec),
-        **_head_size_v(spec),
-        sink_len=spec.sink_len,
-        sliding_window=spec.sliding_window,
-        attention_chunk_size=spec.attention_chunk_size,
-    )
-
-
-def _sliding(spec: Any) -> kb.KVCacheSpec:
-    return kb.SlidingWindowSpec(
-        **_common(spec),
-        **_head_size_v(spec),
-        sliding_window=spec.sliding_window,
-        extra_retained_tokens=spec.extra_retained_tokens,
-    )
-
-
-def _chunked(spec: Any) -> kb.KVCacheSpec:
-    return kb.ChunkedLocalAttentionSpec(
-        **_common(spec), **_head_size_v(spec), attention_chunk_size=spec.attention_chunk_size
-    )
-
-
-def _cross(spec: Any) -> kb.KVCacheSpec:
-    return kb.CrossAttentionSpec(**_common(spec), **_head_size_v(spec))
-
-
-def _mamba(spec: Any) -> kb.KVCacheSpec:
-    return kb.MambaSpec(
-        block_size=spec.block_size,
-        shapes=spec.shapes,
-        dtypes=spec.dtypes,
-        page_size_padded=spec.page_size_padded,
-        # vLLM 0.33 names the backend by an enum (`MambaAttentionBackendEnum.MAMBA2`).
-        mamba_type=getattr(spec.mamba_type, "name", spec.mamba_type).lower(),
-        mamba_cache_mode=spec.mamba_cache_mode,
-        num_speculative_blocks=spec.num_speculative_blocks,
-        num_prefill_checkpoint_blocks=spec.num_prefill_checkpoint_blocks,
-        prefill_checkpoint_alignment=spec.prefill_checkpoint_alignment,
-    )
-
-
-_CONVERTERS = {
-    "FullAttentionSpec": _full,
-    "MLAAttentionSpec": _mla,
-    "SinkFullAttentionSpec": _sink,
-    "SlidingWindowSpec": _sliding,
-    "ChunkedLocalAttentionSpec": _chunked,
-    "CrossAttentionSpec": _cross,
-    "MambaSpec": _mamba,
+#: vLLM's spec classes kvblocks converts, by class name: kvblocks' spec class and the
+#: fields of vLLM's that the conversion reads, each passed to kvblocks' class by the same
+#: name. The drift guard (`_drift.py`) checks these names against the installed vLLM.
+SPECS: dict[str, tuple[Callable[..., kb.KVCacheSpec], tuple[str, ...]]] = {
+    "FullAttentionSpec": (
+        kb.FullAttentionSpec,
+        (*_ATTENTION, "head_size_v", "sliding_window", "attention_chunk_size"),
+    ),
+    "MLAAttentionSpec": (kb.MLAAttentionSpec, (*_ATTENTION, "cache_dtype_str", "alignment")),
+    "SinkFullAttentionSpec": (
+        kb.SinkFullAttentionSpec,
+        (*_ATTENTION, "head_size_v", "sink_len", "sliding_window", "attention_chunk_size"),
+    ),
+    "SlidingWindowSpec": (
+        kb.SlidingWindowSpec,
+        (*_ATTENTION, "head_size_v", "sliding_window", "extra_retained_tokens"),
+    ),
+    "ChunkedLocalAttentionSpec": (
+        kb.ChunkedLocalAttentionSpec,
+        (*_ATTENTION, "head_size_v", "attention_chunk_size"),
+    ),
+    "CrossAttentionSpec": (kb.CrossAttentionSpec, (*_ATTENTION, "head_size_v")),
+    "MambaSpec": (
+        kb.MambaSpec,
+        (
+            "block_size",
+            "shapes",
+            "dtypes",
+            "page_size_padded",
+            "mamba_type",
+            "mamba_cache_mode",
+            "num_speculative_blocks",
+            "num_prefill_checkpoint_blocks",
+            "prefill_checkpoint_alignment",
+        ),
+    ),
 }
+
+#: The fields kvblocks reads of vLLM's other `kv_cache_interface` classes (here and in
+#: `_manager.py`), checked by the drift guard like `SPECS`.
+CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
+    "UniformTypeKVCacheSpecs": ("block_size", "kv_cache_specs"),
+    "KVCacheGroupSpec": ("layer_names", "kv_cache_spec", "is_eagle_group"),
+    "KVCacheConfig": (
+        "num_blocks",
+        "kv_cache_groups",
+        "prefix_cache_retention_interval",
+        "needs_kv_cache_zeroing",
+    ),
+}
+
+#: Fields read where present only (a vLLM without them has nothing to refuse), so the
+#: drift guard does not require them: `is_draft` and `non_causal` of a spec,
+#: `host_resident` of a group.
+OPTIONAL_FIELDS = ("is_draft", "non_causal", "host_resident")
+
+
+def _value(name: str, value: Any) -> Any:
+    """A vLLM field's value as kvblocks' constructor takes it."""
+    if name == "mamba_type":
+        # vLLM 0.33 names the backend by an enum (`MambaAttentionBackendEnum.MAMBA2`).
+        return getattr(value, "name", value).lower()
+    return value
 
 
 def convert_spec(spec: Any) -> kb.KVCacheSpec:
@@ -110,17 +94,17 @@ def convert_spec(spec: Any) -> kb.KVCacheSpec:
             block_size=spec.block_size,
             kv_cache_specs={k: convert_spec(v) for k, v in spec.kv_cache_specs.items()},
         )
-    convert = _CONVERTERS.get(name)
-    if convert is None:
+    if name not in SPECS:
         raise UnsupportedConfigError(
             f"kvblocks has no manager for vLLM's {name}; supported: "
-            + ", ".join([*_CONVERTERS, "UniformTypeKVCacheSpecs"])
+            + ", ".join([*SPECS, "UniformTypeKVCacheSpecs"])
         )
     if getattr(spec, "is_draft", False):
         raise UnsupportedConfigError(f"draft-model KV cache groups ({name}, is_draft=True)")
     if getattr(spec, "non_causal", False):
         raise UnsupportedConfigError(f"non-causal attention ({name}, non_causal=True)")
-    return convert(spec)
+    make, fields = SPECS[name]
+    return make(**{f: _value(f, getattr(spec, f)) for f in fields})
 
 
 def convert_config(config: Any) -> kb.KVCacheConfig:

@@ -18,7 +18,8 @@ ENV_RETENTION = "KVBLOCKS_VLLM_RETENTION"
 # (module, attribute) -> vLLM's own object, while installed.
 _saved: dict[tuple[str, str], Any] = {}
 
-#: Why each manager that fell back to vLLM's own was refused (with `fallback=True`).
+#: Why each manager that fell back to vLLM's own was refused, and why each `install()`
+#: the drift guard refused left vLLM untouched (with `fallback=True`).
 fallbacks: list[str] = []
 
 
@@ -65,9 +66,14 @@ def install(*, fallback: bool = True, retention: Any = None) -> None:
     kvblocks' `KVCacheManager`, and vLLM's engine core hashes requests with kvblocks'
     hasher. Idempotent.
 
+    First, once per process, the drift guard checks that the installed vLLM is in the
+    supported range and has the shape kvblocks was built for (`_drift.py`).
+
     Args:
-        fallback: for a configuration kvblocks cannot serve (a spec type it lacks, say),
-            log a warning and build vLLM's own manager (True), or raise
+        fallback: for a vLLM the drift guard refuses, log a warning, record why in
+            `fallbacks` and leave vLLM untouched (True), or raise `UnsupportedVLLMError`
+            (False). For a configuration kvblocks cannot serve (a spec type it lacks,
+            say), log a warning and build vLLM's own manager (True), or raise
             `UnsupportedConfigError` from the scheduler's constructor (False).
         retention: a `kvblocks.RetentionPolicy` for the managers built from now on
             (docs/retention.md): vLLM's request `priority` maps to a class, its
@@ -76,6 +82,18 @@ def install(*, fallback: bool = True, retention: Any = None) -> None:
     """
     import importlib
 
+    from kvblocks.vllm import _drift
+
+    try:
+        _drift.check()
+    except _drift.UnsupportedVLLMError as e:
+        if not fallback:
+            raise
+        fallbacks.append(str(e))
+        logger.warning(
+            "kvblocks is not installed, vLLM runs its own KV cache manager and hasher: %s", e
+        )
+        return
     global _fallback, _retention
     _fallback = fallback
     _retention = retention
@@ -85,6 +103,15 @@ def install(*, fallback: bool = True, retention: Any = None) -> None:
             _saved[(module, name)] = getattr(modules[module], name)
     for module, name in _TARGETS:
         setattr(modules[module], name, _replacement(module, name))
+
+
+def vllm_original(module: str, name: str) -> Any:
+    """vLLM's own `module.name`, also while kvblocks' stands in for it."""
+    import importlib
+
+    if (module, name) in _saved:
+        return _saved[(module, name)]
+    return getattr(importlib.import_module(module), name)
 
 
 def uninstall() -> None:
