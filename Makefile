@@ -83,6 +83,13 @@ fmt: lint-deps
 bench:
 	cargo bench
 
+# deny.toml's licenses, bans and sources, offline. Needs `cargo install cargo-deny --locked`;
+# not part of `lint`, as that install is a ~20-minute build on two cores, and the advisory
+# check needs the RustSec database from GitHub (release.yml runs both).
+.PHONY: deny
+deny:
+	cargo deny --frozen check licenses bans sources
+
 # The simulator's own venv: maturin to build, the package's runtime dependency (tqdm), the
 # extension in release mode. No torch, no test tools.
 SIM_VENV ?= .venv-sim
