@@ -18,7 +18,7 @@ has a full-attention and a sliding-window group). `generate` runs the workloads 
 
 It writes per workload and pass the output token ids and `num_cached_tokens` of every
 request and the growth of vLLM's prefix-cache and preemption counters, plus
-`kvblocks.vllm.manager_info(llm)`.
+`kvblocks.vllm.manager_info(llm)` and its own pid.
 """
 
 from __future__ import annotations
@@ -128,9 +128,8 @@ def all_at_once(llm: Any) -> Any:
 
 def generate(way: str, model: str, out: str, seeds: list[int], blocks: int) -> None:
     """Runs every workload twice on one engine and writes the results to `out`."""
-    import vllm
-
     import kvblocks.vllm
+    import vllm
 
     if way in ("inproc", "main"):
         kvblocks.vllm.install(fallback=False)
@@ -170,7 +169,12 @@ def generate(way: str, model: str, out: str, seeds: list[int], blocks: int) -> N
                 }
             )
         llm.reset_prefix_cache()
-    result = {"way": way, "runs": runs, "manager_info": kvblocks.vllm.manager_info(llm)}
+    result = {
+        "way": way,
+        "pid": os.getpid(),
+        "runs": runs,
+        "manager_info": kvblocks.vllm.manager_info(llm),
+    }
     with open(out, "w") as f:
         json.dump(result, f)
 

@@ -213,7 +213,7 @@ def plugin() -> None:
         from kvblocks.retention_spec import parse_retention
 
         retention = parse_retention(spec).build()
-    fallback = os.environ.get(ENV_FALLBACK, "1").strip().lower()
+    fallback = os.environ.get(ENV_FALLBACK, "").strip().lower() or "1"
     if fallback not in _TRUE + _FALSE:
         raise InvalidArgumentError(f"{ENV_FALLBACK}={fallback!r}: expected 1 or 0")
     install(fallback=fallback in _TRUE, retention=retention)
