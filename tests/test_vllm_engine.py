@@ -96,7 +96,9 @@ def run_script(*args: str, **env: str) -> None:
 def generate(way: str, model: Path, out: Path, blocks: int = BLOCKS, **env: str) -> Any:
     """One engine run of `vllm_engine_run.py generate` (module docs there)."""
     path = out / f"{model.name}-{way}.json"
-    run_script("generate", way, str(model), str(path), "--seeds", SEEDS, "--blocks", str(blocks))
+    run_script(
+        "generate", way, str(model), str(path), "--seeds", SEEDS, "--blocks", str(blocks), **env
+    )
     return json.loads(path.read_text())
 
 
@@ -170,9 +172,10 @@ def test_the_comparison_catches_wrong_reuse(stock: Any, llama: Path, out: Path) 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="kvblocks diverges from vLLM 0.32 on a hybrid (sliding-window + full) model in "
-    "the engine: outputs equal, but no prefix-cache hits where stock hits (seeds 1,2: "
-    "stock 2304/2880/1312/1472 hit tokens per pass, kvblocks 0)",
+    reason="on a hybrid (sliding-window + full) model kvblocks' outputs equal stock's but it "
+    "gets no prefix-cache hits where stock does (seeds 1,2: stock 2304/2880/1312/1472 hit "
+    "tokens per pass, kvblocks 0): it ignores request.shared_prefix_boundary "
+    "(test_vllm_shared_prefix_junction.py)",
 )
 def test_a_hybrid_sliding_window_model_runs_as_stock_does(out: Path) -> None:
     """A Llama whose first layer is a sliding-window layer (`layer_types`): vLLM's KV cache
