@@ -8,18 +8,20 @@ kvblocks on PYTHONPATH:
 
 The tiny random-weight Llama of tests/vllm_engine_run.py (float32), the engine core in
 the process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), `OMP_NUM_THREADS=1`, `max_num_seqs`
-256, KV blocks of 32 tokens and enough of them for every request. One `LLM.generate` of
-256 requests, all there at once: 8 system prompts of 256 tokens, each request one of them
-plus its own 32..160 tokens, 64 generated tokens each (greedy, `ignore_eos`); after a
-warm-up `generate` of 16 other requests on the same engine.
+256, KV blocks of 32 tokens and enough of them for every request. Timed: `--repeats`
+(default 5) `LLM.generate` calls of 256 requests each, all there at once: 8 system
+prompts of 256 tokens, each request one of them plus its own 32..160 tokens, 64 generated
+tokens each (greedy, `ignore_eos`), new prompts each call and the prefix cache reset
+after it; before them a warm-up `generate` of 16 other requests on the same engine.
 
 Each side runs in a fresh process per round, the two sides alternating which goes first.
 In the child, `Scheduler.schedule` and `update_from_output` and every public method of
 the KV cache manager are wrapped by perf_counter accumulators (`vllm_scheduler.py`'s
 `Timer`, on both sides alike); a manager call made inside another is counted once. The
 table gives medians over rounds: tokens/s = generated tokens / wall time of the timed
-`generate`, and the shares of that wall time spent in `schedule()` +
-`update_from_output()` and, within them, in the KV cache manager.
+`generate` calls, and the shares of that wall time spent in `schedule()` +
+`update_from_output()` and, within them, in the KV cache manager. The outputs of the two
+sides are compared too (token-identical, printed).
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ def prompts(n: int, seed: int) -> list[list[int]]:
     ]
 
 
-def child(side: str, model: str, out: str) -> None:
-    """One engine, one side: the timed `generate` and its profile, written to `out`."""
+def child(side: str, model: str, out: str, repeats: int) -> None:
+    """One engine, one side: the timed `generate` calls and their profile, written to
+    `out`."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import kvblocks.vllm
     import vllm
@@ -97,10 +100,14 @@ def child(side: str, model: str, out: str) -> None:
         scheduler.update_from_output, "update_from_output"
     )
     wrap_manager(scheduler.kv_cache_manager, kv_timer)
-    timed = [{"prompt_token_ids": p} for p in prompts(REQUESTS, seed=2)]
-    t0 = time.perf_counter()
-    outputs = llm.generate(timed, params, use_tqdm=False)
-    wall = time.perf_counter() - t0
+    wall = 0.0
+    outputs = []
+    for repeat in range(repeats):
+        timed = [{"prompt_token_ids": p} for p in prompts(REQUESTS, seed=2 + repeat)]
+        t0 = time.perf_counter()
+        outputs += llm.generate(timed, params, use_tqdm=False)
+        wall += time.perf_counter() - t0
+        llm.reset_prefix_cache()
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {
         "side": side,
@@ -116,12 +123,13 @@ def child(side: str, model: str, out: str) -> None:
     Path(out).write_text(json.dumps(result))
 
 
-def run_side(side: str, model: str, folder: Path, round_: int) -> dict[str, Any]:
+def run_side(side: str, model: str, folder: Path, round_: int, repeats: int) -> dict[str, Any]:
     out = folder / f"{side}-{round_}.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVBLOCKS_VLLM")}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    args = ["--child", side, "--model", model, "--out", str(out), "--repeats", str(repeats)]
     subprocess.run(
-        [sys.executable, __file__, "--child", side, "--model", model, "--out", str(out)],
+        [sys.executable, __file__, *args],
         env=env,
         check=True,
         stdout=subprocess.DEVNULL,
@@ -147,7 +155,7 @@ def table(rows: dict[str, list[dict[str, Any]]]) -> str:
         "|---|---|---|---|",
         f"| generated tokens/s | {tps['stock']:.1f} | {tps['kvblocks']:.1f} | "
         f"{tps['kvblocks'] / tps['stock']:.3f}{X} |",
-        f"| wall time of the timed `generate` | {med('stock', 'wall_s'):.2f} s | "
+        f"| wall time of the timed `generate` calls | {med('stock', 'wall_s'):.2f} s | "
         f"{med('kvblocks', 'wall_s'):.2f} s | |",
         "| share of wall time in `schedule()` + `update_from_output()` | "
         f"{share('stock', 'sched_s'):.1%} | {share('kvblocks', 'sched_s'):.1%} | |",
@@ -167,13 +175,16 @@ def table(rows: dict[str, list[dict[str, Any]]]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per side")
+    p.add_argument(
+        "--repeats", type=int, default=5, help="timed generate calls per process (summed)"
+    )
     p.add_argument("--json", action="store_true", help="print every run as JSON too")
     p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.child, args.model, args.out)
+        child(args.child, args.model, args.out, args.repeats)
         return 0
     from vllm_engine_run import make_model
 
@@ -185,7 +196,7 @@ def main() -> int:
         for round_ in range(args.rounds):
             order = SIDES if round_ % 2 == 0 else SIDES[::-1]
             for side in order:
-                r = run_side(side, model, folder, round_)
+                r = run_side(side, model, folder, round_, args.repeats)
                 rows[side].append(r)
                 print(
                     f"round {round_} {side}: {r['tokens_per_s']:.1f} tokens/s, "
