@@ -92,6 +92,12 @@ def test_a_policy_without_a_spec_is_refused_before_anything_changes(clean_env: N
     assert not any(key in os.environ for key in ENV)
 
 
+def test_a_retention_that_is_not_a_policy_is_refused(clean_env: None) -> None:
+    with pytest.raises(kb.InvalidTypeError, match="RetentionPolicy"):
+        kv.install(retention="session=30")
+    assert not kv.installed()
+
+
 def test_the_engine_core_answers_while_installed(clean_env: None) -> None:
     kv.uninstall()
     assert not hasattr(EngineCore, _info.UTILITY)

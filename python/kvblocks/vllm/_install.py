@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from kvblocks import InvalidArgumentError
+from kvblocks import InvalidArgumentError, InvalidTypeError, RetentionPolicy
 from kvblocks.vllm._info import UTILITY, engine_core_info
 
 logger = logging.getLogger("kvblocks.vllm")
@@ -128,6 +128,7 @@ def install(*, fallback: bool = True, retention: Any = None) -> None:
         kvblocks.InvalidArgumentError: `retention` has no retention spec that builds it
             back identically (so a spawned engine core could not get the same policy);
             nothing is installed then.
+        kvblocks.InvalidTypeError: `retention` is not a `kvblocks.RetentionPolicy`.
     """
     import importlib
 
@@ -149,6 +150,10 @@ def _retention_spec(retention: Any) -> str | None:
     """The spec text that gives a child process `retention` (None for no policy)."""
     if retention is None:
         return None
+    if not isinstance(retention, RetentionPolicy):
+        raise InvalidTypeError(
+            f"install(retention=...) takes a kvblocks.RetentionPolicy, got {type(retention)!r}"
+        )
     from kvblocks.retention_spec import RetentionSpec, SpecError
 
     try:
