@@ -32,6 +32,9 @@ from typing import Any
 
 BLOCK_SIZE = 32
 VOCAB = 512
+#: Tokens generated per request: one whole block, so every running request needs one
+#: more block while it decodes.
+MAX_TOKENS = 32
 WAYS = ("stock", "inproc", "main", "env", "blind")
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions")
 
@@ -70,16 +73,18 @@ def make_model(path: str, sliding_window: int | None) -> None:
 
 def workloads(seed: int) -> list[list[int]]:
     """Shared-prefix token-id prompts, their shape drawn from `seed` too: a few system
-    prompts, each shared by several requests, plus a per-request suffix."""
+    prompts, each shared by several requests, plus a per-request suffix. Long enough that
+    16 running requests need more than `generate`'s default 40 blocks of 32 tokens, so
+    admission fills the cache and decoding preempts."""
     rng = random.Random(seed)
-    num_prefixes = rng.randint(2, 5)
+    num_prefixes = rng.randint(2, 4)
     prefixes = [
-        [rng.randrange(VOCAB) for _ in range(rng.randint(64, 260))] for _ in range(num_prefixes)
+        [rng.randrange(VOCAB) for _ in range(rng.randint(96, 260))] for _ in range(num_prefixes)
     ]
     prompts = []
     for _ in range(rng.randint(24, 40)):
         prefix = rng.choice(prefixes)
-        prompts.append(prefix + [rng.randrange(VOCAB) for _ in range(rng.randint(8, 240))])
+        prompts.append(prefix + [rng.randrange(VOCAB) for _ in range(rng.randint(64, 240))])
     return prompts
 
 
@@ -150,7 +155,9 @@ def generate(way: str, model: str, out: str, seeds: list[int], blocks: int) -> N
         disable_log_stats=False,
         seed=0,
     )
-    params = vllm.SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, detokenize=False)
+    params = vllm.SamplingParams(
+        temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, detokenize=False
+    )
     runs = []
     generate_all = all_at_once(llm)
     for seed in seeds:
