@@ -170,13 +170,6 @@ def test_the_comparison_catches_wrong_reuse(stock: Any, llama: Path, out: Path) 
     assert differ > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="on a hybrid (sliding-window + full) model kvblocks' outputs equal stock's but it "
-    "gets no prefix-cache hits where stock does (seeds 1,2: stock 3072/3968/2112/2400 hit "
-    "tokens per pass, kvblocks 0): it ignores request.shared_prefix_boundary "
-    "(test_vllm_shared_prefix_junction.py)",
-)
 def test_a_hybrid_sliding_window_model_runs_as_stock_does(out: Path) -> None:
     """A Llama whose first layer is a sliding-window layer (`layer_types`): vLLM's KV cache
     config has a SlidingWindowSpec group and a FullAttentionSpec group."""

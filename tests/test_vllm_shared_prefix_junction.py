@@ -4,7 +4,8 @@ Found by the real engine (test_vllm_engine.py's hybrid model): vLLM's scheduler 
 `get_computed_blocks`'s `shared_prefix_boundary` on the request
 (`request.shared_prefix_boundary`), and vLLM's `cache_blocks` keeps the sliding-window
 blocks ending at that junction reachable (`reachable_boundaries`), so a third request with
-the prefix hits. kvblocks does not read the attribute. Runs where vLLM is importable.
+the prefix hits. kvblocks missed the attribute until the engine showed it: no hits at
+all on a hybrid model where stock hit. Runs where vLLM is importable.
 """
 
 from __future__ import annotations
@@ -76,11 +77,6 @@ def trace(manager_class: Any) -> list[tuple[int, int, Any]]:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kvblocks ignores request.shared_prefix_boundary when caching sliding-window "
-    "blocks (vLLM's reachable_boundaries in cache_blocks)",
-)
 def test_a_junction_stays_reachable_for_a_sibling() -> None:
     theirs = trace(KVCacheManager)
     assert theirs[2][0] > 0  # the case is live: vLLM's third request hits
