@@ -99,3 +99,36 @@ def test_a_bad_retention_spec_is_named() -> None:
             KVBLOCKS_VLLM_RETENTION="session=soon",
         )
     assert "session" in info.value.stderr
+
+
+@pytest.mark.parametrize(("value", "fallback"), [("", True), ("1", True), ("0", False)])
+def test_the_plugin_reads_its_fallback_option(value: str, fallback: bool) -> None:
+    """`KVBLOCKS_VLLM_FALLBACK`, which `install(fallback=...)` exports for a spawned
+    engine core, reaches the plugin's `install()`."""
+    out = run(
+        """
+        from kvblocks.vllm import _install
+        calls = []
+        _install.install = lambda **kw: calls.append(kw)
+        _install.plugin()
+        print(calls[0]["fallback"])
+        """,
+        KVBLOCKS_VLLM="1",
+        KVBLOCKS_VLLM_FALLBACK=value,
+    )
+    assert out == str(fallback)
+
+
+def test_a_bad_fallback_option_is_named() -> None:
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        run(
+            """
+            from kvblocks.vllm import _install
+            _install.install = lambda **kw: None
+            _install.plugin()
+            """,
+            KVBLOCKS_VLLM="1",
+            KVBLOCKS_VLLM_FALLBACK="maybe",
+        )
+    assert "InvalidArgumentError" in info.value.stderr
+    assert "KVBLOCKS_VLLM_FALLBACK='maybe'" in info.value.stderr

@@ -87,6 +87,28 @@ class RetentionSpec:
             items.append("quota=" + ",".join(quotas))
         return ";".join(items)
 
+    @classmethod
+    def from_policy(cls, policy: Any) -> RetentionSpec:
+        """The spec of a ``kvblocks.RetentionPolicy``: ``from_policy(p).build() == p``.
+
+        Raises:
+            SpecError: The policy has no spec that builds it back identically.
+        """
+        ttl = tuple(policy.ttl_s)
+        spec = cls(
+            policy.classes,
+            policy.default_class,
+            tuple(sorted(policy.priority_classes.items())),
+            ttl if any(t is not None for t in ttl) else None,
+            policy.session_s,
+            tuple(sorted(policy.tenant_quotas.items())),
+            policy.default_tenant_quota,
+        )
+        text = spec.spec
+        if parse_retention(text).build() != policy:
+            raise SpecError(f"no retention spec builds {policy!r} back identically ({text!r})")
+        return spec
+
     def policy_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``kvblocks.RetentionPolicy``."""
         ttl: float | list[float | None] | None
@@ -126,7 +148,9 @@ class RetentionSpec:
 
 
 def _num(x: float) -> str:
-    return f"{x:g}"
+    """Short when that is exact (``30``), else every digit (``0.1234567``)."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(float(x))
 
 
 def _seconds(key: str, text: str) -> float:

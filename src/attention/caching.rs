@@ -37,6 +37,14 @@ impl SingleTypeManager {
             if start < end {
                 let mask = match self.params.kind {
                     AttentionKind::SlidingWindow { sliding_window, .. } => {
+                        let mut boundaries = [0usize; 4];
+                        let n = reachable_boundaries(
+                            replay_boundaries,
+                            request.shared_prefix_boundary(),
+                            bs,
+                            self.use_eagle,
+                            &mut boundaries,
+                        );
                         sliding_window::reachable_block_mask(
                             start,
                             end,
@@ -45,7 +53,7 @@ impl SingleTypeManager {
                             bs,
                             self.use_eagle,
                             retention,
-                            replay_boundaries,
+                            &boundaries[..n],
                         )
                     }
                     _ => None,
@@ -75,6 +83,31 @@ impl SingleTypeManager {
         }
         Ok(())
     }
+}
+
+/// vLLM's `reachable_boundaries` in `cache_blocks`: the replay boundaries (at most 2),
+/// then the request's shared-prefix junction, if any, and with EAGLE the block before it
+/// (a sibling diverging right after the junction cannot use the block past it as the
+/// EAGLE peek, so its hit lands one block lower; vLLM 0.33). Written into `out`; returns
+/// how many.
+fn reachable_boundaries(
+    replay: &[usize],
+    junction: usize,
+    bs: usize,
+    use_eagle: bool,
+    out: &mut [usize; 4],
+) -> usize {
+    let mut n = replay.len();
+    out[..n].copy_from_slice(replay);
+    if junction > 0 {
+        out[n] = junction;
+        n += 1;
+        if use_eagle {
+            out[n] = junction.saturating_sub(bs);
+            n += 1;
+        }
+    }
+    n
 }
 
 /// The prefix-cache retention policy (`KVCacheConfig.prefix_cache_retention_interval`).

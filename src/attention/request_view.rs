@@ -30,6 +30,13 @@ pub trait RequestView: StoredBlockSource {
     fn num_in_flight_tokens(&self) -> usize {
         0
     }
+    /// vLLM's `shared_prefix_boundary`: the junction `get_computed_blocks` reported, which
+    /// vLLM's scheduler stores on the request. Under sparse retention a sliding-window
+    /// group keeps the blocks ending on it, so a sibling request sharing the prefix hits
+    /// (0: none).
+    fn shared_prefix_boundary(&self) -> usize {
+        0
+    }
     /// The block size the request's hashes were computed at, if known. With caching on,
     /// the manager rejects a request hashed at another size: its hashes would name the
     /// wrong token spans and hit blocks holding other content.

@@ -195,6 +195,7 @@ pub(crate) struct VllmRequest<'a> {
     num_prompt_tokens: usize,
     num_computed_tokens: usize,
     num_in_flight_tokens: usize,
+    shared_prefix_boundary: usize,
     num_preemptions: usize,
     skip_reading_prefix_cache: bool,
     awaiting_admission: bool,
@@ -266,6 +267,14 @@ impl<'a> VllmRequest<'a> {
             .extract::<i64>()
             .map_err(|_| invalid_type("request.num_in_flight_tokens must be an int"))?
             .max(0) as usize;
+        // Set by vLLM's scheduler after `get_computed_blocks`; a look-alike without it has
+        // no junction.
+        let shared_prefix_boundary = match a.get(intern!(py, "shared_prefix_boundary")) {
+            Ok(v) => v
+                .extract::<usize>()
+                .map_err(|_| invalid_type("request.shared_prefix_boundary must be an int >= 0"))?,
+            Err(_) => 0,
+        };
         sync(&mut memo.hashes, &hashes, hash_of)?;
         if reads.events {
             sync(&mut memo.tokens, &tokens, token_of)?;
@@ -275,6 +284,7 @@ impl<'a> VllmRequest<'a> {
             num_prompt_tokens,
             num_computed_tokens,
             num_in_flight_tokens,
+            shared_prefix_boundary,
             num_preemptions,
             skip_reading_prefix_cache,
             awaiting_admission,
@@ -367,6 +377,9 @@ impl RequestView for VllmRequest<'_> {
     fn num_in_flight_tokens(&self) -> usize {
         self.num_in_flight_tokens
     }
+    fn shared_prefix_boundary(&self) -> usize {
+        self.shared_prefix_boundary
+    }
     fn awaiting_admission(&self) -> bool {
         self.awaiting_admission
     }
@@ -434,6 +447,9 @@ impl RequestView for AnyRequest<'_> {
     }
     fn num_in_flight_tokens(&self) -> usize {
         self.view().num_in_flight_tokens()
+    }
+    fn shared_prefix_boundary(&self) -> usize {
+        self.view().shared_prefix_boundary()
     }
     fn hash_block_size(&self) -> Option<usize> {
         self.view().hash_block_size()

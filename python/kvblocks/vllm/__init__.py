@@ -3,7 +3,10 @@
 `import kvblocks.vllm` imports no vLLM; the names below load it on first use.
 
     import kvblocks.vllm
-    kvblocks.vllm.install()     # from here on vLLM's Scheduler builds kvblocks' manager
+    kvblocks.vllm.install()     # from here on vLLM's Scheduler builds kvblocks' manager,
+                                # in this process and in the engine cores it spawns
+    llm = vllm.LLM(...)
+    kvblocks.vllm.manager_info(llm)["manager"]    # "kvblocks"
 
 or, for a deployment without code, `KVBLOCKS_VLLM=1` in the environment of every vLLM
 process (the `vllm.general_plugins` entry point calls `install()`).
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvblocks.vllm._info import manager_info
 from kvblocks.vllm._install import ENV_SWITCH, fallbacks, install, installed, uninstall
 
 _LAZY = {
@@ -43,5 +47,6 @@ __all__ = [
     "get_request_block_hasher",
     "install",
     "installed",
+    "manager_info",
     "uninstall",
 ]

@@ -1,11 +1,21 @@
 """`install()` / `uninstall()`: vLLM's scheduler and engine core on kvblocks, and the
-`vllm.general_plugins` entry point that installs when `KVBLOCKS_VLLM=1`."""
+`vllm.general_plugins` entry point that installs when `KVBLOCKS_VLLM=1`.
+
+vLLM builds its scheduler in the engine-core process, which it usually spawns: a spawned
+child does not inherit the parent's patched modules. So `install()` also writes its
+switch and options into the environment, which the child inherits, and vLLM's loading of
+general plugins in the child (`EngineCore.__init__`) installs kvblocks there the same way.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
+
+from kvblocks import InvalidArgumentError, InvalidTypeError, RetentionPolicy
+from kvblocks.vllm._info import UTILITY, engine_core_info
 
 logger = logging.getLogger("kvblocks.vllm")
 
@@ -14,6 +24,14 @@ ENV_SWITCH = "KVBLOCKS_VLLM"
 #: The environment variable holding the plugin's retention policy, as a spec
 #: (`kvblocks.retention_spec`; docs/retention.md), e.g. `session=30;quota=burst:0`.
 ENV_RETENTION = "KVBLOCKS_VLLM_RETENTION"
+#: The environment variable holding the plugin's `fallback` option (`0`: refuse loudly).
+ENV_FALLBACK = "KVBLOCKS_VLLM_FALLBACK"
+_ENV = (ENV_SWITCH, ENV_FALLBACK, ENV_RETENTION)
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+# The environment's values of `_ENV` before `install()` wrote them, while installed.
+_saved_env: dict[str, str | None] = {}
 
 # (module, attribute) -> vLLM's own object, while installed.
 _saved: dict[tuple[str, str], Any] = {}
@@ -51,20 +69,52 @@ def _manager_factory(*args: Any, **kwargs: Any) -> Any:
     from kvblocks.vllm._config import UnsupportedConfigError
     from kvblocks.vllm._manager import KVCacheManager
 
+    _follow_vllm_logging()
     try:
-        return KVCacheManager(*args, retention=_retention, **kwargs)
+        manager = KVCacheManager(*args, retention=_retention, **kwargs)
     except UnsupportedConfigError as e:
         if not _fallback:
             raise
         fallbacks.append(str(e))
         logger.warning("kvblocks cannot serve this KV cache configuration (%s); using vLLM's", e)
         return _saved[("vllm.v1.core.sched.scheduler", "KVCacheManager")](*args, **kwargs)
+    import vllm
+
+    import kvblocks
+
+    logger.info(
+        "kvblocks %s KV cache manager in use (vLLM %s)", kvblocks.__version__, vllm.__version__
+    )
+    return manager
+
+
+def _follow_vllm_logging() -> None:
+    """Shows kvblocks' records the way vLLM shows its own where nothing else would show
+    them: vLLM's default logging configures only the `vllm` logger (its own handler, no
+    propagation) and leaves the root without handlers, so Python would drop an INFO
+    record of `kvblocks.vllm`. Then the `kvblocks` logger gets the `vllm` logger's
+    handlers and level. A logging setup of the user's (any handler on the way to the
+    root) is left alone."""
+    if logger.hasHandlers():
+        return
+    theirs = logging.getLogger("vllm")
+    ours = logging.getLogger("kvblocks")
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(theirs.getEffectiveLevel())
+    ours.propagate = False
 
 
 def install(*, fallback: bool = True, retention: Any = None) -> None:
-    """From now on, vLLM's `Scheduler` and `AsyncScheduler` in this process build
-    kvblocks' `KVCacheManager`, and vLLM's engine core hashes requests with kvblocks'
-    hasher. Idempotent.
+    """From now on, vLLM's `Scheduler` and `AsyncScheduler` build kvblocks'
+    `KVCacheManager` and vLLM's engine core hashes requests with kvblocks' hasher: in this
+    process, and in the vLLM processes started from it (a spawned engine core included),
+    through the environment (`KVBLOCKS_VLLM=1`, with the options below in
+    `KVBLOCKS_VLLM_FALLBACK` and `KVBLOCKS_VLLM_RETENTION`) and kvblocks' vLLM plugin.
+    Each kvblocks manager built logs one INFO line on the `kvblocks.vllm` logger naming
+    kvblocks' and vLLM's versions; `manager_info()` tells which manager an engine runs.
+    Idempotent; a second call replaces the options.
 
     First, once per process, the drift guard checks that the installed vLLM is in the
     supported range and has the shape kvblocks was built for (`_drift.py`).
@@ -79,6 +129,12 @@ def install(*, fallback: bool = True, retention: Any = None) -> None:
             (docs/retention.md): vLLM's request `priority` maps to a class, its
             `session_id` to session retention, its `cache_salt` (else LoRA) to a tenant.
             None keeps vLLM's eviction order.
+
+    Raises:
+        kvblocks.InvalidArgumentError: `retention` has no retention spec that builds it
+            back identically (so a spawned engine core could not get the same policy);
+            nothing is installed then.
+        kvblocks.InvalidTypeError: `retention` is not a `kvblocks.RetentionPolicy`.
     """
     import importlib
 
@@ -95,6 +151,7 @@ def install(*, fallback: bool = True, retention: Any = None) -> None:
         )
         return
     global _fallback, _retention
+    spec = _retention_spec(retention)
     _fallback = fallback
     _retention = retention
     modules = {m: importlib.import_module(m) for m, _ in _TARGETS}
@@ -103,6 +160,38 @@ def install(*, fallback: bool = True, retention: Any = None) -> None:
             _saved[(module, name)] = getattr(modules[module], name)
     for module, name in _TARGETS:
         setattr(modules[module], name, _replacement(module, name))
+    setattr(modules["vllm.v1.engine.core"].EngineCore, UTILITY, engine_core_info)
+    _export(fallback, spec)
+
+
+def _retention_spec(retention: Any) -> str | None:
+    """The spec text that gives a child process `retention` (None for no policy)."""
+    if retention is None:
+        return None
+    if not isinstance(retention, RetentionPolicy):
+        raise InvalidTypeError(
+            f"install(retention=...) takes a kvblocks.RetentionPolicy, got {type(retention)!r}"
+        )
+    from kvblocks.retention_spec import RetentionSpec, SpecError
+
+    try:
+        return RetentionSpec.from_policy(retention).spec
+    except SpecError as e:
+        raise InvalidArgumentError(
+            f"install(retention=...): a spawned vLLM engine core could not get this policy: {e}"
+        ) from None
+
+
+def _export(fallback: bool, spec: str | None) -> None:
+    """Writes the switch and options into this process's environment, for its children."""
+    if not _saved_env:
+        _saved_env.update({k: os.environ.get(k) for k in _ENV})
+    os.environ[ENV_SWITCH] = "1"
+    os.environ[ENV_FALLBACK] = "1" if fallback else "0"
+    if spec is None:
+        os.environ.pop(ENV_RETENTION, None)
+    else:
+        os.environ[ENV_RETENTION] = spec
 
 
 def vllm_original(module: str, name: str) -> Any:
@@ -115,12 +204,22 @@ def vllm_original(module: str, name: str) -> Any:
 
 
 def uninstall() -> None:
-    """Puts vLLM's own objects back. A no-op if not installed."""
+    """Puts vLLM's own objects back and the environment as `install()` found it. A no-op
+    if not installed."""
     import importlib
 
     for (module, name), theirs in list(_saved.items()):
         setattr(importlib.import_module(module), name, theirs)
         del _saved[(module, name)]
+    core = sys.modules.get("vllm.v1.engine.core")
+    if core is not None and UTILITY in vars(core.EngineCore):
+        delattr(core.EngineCore, UTILITY)
+    for key, value in _saved_env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _saved_env.clear()
 
 
 def installed() -> bool:
@@ -130,14 +229,23 @@ def installed() -> bool:
 
 def plugin() -> None:
     """vLLM general plugin (entry point `vllm.general_plugins`): installs kvblocks in
-    this vLLM process when `KVBLOCKS_VLLM` is set to 1 / true / yes, and does nothing
+    this vLLM process when `KVBLOCKS_VLLM` is set to 1 / true / yes / on, and does nothing
     otherwise. `KVBLOCKS_VLLM_RETENTION` (a spec such as `session=30`) sets the
-    retention policy; a bad spec raises `SpecError` (a `ValueError`) naming it."""
-    if os.environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes", "on"):
-        spec = os.environ.get(ENV_RETENTION, "").strip()
-        retention = None
-        if spec:
-            from kvblocks.retention_spec import parse_retention
+    retention policy; `KVBLOCKS_VLLM_FALLBACK=0` installs with `fallback=False`.
 
-            retention = parse_retention(spec).build()
-        install(retention=retention)
+    Raises:
+        SpecError: a bad retention spec (a `ValueError` naming it).
+        kvblocks.InvalidArgumentError: a `KVBLOCKS_VLLM_FALLBACK` that is not a boolean.
+    """
+    if os.environ.get(ENV_SWITCH, "").strip().lower() not in _TRUE:
+        return
+    spec = os.environ.get(ENV_RETENTION, "").strip()
+    retention = None
+    if spec:
+        from kvblocks.retention_spec import parse_retention
+
+        retention = parse_retention(spec).build()
+    fallback = os.environ.get(ENV_FALLBACK, "").strip().lower() or "1"
+    if fallback not in _TRUE + _FALSE:
+        raise InvalidArgumentError(f"{ENV_FALLBACK}={fallback!r}: expected 1 or 0")
+    install(fallback=fallback in _TRUE, retention=retention)
