@@ -22,6 +22,7 @@ pub(crate) mod request {
     pub(crate) const NUM_PROMPT_TOKENS: &str = "num_prompt_tokens";
     pub(crate) const NUM_COMPUTED_TOKENS: &str = "num_computed_tokens";
     pub(crate) const NUM_IN_FLIGHT_TOKENS: &str = "num_in_flight_tokens";
+    pub(crate) const SHARED_PREFIX_BOUNDARY: &str = "shared_prefix_boundary";
     pub(crate) const PRIORITY: &str = "priority";
     pub(crate) const SESSION_ID: &str = "session_id";
     pub(crate) const CACHE_SALT: &str = "cache_salt";
@@ -68,6 +69,7 @@ const ATTRIBUTES_READ: [(&str, &[&str]); 4] = [
             request::NUM_PROMPT_TOKENS,
             request::NUM_COMPUTED_TOKENS,
             request::NUM_IN_FLIGHT_TOKENS,
+            request::SHARED_PREFIX_BOUNDARY,
             request::PRIORITY,
             request::SESSION_ID,
             request::CACHE_SALT,

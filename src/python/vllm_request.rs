@@ -269,7 +269,7 @@ impl<'a> VllmRequest<'a> {
             .max(0) as usize;
         // Set by vLLM's scheduler after `get_computed_blocks`; a look-alike without it has
         // no junction.
-        let shared_prefix_boundary = match a.get(intern!(py, "shared_prefix_boundary")) {
+        let shared_prefix_boundary = match a.get(intern!(py, attr::SHARED_PREFIX_BOUNDARY)) {
             Ok(v) => v
                 .extract::<usize>()
                 .map_err(|_| invalid_type("request.shared_prefix_boundary must be an int >= 0"))?,
