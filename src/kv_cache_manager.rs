@@ -63,6 +63,9 @@ pub struct ManagerOptions {
     pub watermark_blocks: usize,
     /// Record new blocks for worker-side zeroing (vLLM's `needs_kv_cache_zeroing`).
     pub record_new_block_ids: bool,
+    /// Count references to the null block as vLLM 0.32 does (`pool/null_block.rs`);
+    /// off (vLLM 0.33) by default.
+    pub count_null_block_refs: bool,
 }
 
 impl ManagerOptions {
@@ -79,6 +82,7 @@ impl ManagerOptions {
             enable_kv_cache_events: false,
             watermark_blocks: 0,
             record_new_block_ids: false,
+            count_null_block_refs: false,
         }
     }
 }
@@ -296,6 +300,7 @@ impl KvCacheManager {
                 hash_block_size: opts.hash_block_size,
                 retention_interval,
                 record_new_block_ids: opts.record_new_block_ids,
+                count_null_block_refs: opts.count_null_block_refs,
             },
         )?;
         Ok(Self {

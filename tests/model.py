@@ -30,11 +30,19 @@ def external(block_hash: bytes) -> int:
 
 
 class PoolModel:
-    """BlockPool: a list as the free queue, a dict of lists as the map."""
+    """BlockPool: a list as the free queue, a dict of lists as the map. With
+    `count_null_refs` (vLLM 0.32) touch and free count the null block's `ref_cnt[0]`."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True, events: bool = False) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        enable_caching: bool = True,
+        events: bool = False,
+        count_null_refs: bool = False,
+    ) -> None:
         if num_blocks < 1:
             raise ValueError("num_gpu_blocks must be positive")
+        self.count_null_refs = count_null_refs
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.events_on = events
@@ -94,6 +102,7 @@ class PoolModel:
             self._check(b)
         for b in blocks:
             if b == NULL_BLOCK:
+                self.ref_cnt[b] += self.count_null_refs
                 continue
             if self.ref_cnt[b] == 0:
                 self.queue.remove(b)
@@ -106,6 +115,7 @@ class PoolModel:
         for b in blocks:
             self._check(b)
             if b == NULL_BLOCK:
+                counts[b] -= self.count_null_refs
                 continue
             if counts[b] == 0:
                 raise ValueError(f"double free of block {b}")
@@ -240,7 +250,9 @@ class ManagerModel:
     groups, dense SWA retention, no EAGLE, no KV connector, no watermark.
 
     Requests are read through `request_id`, `num_tokens`, `num_computed_tokens` and
-    `block_hashes` (at `hash_block_size`); the caller plays the scheduler.
+    `block_hashes` (at `hash_block_size`); the caller plays the scheduler. With
+    `count_null_block_refs` the null block's references are counted (vLLM 0.32): a freed
+    table hands over its null entries too.
     """
 
     def __init__(
@@ -251,9 +263,10 @@ class ManagerModel:
         hash_block_size: int,
         scheduler_block_size: int,
         enable_caching: bool = True,
+        count_null_block_refs: bool = False,
     ) -> None:
         self.groups = groups
-        self.pool = PoolModel(num_blocks, enable_caching)
+        self.pool = PoolModel(num_blocks, enable_caching, count_null_refs=count_null_block_refs)
         self.max_model_len = max_model_len
         self.hash_block_size = hash_block_size
         self.scheduler_block_size = scheduler_block_size

@@ -463,3 +463,19 @@ def test_bad_input_raises_and_changes_nothing() -> None:
 def test_bad_construction(args: tuple[Any, ...], exc: type[Exception]) -> None:
     with pytest.raises(exc):
         kb.BlockPool(*args)
+
+
+@pytest.mark.parametrize("counted", [False, True])
+def test_null_block_refs_counted_as_vllm_0_32(counted: bool) -> None:
+    """With `count_null_block_refs` (vLLM 0.32) touch and free_blocks count the null
+    block's ref_cnt, which may go negative; it never enters the free queue either way."""
+    pool = kb.BlockPool(6, count_null_block_refs=counted)
+    blocks = pool.get_new_blocks(2)
+    pool.touch([0, 0, blocks[0]])
+    assert pool.get_ref_cnt(0) == (2 if counted else 0)
+    pool.free_blocks([0, 0, 0, blocks[0], blocks[0], blocks[1]])
+    assert pool.get_ref_cnt(0) == (-1 if counted else 0)
+    assert 0 not in pool.get_free_block_ids() and pool.get_num_free_blocks() == 5
+    with pytest.raises(kb.DoubleFreeError):
+        pool.free_blocks([0, blocks[1]])
+    assert pool.get_ref_cnt(0) == (-1 if counted else 0)  # a failed free changes nothing

@@ -1,10 +1,12 @@
-"""Differential test: `kvblocks.BlockPool` against vLLM 0.33.0's
-`vllm.v1.core.block_pool.BlockPool`, driven through the same random sequence of operations
-(allocate with prefix hits, grow, cache, free in any order, touch, lookups, evict, reset)
-with events on. After every step both pools must agree on the returned ids, the free queue
-order, every ref count and hash, and the events, field by field.
+"""Differential test: `kvblocks.BlockPool` against the installed vLLM's (0.32 or 0.33)
+`vllm.v1.core.block_pool.BlockPool`, with that release's null-block rule, driven through
+the same random sequence of operations (allocate with prefix hits, grow, cache, free in
+any order, touch, lookups, evict, reset) with events on. After every step both pools
+must agree on the returned ids, the free queue order, every ref count (the null block's
+included) and hash, and the events, field by field.
 
-Needs vLLM (skipped otherwise): run it in the oracle venv with kvblocks on PYTHONPATH.
+Needs vLLM (skipped otherwise): run it in a vLLM venv with kvblocks on PYTHONPATH
+(`make test-vllm`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import kvblocks as kb
 import pytest
 
 pytest.importorskip("vllm")
+from kvblocks.vllm._version_rules import rules
 from vllm.v1.core.block_pool import BlockPool as VllmBlockPool
 from vllm.v1.core.kv_cache_utils import get_block_hash
 
@@ -61,7 +64,13 @@ class Driver:
         self.n = num_blocks
         self.digest_size = digest_size
         self.vp = VllmBlockPool(num_blocks, caching, HASH_BLOCK, enable_kv_cache_events=True)
-        self.kp = kb.BlockPool(num_blocks, caching, HASH_BLOCK, enable_kv_cache_events=True)
+        self.kp = kb.BlockPool(
+            num_blocks,
+            caching,
+            HASH_BLOCK,
+            enable_kv_cache_events=True,
+            count_null_block_refs=rules().count_null_block_refs,
+        )
         self.reqs: list[Req] = []
         self.bags: list[list[int]] = []  # extra references taken by bare touches
         # A few shared prompts so that requests hit each other's prefixes.

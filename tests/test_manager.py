@@ -220,3 +220,34 @@ def test_stats_and_reset() -> None:
     assert s is not None and s.reset and s.requests == 0
     plain = kb.KVCacheManager(config(11, full()), 1024, BS)
     assert plain.make_prefix_cache_stats() is None
+
+
+@pytest.mark.parametrize("counted", [False, True])
+def test_null_block_refs_counted_as_vllm_0_32(counted: bool) -> None:
+    """`count_null_block_refs` (vLLM 0.32): a table whose skipped prefix was nulled counts
+    the null block down when it is freed, and `pop_blocks_for_free` keeps the leading
+    nulls. Off (0.33): never counted, and a popped table starts at its first real block.
+    (The pool's `touch` counts it up: test_block_pool.py.)"""
+    mgr = kb.KVCacheManager(config(20, swa(32)), 1024, BS, count_null_block_refs=counted)
+    tokens = list(range(6 * BS))
+    r0 = req("0", tokens)
+    admit(mgr, r0)
+    mgr.remove_skipped_blocks("0", r0.num_tokens)
+    table = mgr.get_block_ids("0")[0]
+    nulls = table.index(next(b for b in table if b != 0))
+    assert nulls > 0 and table[:nulls] == [0] * nulls
+    # A second request hits the first one's window; its out-of-window hits become
+    # nulls in its table without being touched (both releases).
+    r1 = req("1", [*tokens, 999])
+    _, hit, _ = admit(mgr, r1)
+    r1_nulls = mgr.get_block_ids("1")[0].count(0)
+    assert hit > 0 and r1_nulls > 0
+    assert mgr.block_pool.get_ref_cnt(0) == 0
+    popped = mgr.pop_blocks_for_free(r0)
+    assert popped == (table if counted else table[nulls:])
+    mgr.block_pool.free_blocks(popped[::-1])
+    mgr.free(r1)
+    expected = -nulls - r1_nulls if counted else 0
+    assert mgr.block_pool.get_ref_cnt(0) == expected
+    assert mgr.block_objects([0])[0].ref_cnt == expected
+    assert mgr.block_pool.get_num_free_blocks() == 19

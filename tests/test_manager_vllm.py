@@ -1,9 +1,11 @@
-"""Differential test: kvblocks.KVCacheManager against vLLM 0.33.0's KVCacheManager.
+"""Differential test: kvblocks.KVCacheManager against the installed vLLM's (0.32 or 0.33)
+KVCacheManager, with that release's rules (`kvblocks.vllm._version_rules`).
 
 Both managers are driven with the same random scheduler-like scenarios (shared-prefix
-prompts, chunked prefill, decode, preemption, frees, lookahead), and every returned
-block table, hit length, live block table, free-queue order and event list is compared.
-Run in the oracle venv (see COMMON.md); skipped where vLLM is not installed.
+prompts, chunked prefill, decode, preemption, frees, deferred frees through
+`pop_blocks_for_free`, lookahead), and every returned block table, hit length, live block
+table, popped table, free-queue order, the null block's ref count and event list is
+compared. Run in a vLLM venv (`make test-vllm`); skipped where vLLM is not installed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
 import kvblocks as kb  # noqa: E402
+from kvblocks.vllm._version_rules import rules  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256_cbor  # noqa: E402
 from vllm.v1 import kv_cache_interface as vi  # noqa: E402
@@ -185,6 +188,7 @@ def build(cfg: Config) -> tuple[Any, Any]:
         use_eagle=cfg.use_eagle,
         enable_kv_cache_events=cfg.events,
         log_stats=True,
+        count_null_block_refs=rules().count_null_block_refs,
     )
     return vm, km
 
@@ -261,6 +265,8 @@ class Driver:
             event_view(e) for e in self.vm.take_events()
         ]
         assert self.km.usage == pytest.approx(self.vm.usage)
+        null_ref_cnt = self.km.block_objects([0])[0].ref_cnt
+        assert null_ref_cnt == self.vm.block_pool.null_block.ref_cnt
 
     def allocate(self, p: Pair, n: int, **kw: Any) -> bool:
         self.calls += 1
@@ -289,8 +295,15 @@ class Driver:
         self.waiting.insert(0, p)
 
     def finish(self, p: Pair) -> None:
-        self.vm.free(p.v)
-        self.km.free(p.k)
+        if self.rng.random() < 0.5:
+            self.vm.free(p.v)
+            self.km.free(p.k)
+        else:  # the scheduler's deferred free: pop now, free in reverse later
+            vblocks = self.vm.pop_blocks_for_free(p.v)
+            kids = self.km.pop_blocks_for_free(p.k)
+            assert kids == [b.block_id for b in vblocks], p.rid
+            self.vm.block_pool.free_blocks(reversed(vblocks))
+            self.km.block_pool.free_blocks(kids[::-1])
         self.running.remove(p)
 
     def step(self) -> None:

@@ -11,7 +11,8 @@ ref count must equal the number of live tables holding it.
 * `TestManagerMachine`: hypothesis drives kvblocks' `KVCacheManager` against the model
   (full attention, sliding window and hybrid groups, caching on and off).
 * `test_model_matches_vllm`: the same driver, seeded, checks the model itself against
-  vLLM 0.33.0's `KVCacheManager` (skipped without vLLM).
+  the installed vLLM's (0.32 or 0.33) `KVCacheManager`, with that release's null-block
+  rule (skipped without vLLM).
 """
 
 # vLLM and torch are optional (the oracle venv has them; mypy here does not):
@@ -54,6 +55,8 @@ class Engine:
     """
 
     mgr: Any
+    #: Whether the manager counts the null block's references (vLLM 0.32's rule).
+    counts_null_block_refs = False
 
     def make_request(self, rid: str, tokens: list[int], salt: str | None, lora: int | None) -> Any:
         raise NotImplementedError
@@ -105,7 +108,15 @@ class Driver:
         for g in groups:
             scheduler = scheduler * g.block_size // _gcd(scheduler, g.block_size)
         self.engine = engine_factory(groups, num_blocks, caching, scheduler)
-        self.model = ManagerModel(groups, num_blocks, MAX_MODEL_LEN, HBS, scheduler, caching)
+        self.model = ManagerModel(
+            groups,
+            num_blocks,
+            MAX_MODEL_LEN,
+            HBS,
+            scheduler,
+            caching,
+            count_null_block_refs=self.engine.counts_null_block_refs,
+        )
         self.num_blocks = num_blocks
         self.waiting: list[Any] = []
         self.running: list[Any] = []
@@ -249,7 +260,7 @@ def random_run(driver: Driver, rng: random.Random, steps: int) -> None:
         driver.check()
 
 
-# --- vLLM 0.33.0 (checks the model itself) -------------------------------------------
+# --- the installed vLLM (checks the model itself) -----------------------------------
 
 
 class VllmEngine(Engine):
@@ -257,6 +268,7 @@ class VllmEngine(Engine):
         self, groups: list[GroupModel], num_blocks: int, caching: bool, scheduler: int
     ) -> None:
         import torch
+        from kvblocks.vllm._version_rules import rules
         from vllm.lora.request import LoRARequest
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
@@ -270,6 +282,7 @@ class VllmEngine(Engine):
         )
         from vllm.v1.request import Request
 
+        self.counts_null_block_refs = rules().count_null_block_refs
         init_none_hash(sha256)
         specs: list[Any] = []
         for g in groups:

@@ -1,15 +1,16 @@
-"""`kvblocks.vllm.get_request_block_hasher` against vLLM 0.33.0's own hasher.
+"""`kvblocks.vllm.get_request_block_hasher` against the installed vLLM's own hasher.
 
 Each case builds the same vLLM `Request` twice, once with vLLM's hasher and once with
 kvblocks', appends the same outputs (one token at a time and in batches), and compares
 `request.block_hashes` after every step, for vLLM's four hash algorithms, every extra
-key (LoRA, cache salt, multimodal features, prompt embeddings) and lookahead 0, 1 and 2.
-Run in the oracle venv (`make test-vllm VLLM_TESTS=test_vllm_hasher.py`); skipped where
-vLLM is not importable.
+key (LoRA, cache salt, multimodal features, prompt embeddings) and lookahead 0, 1 and 2
+(vLLM 0.33; 0.32 has no lookahead, so those cases skip there). Run in a vLLM venv
+(`make test-vllm VLLM_TESTS=test_vllm_hasher.py`); skipped where vLLM is not importable.
 """
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ import kvblocks.vllm as kv  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from kvblocks._core import RequestBlockHasher  # noqa: E402
+from kvblocks.vllm._hashing import with_fallback  # noqa: E402
+from kvblocks.vllm._version_rules import rules  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.multimodal.inputs import (  # noqa: E402
     MultiModalFeatureSpec,
@@ -52,6 +55,24 @@ ALGO_PARAMS = [
     )
     for a in ALGOS
 ]
+
+
+#: Whether the installed vLLM hashes with lookahead (0.33; not 0.32).
+HASH_LOOKAHEAD = rules().hash_lookahead
+
+
+def lookaheads(*values: int) -> list[Any]:
+    """Lookahead parameters; those above 0 skip on a vLLM without lookahead (0.32)."""
+    no_lookahead = pytest.mark.skipif(not HASH_LOOKAHEAD, reason="this vLLM has no lookahead")
+    return [pytest.param(v, marks=[no_lookahead] if v else []) for v in values]
+
+
+def vllm_hasher(hash_block_size: int, fn: Any, lookahead: int) -> Callable[[Request], list[bytes]]:
+    """vLLM's own hasher, called with the installed release's signature."""
+    if not HASH_LOOKAHEAD:
+        assert lookahead == 0, "no lookahead in this vLLM"
+        return kv_cache_utils.get_request_block_hasher(hash_block_size, fn)
+    return kv_cache_utils.get_request_block_hasher(hash_block_size, fn, lookahead)
 
 
 @pytest.fixture(autouse=True)
@@ -114,9 +135,7 @@ def check_same(
     extras = extras or Extras()
     fn = ALGOS[algo]
     kv_cache_utils.init_none_hash(fn)
-    theirs = make_request(
-        prompt, extras, kv_cache_utils.get_request_block_hasher(hash_block_size, fn, lookahead)
-    )
+    theirs = make_request(prompt, extras, vllm_hasher(hash_block_size, fn, lookahead))
     ours = make_request(prompt, extras, kv.get_request_block_hasher(hash_block_size, fn, lookahead))
     assert ours.block_hashes == theirs.block_hashes
     assert all(type(h) is bytes for h in ours.block_hashes)
@@ -167,7 +186,7 @@ EXTRAS = {
 
 
 @pytest.mark.parametrize("algo", ALGO_PARAMS)
-@pytest.mark.parametrize("lookahead", [0, 1, 2])
+@pytest.mark.parametrize("lookahead", lookaheads(0, 1, 2))
 @pytest.mark.parametrize("extras", list(EXTRAS))
 def test_matches_vllm(algo: str, lookahead: int, extras: str) -> None:
     rng = random.Random(f"{algo}-{lookahead}-{extras}")
@@ -178,7 +197,7 @@ def test_matches_vllm(algo: str, lookahead: int, extras: str) -> None:
 
 
 @pytest.mark.parametrize("algo", ALGO_PARAMS)
-@pytest.mark.parametrize("lookahead", [0, 2])
+@pytest.mark.parametrize("lookahead", lookaheads(0, 2))
 def test_one_string_object_twice_in_a_block(algo: str, lookahead: int) -> None:
     """Pickle writes a str object repeated within a block as a memo reference: a LoRA
     whose name object is its path object, one identifier object for two items in a block
@@ -202,11 +221,12 @@ def test_long_prompt_releases_and_matches(algo: str) -> None:
     """Prompts long enough to hash with the GIL released, and a long batch append."""
     rng = random.Random(algo)
     check_same(algo, 16, 0, tokens(rng, 5000), [tokens(rng, 3000), 5, tokens(rng, 17)])
-    check_same(algo, 16, 2, tokens(rng, 4099), [tokens(rng, 1000)], EXTRAS["all"])
+    lookahead = 2 if HASH_LOOKAHEAD else 0
+    check_same(algo, 16, lookahead, tokens(rng, 4099), [tokens(rng, 1000)], EXTRAS["all"])
 
 
 @pytest.mark.parametrize("algo", ALGO_PARAMS)
-@pytest.mark.parametrize("lookahead", [0, 1, 2])
+@pytest.mark.parametrize("lookahead", lookaheads(0, 1, 2))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prompt_embeds(algo: str, lookahead: int, dtype: Any) -> None:
     gen = torch.Generator().manual_seed(7)
@@ -268,16 +288,43 @@ def test_unknown_hash_function_is_refused() -> None:
 
 
 def test_with_fallback_hands_other_functions_to_vllm() -> None:
-    from kvblocks.vllm._hashing import with_fallback
-
-    get = with_fallback(kv_cache_utils.get_request_block_hasher)
-    assert isinstance(get(16, vh.sha256_cbor, 1), RequestBlockHasher)
+    get = with_fallback(kv_cache_utils.get_request_block_hasher, hash_lookahead=HASH_LOOKAHEAD)
+    assert isinstance(get(16, vh.sha256_cbor), RequestBlockHasher)
     kv_cache_utils.init_none_hash(vh.sha256)
     theirs = make_request(
         list(range(9)), Extras(), kv_cache_utils.get_request_block_hasher(3, hash)
     )
     ours = make_request(list(range(9)), Extras(), get(3, hash))
     assert len(ours.block_hashes) == 3 and ours.block_hashes == theirs.block_hashes
+
+
+def test_with_fallback_has_the_installed_signature() -> None:
+    """What install() puts in vLLM's place takes the parameters vLLM's own takes."""
+    theirs = kv_cache_utils.get_request_block_hasher
+    ours = with_fallback(theirs, hash_lookahead=HASH_LOOKAHEAD)
+    assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters)
+
+
+@pytest.mark.parametrize("hash_lookahead", [False, True])
+def test_with_fallback_follows_the_lookahead_rule(hash_lookahead: bool) -> None:
+    """Without the lookahead parameter (vLLM 0.32) a third argument is a TypeError, as
+    vLLM 0.32's own; with it (0.33) it reaches the hasher."""
+    calls: list[tuple[Any, ...]] = []
+
+    def vllm_get(*args: Any) -> Callable[[Any], list[bytes]]:
+        calls.append(args)
+        return lambda request: []
+
+    get = with_fallback(vllm_get, hash_lookahead=hash_lookahead)
+    get(4, hash)
+    if hash_lookahead:
+        assert get(4, vh.sha256, 2).num_hash_lookahead_tokens == 2
+        get(4, hash, 3)
+        assert calls == [(4, hash, 0), (4, hash, 3)]
+    else:
+        with pytest.raises(TypeError):
+            get(4, vh.sha256, 2)
+        assert calls == [(4, hash)]
 
 
 def test_no_new_block_returns_an_empty_list() -> None:
@@ -292,7 +339,7 @@ def test_no_new_block_returns_an_empty_list() -> None:
 
 
 @pytest.mark.parametrize("algo", ALGO_PARAMS)
-@pytest.mark.parametrize("lookahead", [0, 1])
+@pytest.mark.parametrize("lookahead", lookaheads(0, 1))
 def test_any_int_tokens_match_vllm(algo: str, lookahead: int) -> None:
     """vLLM's own tests put -1 placeholders in prompts (test_mm_prefix_caching); vLLM
     hashes any Python int, and so does kvblocks within 64 bits."""
@@ -318,7 +365,7 @@ def test_bad_tokens_raise() -> None:
 @given(
     algo=st.sampled_from([a for a in ALGOS if HAVE_XXHASH or not a.startswith("xxhash")]),
     hbs=st.integers(1, 9),
-    lookahead=st.integers(0, 3),
+    lookahead=st.integers(0, 3 if HASH_LOOKAHEAD else 0),
     prompt_len=st.integers(1, 80),
     n_out=st.integers(0, 40),
     seed=st.integers(0, 2**32 - 1),

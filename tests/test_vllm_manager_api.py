@@ -1,8 +1,9 @@
-"""`kvblocks.vllm.KVCacheManager` against vLLM 0.33.0's own manager, call by call: the
-same vLLM `Request` objects through both, the same answers (block ids, hit lengths,
-estimates, free order, events, stats), vLLM's return shapes and block objects.
+"""`kvblocks.vllm.KVCacheManager` against the installed vLLM's own manager (0.32 or 0.33),
+call by call: the same vLLM `Request` objects through both, the same answers (block ids,
+hit lengths, estimates, free order, the null block's ref count, events, stats), vLLM's
+return shapes and block objects.
 
-Runs where vLLM is importable (the oracle venv, `make test-vllm`); skipped elsewhere.
+Runs where vLLM is importable (a vLLM venv, `make test-vllm`); skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -117,6 +118,47 @@ def test_same_answers_as_vllm_call_by_call() -> None:
     assert type(s_b) is type(s_a)
     assert (s_b.requests, s_b.queries, s_b.hits) == (s_a.requests, s_a.queries, s_a.hits)
     assert ours.usage == stock.usage
+
+
+@pytest.mark.parametrize("use_eagle", [False, True])
+def test_a_flagged_eagle_group_drops_as_the_installed_vllm(use_eagle: bool) -> None:
+    """A group flagged `is_eagle_group`: vLLM 0.32 drops its last hit block (the EAGLE
+    drop) whatever `use_eagle` says, 0.33 only with `use_eagle`."""
+    flagged = KVCacheConfig(
+        num_blocks=40,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["l0"], spec(), is_eagle_group=True)],
+    )
+    stock, ours = managers(flagged, use_eagle=use_eagle)
+    first, second = pair("a", [*SHARED, 1]), pair("b", [*SHARED, 2])
+    hits = []
+    for mgr, i in ((stock, 0), (ours, 1)):
+        admit(mgr, first[i])
+        hits.append(admit(mgr, second[i])[1])
+    assert hits[1] == hits[0]
+    assert ours.get_block_ids("b") == stock.get_block_ids("b")
+
+
+def test_sliding_window_tables_free_the_null_block_as_the_installed_vllm() -> None:
+    """A sliding-window table whose head fell out of the window: the popped table and
+    the null block's ref count after freeing it are the installed release's (0.32
+    returns and counts the leading nulls, 0.33 neither)."""
+    window = SlidingWindowSpec(
+        block_size=BS, num_kv_heads=2, head_size=8, dtype=torch.float16, sliding_window=2 * BS
+    )
+    stock, ours = managers(config(window))
+    a, b = pair("a", list(range(6 * BS)))
+    admit(stock, a)
+    admit(ours, b)
+    stock.remove_skipped_blocks("a", a.num_computed_tokens)
+    ours.remove_skipped_blocks("a", b.num_computed_tokens)
+    assert ours.get_block_ids("a") == stock.get_block_ids("a")
+    assert 0 in stock.get_block_ids("a")[0]
+    popped_a, popped_b = stock.pop_blocks_for_free(a), ours.pop_blocks_for_free(b)
+    assert [x.block_id for x in popped_b] == [x.block_id for x in popped_a]
+    stock.block_pool.free_blocks(reversed(popped_a))
+    ours.block_pool.free_blocks(reversed(popped_b))
+    assert ours.block_pool.null_block.ref_cnt == stock.block_pool.null_block.ref_cnt
 
 
 def test_block_objects_are_live_and_one_per_block() -> None:

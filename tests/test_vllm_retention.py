@@ -2,7 +2,7 @@
 `priority`, `session_id` and `cache_salt`, and `install(retention=...)` gives vLLM's
 scheduler a manager under the policy whose clock each scheduler step advances.
 
-Runs where vLLM is importable (the oracle venv, `make test-vllm`); skipped elsewhere.
+Runs where vLLM is importable (a vLLM venv, `make test-vllm`); skipped elsewhere.
 """
 
 from __future__ import annotations

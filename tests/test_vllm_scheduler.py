@@ -1,4 +1,5 @@
-"""vLLM 0.33.0's real Scheduler and AsyncScheduler, stock against `kvblocks.vllm.install()`.
+"""The installed vLLM's (0.32 or 0.33) real Scheduler and AsyncScheduler, stock against
+`kvblocks.vllm.install()`.
 
 The same shared-prefix workload (a common system prompt, few blocks, enough running
 requests that the scheduler preempts) is driven through vLLM's `schedule()` /
@@ -9,7 +10,7 @@ zero, common-prefix blocks) and what the scheduler reports back (sampled tokens,
 reasons, prefill stats, usage, prefix-cache stats) must be equal at every step.
 
 Each run hashes requests with the hasher vLLM's module exposes at the time: vLLM's own on
-the stock run, kvblocks' once installed. Runs in the oracle venv (`make test-vllm`);
+the stock run, kvblocks' once installed. Runs in a vLLM venv (`make test-vllm`);
 skipped where vLLM is not importable.
 """
 

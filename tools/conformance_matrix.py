@@ -1,7 +1,8 @@
 """Issue-3 conformance matrix: kvblocks vs vLLM 0.33.0 digests on every trace kind and config.
 
-Run inside the oracle venv with this build of kvblocks importable (see `make test-vllm`):
-    PYTHONPATH=.oracle-site $VREF/bin/python tools/conformance_matrix.py --seeds 1 2 3
+Run inside the vLLM 0.33 venv (V=.venv-vllm-0.33) with this build of kvblocks importable
+(see `make test-vllm`):
+    PYTHONPATH=.oracle-site.0.33 $V/bin/python tools/conformance_matrix.py --seeds 1 2 3
 
 For each trace kind of the oracle's trace.py and each seed it writes a trace, then runs
 `benches/python/replay.py --compare` (vLLM, kvblocks, kvblocks with the batched decode call,

@@ -1,8 +1,8 @@
 """Generate KV-event wire fixtures with the vLLM 0.33.0 oracle.
 
-Run in the oracle venv (it needs vllm, msgspec and torch):
+Run in the vLLM 0.33 venv, .venv-vllm-0.33 (it needs vllm, msgspec and torch):
 
-    /work/oracle/venv/bin/python tools/gen_event_fixtures.py tests/data
+    .venv-vllm-0.33/bin/python tools/gen_event_fixtures.py tests/data
 
 It replays a small trace through vLLM's own KVCacheManager (a full-attention group and a
 sliding-window group, few blocks so blocks get evicted, requests with LoRA, cache salt and

@@ -1,6 +1,6 @@
-"""Generate tests/data/hash_goldens.json with vLLM 0.33.0 (run in the oracle venv).
+"""Generate tests/data/hash_goldens.json with vLLM 0.33.0 (run in its venv, .venv-vllm-0.33).
 
-    /work/oracle/venv/bin/python tools/gen_hash_goldens.py tests/data/hash_goldens.json
+    .venv-vllm-0.33/bin/python tools/gen_hash_goldens.py tests/data/hash_goldens.json
 
 Three sections, all computed by vLLM's own code:
 * ``none_hash``: NONE_HASH per algorithm for several PYTHONHASHSEED values, and without it

@@ -1,20 +1,24 @@
-"""Run vLLM 0.33.0's own scheduler tests, stock or on kvblocks, and compare the outcomes.
+"""Run a vLLM release's own scheduler tests, stock or on kvblocks, and compare the outcomes.
 
-    python tools/vllm_tests.py fetch             # vLLM's tests/ from its sdist into .vllm-tests/
-    python tools/vllm_tests.py run               # stock vLLM -> .vllm-tests/results/stock.*
+    python tools/vllm_tests.py fetch             # vLLM's tests/ from its sdist into .vllm-tests/V/
+    python tools/vllm_tests.py run               # stock vLLM -> .vllm-tests/V/results/stock.*
     python tools/vllm_tests.py run --kvblocks    # install() active -> results/kvblocks.*
     python tools/vllm_tests.py run --kvblocks --build   # a fresh wheel into the site first
     python tools/vllm_tests.py run --kvblocks --tree    # python/ of this tree, no wheel
     python tools/vllm_tests.py compare           # tests that pass stock but not on kvblocks
     python tools/vllm_tests.py all               # fetch if missing, both runs, compare
+    python tools/vllm_tests.py all --vllm 0.32   # the same for vLLM 0.32 (default: 0.33)
     python tools/vllm_tests.py run --kvblocks -- -k preempt -x    # after --: pytest's own
 
-The tests run unedited in the oracle venv (`make oracle`, .venv-vllm-oracle). kvblocks and
-pytest come from a site folder put first on PYTHONPATH (default .oracle-site.harness), never
-from the venv itself. `run` writes junit xml and a plain `OUTCOME NODEID` list per run;
-`compare` (and `run --compare`) exits 1 when any test that passes on stock fails on kvblocks,
-and writes those tests grouped by cause, with the head of a traceback each, to
-.vllm-tests/failures.md.
+`--vllm V` picks one of the releases kvblocks supports (kvblocks.vllm._versions.SUPPORTED):
+its venv, .venv-vllm-V (tools/vllm_env/setup.sh V; `--venv` for another), the sdist of the
+exact vLLM version installed there, and .vllm-tests/V/ for the tests and results. The tests
+run unedited in that venv; the tool itself needs only Python 3.11. kvblocks and pytest come
+from a site folder put first on PYTHONPATH (default .oracle-site.harness-V), never from the
+venv itself. `run` writes junit xml and a plain `OUTCOME NODEID` list per run; `compare`
+(and `run --compare`) exits 1 when any test that passes on stock fails on kvblocks, and
+writes those tests grouped by cause, with the head of a traceback each, to
+.vllm-tests/V/failures.md.
 
 The vLLM sdist cannot be built here, so pip is only asked to unpack it: `pip download
 --no-binary :all: --no-deps --no-clean --no-build-isolation` fails at "Preparing metadata"
@@ -24,6 +28,7 @@ and leaves the unpacked sdist in its temporary folder, from which tests/ is copi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -31,11 +36,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VLLM_VERSION = "0.33.0"
 DEFAULT_FILES = ("tests/v1/core/test_scheduler.py", "tests/v1/core/test_async_scheduler.py")
 WHEELS = Path.home() / ".cache" / "kvblocks-wheels"
 PYTEST_DEPS = ("pytest", "iniconfig", "pluggy", "packaging")
@@ -87,16 +92,49 @@ def log(msg: str) -> None:
     print(f"[vllm_tests] {msg}", file=sys.stderr, flush=True)
 
 
+def supported_releases() -> list[str]:
+    """The releases in kvblocks.vllm._versions.SUPPORTED, as `0.33`, read from this tree
+    (the module imports nothing else, so no kvblocks build is needed)."""
+    path = ROOT / "python" / "kvblocks" / "vllm" / "_versions.py"
+    spec = importlib.util.spec_from_file_location("_kvblocks_vllm_versions", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [f"{major}.{minor}" for major, minor in module.SUPPORTED]
+
+
+def installed_vllm(python: Path) -> str:
+    """The version of the vLLM that `python` imports, e.g. `0.32.0` (local part dropped)."""
+    out = subprocess.run(
+        [str(python), "-c", "import vllm; print(vllm.__version__)"],
+        env=dict(os.environ, VLLM_TARGET_DEVICE="cpu"),
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode:
+        sys.stderr.write(out.stderr[-2000:])
+        raise SystemExit(f"{python} cannot import vllm")
+    return out.stdout.strip().splitlines()[-1].split("+")[0]
+
+
 def fetch(dest: Path, python: Path, force: bool = False) -> None:
-    """Unpack vLLM's sdist with pip and copy its tests/ (and pyproject.toml) into dest."""
-    if (dest / "tests" / "v1" / "core" / "test_scheduler.py").exists() and not force:
-        log(f"{dest}/tests already there (fetch --force to replace)")
+    """Unpack the sdist of the vLLM that `python` imports with pip and copy its tests/
+    (and pyproject.toml) into dest."""
+    version = installed_vllm(python)
+    have = dest / "VERSION"
+    if (
+        (dest / "tests" / "v1" / "core" / "test_scheduler.py").exists()
+        and have.exists()
+        and have.read_text().strip() == version
+        and not force
+    ):
+        log(f"{dest}/tests of vLLM {version} already there (fetch --force to replace)")
         return
     with tempfile.TemporaryDirectory(prefix="vllm-sdist-") as tmp:
         env = dict(os.environ, TMPDIR=tmp, PIP_NO_INPUT="1")
         cmd = [
             str(python), "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-            "--no-clean", "--no-build-isolation", f"vllm=={VLLM_VERSION}",
+            "--no-clean", "--no-build-isolation", f"vllm=={version}",
             "-d", str(Path(tmp) / "dl"),
         ]  # fmt: skip
         log("pip download (expected to stop at 'Preparing metadata'): " + " ".join(cmd[1:]))
@@ -106,16 +144,17 @@ def fetch(dest: Path, python: Path, force: bool = False) -> None:
             sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
             raise SystemExit("no unpacked vLLM sdist found in pip's temporary folder")
         src = srcs[0].parent
-        if (src / "PKG-INFO").exists() and f"Version: {VLLM_VERSION}" not in (
+        if (src / "PKG-INFO").exists() and f"Version: {version}" not in (
             src / "PKG-INFO"
         ).read_text(errors="replace"):
-            raise SystemExit(f"unpacked sdist at {src} is not vLLM {VLLM_VERSION}")
+            raise SystemExit(f"unpacked sdist at {src} is not vLLM {version}")
         dest.mkdir(parents=True, exist_ok=True)
         if (dest / "tests").exists():
             shutil.rmtree(dest / "tests")
         shutil.copytree(src / "tests", dest / "tests")
         shutil.copy2(src / "pyproject.toml", dest / "vllm-pyproject.toml")
-        log(f"copied tests/ of vLLM {VLLM_VERSION} into {dest}")
+        (dest / "VERSION").write_text(version + "\n")
+        log(f"copied tests/ of vLLM {version} into {dest}")
 
 
 def markers(dest: Path) -> list[str]:
@@ -145,7 +184,7 @@ def prepare(dest: Path, python: Path, site: Path) -> None:
         if subprocess.run([str(python), "-c", f"import {m}"], capture_output=True).returncode
     ]
     if missing:
-        log(f"installing {' '.join(missing)} into the oracle venv")
+        log(f"installing {' '.join(missing)} into the vLLM venv")
         subprocess.run([str(python), "-m", "pip", "install", "-q", *missing], check=True)
     site.mkdir(parents=True, exist_ok=True)
     if not (site / "pytest").exists():
@@ -160,7 +199,7 @@ def build(site: Path, python: Path) -> None:
     """A fresh release wheel of this tree, installed into the site (not the venv)."""
     wheels = site.with_name(site.name + "-wheels")
     shutil.rmtree(wheels, ignore_errors=True)
-    maturin = ROOT / ".venv" / "bin" / "maturin"
+    maturin = Path(sys.executable).parent / "maturin"
     subprocess.run(
         [str(maturin), "build", "--release", "-q", "-o", str(wheels)], cwd=ROOT, check=True
     )
@@ -257,8 +296,10 @@ def run(args: argparse.Namespace) -> int:
         cmd += ["-p", "kvblocks_vllm_pytest"]
     cmd += [*args.pytest_args, *(args.files or DEFAULT_FILES)]
     log(f"{name}: {' '.join(cmd[1:])}")
+    start = time.monotonic()
     with (results / f"{name}.log").open("w") as logf:
         proc = subprocess.run(cmd, cwd=dest, env=env, stdout=logf, stderr=subprocess.STDOUT)
+    log(f"{name}: pytest ran {time.monotonic() - start:.0f} s")
     lines = (results / f"{name}.log").read_text(errors="replace").splitlines()
     for line in [*(x for x in lines if x.startswith("kvblocks: ")), *lines[-1:]]:
         print(line)
@@ -323,20 +364,25 @@ def main() -> int:
         help="install(fallback=True): configurations kvblocks refuses run on vLLM's manager "
         "(default: strict, they fail)",
     )
-    p.add_argument("--dest", type=Path, default=ROOT / ".vllm-tests")
-    p.add_argument("--site", type=Path, default=ROOT / ".oracle-site.harness")
+    releases = supported_releases()
     p.add_argument(
-        "--python",
-        type=Path,
-        default=Path(os.environ.get("VREF", ROOT / ".venv-vllm-oracle")) / "bin" / "python",
-        help="the oracle venv's python (default $VREF/bin/python or .venv-vllm-oracle)",
+        "--vllm",
+        choices=releases,
+        default=releases[-1],
+        help="the vLLM release whose venv and tests to use (default: the newest)",
     )
+    p.add_argument("--venv", type=Path, help="the vLLM venv (default .venv-vllm-VLLM)")
+    p.add_argument("--dest", type=Path, help="tests and results (default .vllm-tests/VLLM)")
+    p.add_argument("--site", type=Path, help="kvblocks and pytest (.oracle-site.harness-VLLM)")
     p.add_argument("--files", nargs="*", help=f"test files (default: {' '.join(DEFAULT_FILES)})")
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:split])
     args.pytest_args = argv[split + 1 :]  # after `--`: passed to pytest
-    args.dest, args.site = args.dest.resolve(), args.site.resolve()
+    args.venv = (args.venv or ROOT / f".venv-vllm-{args.vllm}").resolve()
+    args.python = args.venv / "bin" / "python"
+    args.dest = (args.dest or ROOT / ".vllm-tests" / args.vllm).resolve()
+    args.site = (args.site or ROOT / f".oracle-site.harness-{args.vllm}").resolve()
     if args.command == "fetch":
         fetch(args.dest, args.python, force=args.force)
         return 0

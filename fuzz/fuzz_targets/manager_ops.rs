@@ -52,7 +52,7 @@ fn layout(i: usize) -> Vec<ManagerParams> {
     }
 }
 
-type Observed = (Vec<Vec<Vec<BlockId>>>, Vec<BlockId>, Vec<u32>);
+type Observed = (Vec<Vec<Vec<BlockId>>>, Vec<BlockId>, Vec<i64>);
 
 fn observe(m: &KvCacheManager, live: &[Live]) -> Observed {
     let p = m.pool();
@@ -73,7 +73,7 @@ fn check(m: &KvCacheManager, live: &[Live]) {
         panic!("pool invariant broken: {e}");
     }
     let n = p.num_blocks();
-    let mut held = vec![0u32; n];
+    let mut held = vec![0i64; n];
     let mut group_of = vec![usize::MAX; n];
     let mut tenant_of = vec![None; n];
     for l in live {

@@ -32,7 +32,7 @@ struct Owner {
 }
 
 /// Free queue, ref counts, cache keys (hash ‖ group) and the number of keys.
-type Observed = (Vec<BlockId>, Vec<u32>, Vec<Option<Vec<u8>>>, usize);
+type Observed = (Vec<BlockId>, Vec<i64>, Vec<Option<Vec<u8>>>, usize);
 
 /// Everything observable about a pool, to compare before and after a failing call.
 fn observe(p: &BlockPool) -> Observed {
@@ -56,7 +56,7 @@ fn check(pool: &BlockPool, owners: &[Owner], bs: usize) {
         panic!("pool invariant broken: {e}");
     }
     let n = pool.num_blocks();
-    let mut held = vec![0u32; n];
+    let mut held = vec![0i64; n];
     let mut content: Vec<Option<(usize, BlockHash)>> = vec![None; n];
     for o in owners {
         for (i, &b) in o.table.iter().enumerate() {

@@ -457,7 +457,9 @@ class KVCacheBlock:
     @property
     def block_id(self) -> int: ...
     @property
-    def ref_cnt(self) -> int: ...
+    def ref_cnt(self) -> int:
+        """Requests holding the block; the null block's is 0, or with
+        `count_null_block_refs` vLLM 0.32's count, which may be negative."""
     @property
     def block_hash(self) -> bytes | None:
         """The hash followed by the group id (4 bytes, big-endian), or None."""
@@ -499,8 +501,13 @@ class KVCacheManager:
         enable_kv_cache_events: bool = False,
         watermark: float = 0.0,
         record_new_block_ids: bool = False,
+        count_null_block_refs: bool = False,
         retention: RetentionPolicy | None = None,
-    ) -> Self: ...
+    ) -> Self:
+        """With `count_null_block_refs`, references to the null block are counted as
+        vLLM 0.32 does: `touch` and `free_blocks` count its `ref_cnt` up and down (it may
+        go negative) and a table's leading nulls are freed and popped with it. Off, as
+        vLLM 0.33, they are never counted (docs/vllm-versions.md)."""
     def get_computed_blocks(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int]: ...
@@ -715,8 +722,11 @@ class BlockPool:
         hash_block_size: int = 16,
         enable_kv_cache_events: bool = False,
         *,
+        count_null_block_refs: bool = False,
         retention: RetentionPolicy | None = None,
-    ) -> BlockPool: ...
+    ) -> BlockPool:
+        """`count_null_block_refs`: `touch` and `free_blocks` count the null block's
+        `ref_cnt` as vLLM 0.32 does (off: never counted, as vLLM 0.33)."""
     @property
     def num_gpu_blocks(self) -> int: ...
     @property

@@ -6,8 +6,13 @@ use crate::error::Result;
 use crate::pool::BlockPool;
 use crate::types::{BlockId, NULL_BLOCK_ID};
 
-/// The blocks a request's table holds a reference to: all but its leading nulls.
-fn held_blocks(rb: &RequestBlocks) -> &[BlockId] {
+/// The blocks a request's table holds a reference to: all but its leading nulls, or the
+/// whole table where the pool counts references to the null block (vLLM 0.32,
+/// `pool/null_block.rs`).
+fn held_blocks<'a>(rb: &'a RequestBlocks, pool: &BlockPool) -> &'a [BlockId] {
+    if pool.counts_null_block_refs() {
+        return &rb.table;
+    }
     let start = rb
         .table
         .iter()
@@ -17,19 +22,23 @@ fn held_blocks(rb: &RequestBlocks) -> &[BlockId] {
 }
 
 impl SingleTypeManager {
-    /// Frees the request's table: leading nulls are dropped, the rest is freed tail
-    /// first.
+    /// Frees the request's table, tail first: its held blocks (`held_blocks`).
     pub fn free(&self, rb: &mut RequestBlocks, pool: &mut BlockPool) -> Result<()> {
-        pool.free_blocks(held_blocks(rb).iter().rev().copied())?;
+        pool.free_blocks(held_blocks(rb, pool).iter().rev().copied())?;
         rb.clear();
         Ok(())
     }
 
-    /// Forgets the request and appends its blocks to `out` in allocation order, leading
-    /// nulls dropped, without freeing them (vLLM's `pop_blocks_for_free`: the caller
+    /// Forgets the request and appends its held blocks (`held_blocks`) to `out` in
+    /// allocation order, without freeing them (vLLM's `pop_blocks_for_free`: the caller
     /// frees them later, in reverse).
-    pub fn pop_blocks_for_free(&self, rb: &mut RequestBlocks, out: &mut Vec<BlockId>) {
-        out.extend_from_slice(held_blocks(rb));
+    pub fn pop_blocks_for_free(
+        &self,
+        rb: &mut RequestBlocks,
+        pool: &BlockPool,
+        out: &mut Vec<BlockId>,
+    ) {
+        out.extend_from_slice(held_blocks(rb, pool));
         rb.clear();
     }
 

@@ -13,6 +13,7 @@
 
 pub mod free_queue;
 mod id_set;
+pub mod null_block;
 pub mod pins;
 pub mod prefix_map;
 pub mod retention;
@@ -26,6 +27,7 @@ use crate::events::event::{
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 use free_queue::FreeQueue;
 use id_set::IdSet;
+pub use null_block::NullBlockRefs;
 use pins::Pins;
 pub use prefix_map::HashKey;
 use prefix_map::PrefixMap;
@@ -36,7 +38,8 @@ pub use retention::{FreeTag, RetentionHints, RetentionPolicy};
 ///
 /// NOTE 1: `ref_cnt[b] == 0` iff block `b` is linked in the free queue, for every
 /// non-null block. The null block (id 0) is popped at construction, never linked, and
-/// its ref count stays 0. A pin's hold is one reference (`pins.rs`).
+/// `ref_cnt[0]` stays 0; its references are counted, if at all, in `null_refs`
+/// (`null_block.rs`). A pin's hold is one reference (`pins.rs`).
 /// NOTE 2: `hash_of[b]` is `Some(key)` iff the prefix map holds `b` under `key`; the
 /// map holds `b` under other keys only if they are listed in `secondary[b]` (0.33
 /// partial entries), and only while `hash_of[b]` is `Some`.
@@ -48,6 +51,8 @@ pub struct BlockPool {
     hash_block_size: usize,
     enable_events: bool,
     ref_cnt: Vec<u32>,
+    /// References to the null block, counted as vLLM 0.32 does or not at all (0.33).
+    null_refs: NullBlockRefs,
     hash_of: Vec<Option<HashKey>>,
     /// Tokens the primary key of each cached block covers (vLLM's
     /// `block_hash_num_tokens`; less than a block for a partial entry).
@@ -104,6 +109,7 @@ impl BlockPool {
             hash_block_size,
             enable_events: enable_kv_cache_events,
             ref_cnt,
+            null_refs: NullBlockRefs::default(),
             hash_of,
             hash_tokens,
             secondary: FxHashMap::default(),
@@ -174,10 +180,29 @@ impl BlockPool {
         }
     }
 
-    /// The ref count of `block` (0 for the null block, as vLLM).
-    pub fn ref_cnt(&self, block: BlockId) -> Result<u32> {
+    /// The ref count of `block`. The null block's is 0, or with
+    /// [`set_count_null_block_refs`](Self::set_count_null_block_refs) what vLLM 0.32
+    /// counts, which may be negative.
+    pub fn ref_cnt(&self, block: BlockId) -> Result<i64> {
         self.check_id(block)?;
-        Ok(self.ref_cnt[block as usize])
+        if block == NULL_BLOCK_ID {
+            return Ok(self.null_refs.get());
+        }
+        Ok(self.ref_cnt[block as usize].into())
+    }
+
+    /// Count references to the null block as vLLM 0.32 does (`null_block.rs`): `touch`
+    /// and `free_blocks` count it up and down, and a request's table holds its null
+    /// entries, so `free` and `pop_blocks_for_free` hand them over too. Off by default
+    /// (vLLM 0.33). Set on a fresh pool; setting it restarts the count at 0.
+    pub fn set_count_null_block_refs(&mut self, on: bool) {
+        self.null_refs = NullBlockRefs::new(on);
+    }
+
+    /// Whether references to the null block are counted (vLLM 0.32).
+    #[inline]
+    pub fn counts_null_block_refs(&self) -> bool {
+        self.null_refs.counted()
     }
 
     /// The cache key of `block`, if it is cached.
@@ -272,13 +297,15 @@ impl BlockPool {
     }
 
     /// Takes a reference on each block (a prefix-cache hit), unlinking blocks with ref
-    /// count 0 from the free queue. The null block is skipped.
+    /// count 0 from the free queue. The null block is never linked; its references are
+    /// counted only as `set_count_null_block_refs` says.
     pub fn touch(&mut self, blocks: &[BlockId]) -> Result<()> {
         for &b in blocks {
             self.check_id(b)?;
         }
         for &b in blocks {
             if b == NULL_BLOCK_ID {
+                self.null_refs.add(1);
                 continue;
             }
             if self.ref_cnt[b as usize] == 0 {
@@ -293,8 +320,9 @@ impl BlockPool {
     /// table reversed). Blocks reaching 0 without a hash (or with caching off) are
     /// prepended to the queue as a group (LIFO reuse); hashed ones are appended (LRU),
     /// or linked as the free tag says under a retention policy.
-    /// The null block is skipped. Freeing a block whose count is already 0 is an error
-    /// and changes nothing.
+    /// The null block is never linked; its references are counted only as
+    /// `set_count_null_block_refs` says. Freeing a block whose count is already 0 is an
+    /// error and changes nothing.
     pub fn free_blocks<I>(&mut self, blocks: I) -> Result<()>
     where
         I: IntoIterator<Item = BlockId> + Clone,
@@ -306,12 +334,14 @@ impl BlockPool {
         back.clear();
         let mut failure = None;
         let mut done = 0usize;
+        let mut nulls = 0i64;
         for b in blocks.clone() {
             if b as usize >= n {
                 failure = Some(out_of_range(b.into(), n));
                 break;
             }
             if b == NULL_BLOCK_ID {
+                nulls += 1;
                 done += 1;
                 continue;
             }
@@ -341,6 +371,7 @@ impl BlockPool {
             self.to_back = back;
             return Err(err);
         }
+        self.null_refs.add(-nulls);
         self.queue.prepend_n(&front);
         if self.retention.is_none() {
             self.queue.append_n(&back);

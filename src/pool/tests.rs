@@ -424,3 +424,23 @@ mod retention {
         assert!(used.set_retention(RetentionPolicy::default()).is_err());
     }
 }
+
+/// vLLM 0.32's null-block counting (`null_block.rs`): touch and free move the count, a
+/// failed free leaves it, the null block never enters the queue; off, it stays 0.
+#[test]
+fn null_block_refs_are_counted_only_when_asked() {
+    for counted in [false, true] {
+        let mut p = BlockPool::new(6, true, 16, false).unwrap();
+        p.set_count_null_block_refs(counted);
+        let b = p.get_new_blocks(1).unwrap()[0];
+        p.touch(&[NULL_BLOCK_ID, NULL_BLOCK_ID]).unwrap();
+        p.free_blocks([NULL_BLOCK_ID, NULL_BLOCK_ID, NULL_BLOCK_ID, b])
+            .unwrap();
+        let want = if counted { -1 } else { 0 };
+        assert_eq!(p.ref_cnt(NULL_BLOCK_ID).unwrap(), want);
+        assert!(p.free_blocks([NULL_BLOCK_ID, b]).is_err());
+        assert_eq!(p.ref_cnt(NULL_BLOCK_ID).unwrap(), want);
+        assert_eq!(p.num_free_blocks(), 5);
+        p.check_invariants().unwrap();
+    }
+}

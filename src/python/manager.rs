@@ -225,9 +225,9 @@ pub(crate) struct PyKVCacheBlock {
 
 #[pymethods]
 impl PyKVCacheBlock {
-    /// Requests holding the block (0 for the null block).
+    /// Requests holding the block (the null block: see `BlockPool::ref_cnt`).
     #[getter]
-    fn ref_cnt(&self, py: Python<'_>) -> PyResult<u32> {
+    fn ref_cnt(&self, py: Python<'_>) -> PyResult<i64> {
         Ok(self.owner.borrow(py).inner.pool().ref_cnt(self.block_id)?)
     }
 
@@ -326,7 +326,8 @@ impl PyKVCacheManager {
                         scheduler_block_size=None, max_in_flight_tokens=None,
                         enable_caching=true, use_eagle=false, log_stats=false,
                         enable_kv_cache_events=false, watermark=0.0,
-                        record_new_block_ids=false, retention=None))]
+                        record_new_block_ids=false, count_null_block_refs=false,
+                        retention=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -341,6 +342,7 @@ impl PyKVCacheManager {
         enable_kv_cache_events: bool,
         watermark: f64,
         record_new_block_ids: bool,
+        count_null_block_refs: bool,
         retention: Option<PyRef<'_, PyRetentionPolicy>>,
     ) -> PyResult<Self> {
         let cfg = &kv_cache_config.inner;
@@ -361,6 +363,7 @@ impl PyKVCacheManager {
             enable_kv_cache_events,
             watermark_blocks: (watermark * cfg.num_blocks as f64) as usize,
             record_new_block_ids,
+            count_null_block_refs,
         };
         let retention_interval = cfg.prefix_cache_retention_interval.map(|n| n as usize);
         let mut inner = KvCacheManager::new(groups, cfg.num_blocks, retention_interval, opts)?;

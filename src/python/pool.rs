@@ -96,12 +96,14 @@ fn extract_hash(obj: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
 impl PyBlockPool {
     #[new]
     #[pyo3(signature = (num_gpu_blocks, enable_caching=true, hash_block_size=16,
-                        enable_kv_cache_events=false, *, retention=None))]
+                        enable_kv_cache_events=false, *, count_null_block_refs=false,
+                        retention=None))]
     fn new(
         num_gpu_blocks: usize,
         enable_caching: bool,
         hash_block_size: usize,
         enable_kv_cache_events: bool,
+        count_null_block_refs: bool,
         retention: Option<PyRef<'_, PyRetentionPolicy>>,
     ) -> PyResult<Self> {
         let mut pool = BlockPool::new(
@@ -110,6 +112,7 @@ impl PyBlockPool {
             hash_block_size,
             enable_kv_cache_events,
         )?;
+        pool.set_count_null_block_refs(count_null_block_refs);
         if let Some(policy) = retention {
             pool.set_retention(policy.inner.clone())?;
         }
@@ -307,7 +310,7 @@ impl PyBlockPool {
         Ok(self.home.pool(py)?.free_block_ids().collect())
     }
 
-    fn get_ref_cnt(&mut self, py: Python<'_>, block_id: BlockId) -> PyResult<u32> {
+    fn get_ref_cnt(&mut self, py: Python<'_>, block_id: BlockId) -> PyResult<i64> {
         Ok(self.home.pool(py)?.ref_cnt(block_id)?)
     }
 

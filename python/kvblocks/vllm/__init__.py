@@ -1,4 +1,5 @@
-"""Run vLLM 0.33.0's own scheduler and request hashing on the kvblocks core.
+"""Run vLLM's own scheduler and request hashing on the kvblocks core (vLLM 0.32.x or 0.33.x,
+each with its own rules: docs/vllm-versions.md).
 
 `import kvblocks.vllm` imports no vLLM; the names below load it on first use.
 

@@ -1,10 +1,10 @@
-"""vLLM 0.33.0's `get_request_block_hasher` on the kvblocks core.
+"""vLLM's `get_request_block_hasher` on the kvblocks core.
 
 vLLM's engine core makes one hasher per engine and hands it to every `Request`, which
 calls it from `__init__` and `append_output_token_ids` and extends `request.block_hashes`
 with what it returns. The hasher here returns the same `bytes`, bit for bit, for vLLM's
 four hash algorithms, every extra key (LoRA, cache salt, multimodal features, prompt
-embeddings) and lookahead; the hashing runs in Rust, without the GIL on long prompts.
+embeddings) and lookahead (vLLM 0.33); the hashing runs in Rust, without the GIL on long prompts.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def get_request_block_hasher(
 
 def with_fallback(
     vllm_get_request_block_hasher: Callable[..., Callable[[Any], list[bytes]]],
+    *,
+    hash_lookahead: bool,
 ) -> Callable[..., Callable[[Any], list[bytes]]]:
     """A `get_request_block_hasher` for vLLM's own name: kvblocks' hasher for vLLM's four
     algorithms, `vllm_get_request_block_hasher` (vLLM's original) for any other hash
@@ -94,23 +96,38 @@ def with_fallback(
     Args:
         vllm_get_request_block_hasher: vLLM's `get_request_block_hasher`, saved before
             it is replaced.
+        hash_lookahead: whether the installed vLLM's signature has the third parameter,
+            `num_hash_lookahead_tokens` (0.33; `_version_rules.Rules.hash_lookahead`).
+            Without it the function takes two arguments, as vLLM 0.32's does.
 
     Returns:
-        A function with vLLM's signature.
+        A function with the installed vLLM's signature.
     """
 
-    def get(
-        hash_block_size: int,
-        caching_hash_fn: Callable[[Any], bytes],
-        num_hash_lookahead_tokens: int = 0,
+    def hasher(
+        hash_block_size: int, caching_hash_fn: Callable[[Any], bytes], *lookahead: int
     ) -> Callable[[Any], list[bytes]]:
         try:
             hash_algorithm(caching_hash_fn)
         except ValueError:
-            return vllm_get_request_block_hasher(
-                hash_block_size, caching_hash_fn, num_hash_lookahead_tokens
-            )
-        return get_request_block_hasher(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens)
+            return vllm_get_request_block_hasher(hash_block_size, caching_hash_fn, *lookahead)
+        return get_request_block_hasher(hash_block_size, caching_hash_fn, *lookahead)
+
+    if hash_lookahead:
+
+        def get(
+            hash_block_size: int,
+            caching_hash_fn: Callable[[Any], bytes],
+            num_hash_lookahead_tokens: int = 0,
+        ) -> Callable[[Any], list[bytes]]:
+            return hasher(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens)
+
+    else:
+
+        def get(  # type: ignore[misc]
+            hash_block_size: int, caching_hash_fn: Callable[[Any], bytes]
+        ) -> Callable[[Any], list[bytes]]:
+            return hasher(hash_block_size, caching_hash_fn)
 
     get.__doc__ = get_request_block_hasher.__doc__
     return get

@@ -9,6 +9,7 @@ general plugins in the child (`EngineCore.__init__`) installs kvblocks there the
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -53,10 +54,11 @@ def _replacement(module: str, name: str) -> Any:
     if name == "KVCacheManager":
         return _manager_factory
     from kvblocks.vllm._hashing import with_fallback
+    from kvblocks.vllm._version_rules import rules
 
     # vLLM accepts any hash function here (its own tests pass the built-in `hash`):
     # kvblocks hashes vLLM's four algorithms and hands any other back to vLLM.
-    return with_fallback(_saved[(module, name)])
+    return with_fallback(_saved[(module, name)], hash_lookahead=rules().hash_lookahead)
 
 
 _fallback = True
@@ -65,19 +67,27 @@ _retention: Any = None
 
 def _manager_factory(*args: Any, **kwargs: Any) -> Any:
     """Builds kvblocks' manager; for a configuration kvblocks refuses, vLLM's own (with a
-    warning) when installed with `fallback=True`, else the refusal propagates."""
+    warning) when installed with `fallback=True`, else the refusal propagates.
+
+    The arguments are bound to the installed vLLM's own `KVCacheManager.__init__`
+    first: its parameters differ between releases (0.32 has no
+    `num_hash_lookahead_tokens`, so positions after `use_eagle` shift), and a call it
+    would refuse raises the same `TypeError`.
+    """
     from kvblocks.vllm._config import UnsupportedConfigError
     from kvblocks.vllm._manager import KVCacheManager
 
     _follow_vllm_logging()
+    theirs = _saved[("vllm.v1.core.sched.scheduler", "KVCacheManager")]
+    named = inspect.signature(theirs).bind(*args, **kwargs).arguments
     try:
-        manager = KVCacheManager(*args, retention=_retention, **kwargs)
+        manager = KVCacheManager(**named, retention=_retention)
     except UnsupportedConfigError as e:
         if not _fallback:
             raise
         fallbacks.append(str(e))
         logger.warning("kvblocks cannot serve this KV cache configuration (%s); using vLLM's", e)
-        return _saved[("vllm.v1.core.sched.scheduler", "KVCacheManager")](*args, **kwargs)
+        return theirs(*args, **kwargs)
     import vllm
 
     import kvblocks

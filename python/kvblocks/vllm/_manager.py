@@ -1,4 +1,5 @@
-"""`kvblocks.vllm.KVCacheManager`: vLLM 0.33.0's `KVCacheManager` on the kvblocks core.
+"""`kvblocks.vllm.KVCacheManager`: vLLM's `KVCacheManager` on the kvblocks core, with the
+rules of the installed release (0.32 or 0.33; `_version_rules.py`).
 
 The scheduler's per-step calls (`allocate_slots`, `get_computed_blocks`, `free`,
 `get_blocks`, `cache_blocks`, ...) are the core's own methods, inherited: one boundary
@@ -17,6 +18,7 @@ from typing import Any
 import kvblocks as kb
 from kvblocks._core import KVCacheBlock
 from kvblocks.vllm._config import UnsupportedConfigError, convert_config
+from kvblocks.vllm._version_rules import rules
 
 
 def _block_ids(blocks: Iterable[Any]) -> list[int]:
@@ -265,8 +267,10 @@ def _to_vllm_events(events: Sequence[Any]) -> list[Any]:
 
 
 class KVCacheManager(kb.KVCacheManager):
-    """vLLM 0.33.0's `KVCacheManager`, built from vLLM's own `KVCacheConfig` with every
-    parameter the 0.33.0 scheduler passes, running on the kvblocks core.
+    """vLLM's `KVCacheManager`, built from vLLM's own `KVCacheConfig` with every parameter
+    the 0.32 or 0.33 scheduler passes, running on the kvblocks core with the installed
+    release's rules (`_version_rules.Rules`; vLLM 0.32 has no `num_hash_lookahead_tokens`
+    and calls `get_computed_blocks(request)` with no cap).
 
     A configuration kvblocks cannot serve raises `UnsupportedConfigError` (a
     `NotImplementedError`) here, naming it.
@@ -321,6 +325,8 @@ class KVCacheManager(kb.KVCacheManager):
                 raise UnsupportedConfigError(f"kvblocks does not support {what}")
         if watermark < 0:
             raise ValueError("watermark must be non-negative")
+        release = rules()
+        flagged = any(g.is_eagle_group for g in kv_cache_config.kv_cache_groups)
         self = super().__new__(
             cls,
             convert_config(kv_cache_config),
@@ -329,11 +335,13 @@ class KVCacheManager(kb.KVCacheManager):
             scheduler_block_size=scheduler_block_size,
             max_in_flight_tokens=max_in_flight_tokens,
             enable_caching=enable_caching,
-            use_eagle=use_eagle,
+            # The core drops the EAGLE block in flagged groups only with use_eagle (0.33).
+            use_eagle=use_eagle or (release.flagged_eagle_groups_drop and flagged),
             log_stats=log_stats,
             enable_kv_cache_events=enable_kv_cache_events,
             watermark=watermark,
             record_new_block_ids=kv_cache_config.needs_kv_cache_zeroing,
+            count_null_block_refs=release.count_null_block_refs,
             retention=retention,
         )
         self.kv_cache_config = kv_cache_config
@@ -391,7 +399,8 @@ class KVCacheManager(kb.KVCacheManager):
     def prefix_cache_lookup_enabled(self, request: Any) -> bool:
         return self.enable_caching and not request.skip_reading_prefix_cache
 
-    #: `(blocks, num_hit_tokens, shared_prefix_boundary)`, as vLLM 0.33.
+    #: `(blocks, num_hit_tokens, shared_prefix_boundary)`, as vLLM 0.32 and 0.33 (0.32's
+    #: scheduler passes no `max_cache_hit_length`).
     get_computed_blocks = kb.KVCacheManager.find_cache_hit  # type: ignore[assignment]
 
     def pop_blocks_for_free(self, request: Any) -> list[KVCacheBlock]:  # type: ignore[override]
