@@ -195,6 +195,26 @@ def test_kv_cache_blocks_surface() -> None:
     assert ours.get_computed_blocks(request("c", [7]))[0] is ours.empty_kv_cache_blocks
 
 
+def test_unhashed_block_ids_keep_nulls_in_the_one_group_form() -> None:
+    """vLLM's one-group `get_unhashed_block_ids` keeps the null blocks a sliding window left
+    at the head of a table; the all-groups form drops them."""
+    swa = SlidingWindowSpec(
+        block_size=BS, num_kv_heads=2, head_size=8, dtype=torch.float16, sliding_window=BS
+    )
+    theirs, ours = managers(config(swa))
+    answers = []
+    for mgr, req in zip((theirs, ours), pair("a", list(range(5 * BS + 3))), strict=True):
+        admit(mgr, req)
+        mgr.remove_skipped_blocks(req.request_id, req.num_computed_tokens)
+        blocks = mgr.get_blocks(req.request_id)
+        answers.append(
+            (blocks.get_unhashed_block_ids(), blocks.get_unhashed_block_ids_all_groups())
+        )
+    assert answers[1] == answers[0]
+    one_group, all_groups = answers[1]
+    assert 0 in one_group and 0 not in all_groups[0]
+
+
 def test_coordinator_view_as_vllm_callers_read_it() -> None:
     from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
     from vllm.v1.core.single_type_kv_cache_manager import (

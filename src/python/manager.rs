@@ -96,6 +96,27 @@ impl PyKVCacheBlocks {
             )),
         }
     }
+
+    /// Per group, the ids of blocks with no block hash, null blocks kept or dropped.
+    fn unhashed_block_ids(&self, py: Python<'_>, keep_null: bool) -> PyResult<Vec<Vec<BlockId>>> {
+        if self.blocks.iter().all(Vec::is_empty) {
+            return Ok(vec![Vec::new(); self.blocks.len()]);
+        }
+        let owner = self.owner(py)?.borrow();
+        let pool = owner.inner.pool();
+        self.blocks
+            .iter()
+            .map(|g| {
+                let mut out = Vec::new();
+                for &b in g.iter().filter(|&&b| keep_null || b != 0) {
+                    if pool.block_hash(b)?.is_none() {
+                        out.push(b);
+                    }
+                }
+                Ok(out)
+            })
+            .collect()
+    }
 }
 
 #[pymethods]
@@ -140,34 +161,19 @@ impl PyKVCacheBlocks {
         PyTuple::new(py, lists)
     }
 
-    /// Ids of group 0's blocks that are not cached (one group only, as vLLM).
+    /// Ids of group 0's blocks that are not cached (one group only), null blocks included,
+    /// as vLLM's (both releases keep them here and drop them in the all-groups form).
     fn get_unhashed_block_ids(&self, py: Python<'_>) -> PyResult<Vec<BlockId>> {
         if self.blocks.len() != 1 {
             return Err(invalid_argument("Only one group is supported"));
         }
-        self.get_unhashed_block_ids_all_groups(py)
+        self.unhashed_block_ids(py, true)
             .map(|mut g| g.pop().unwrap_or_default())
     }
 
     /// Per group, the ids of blocks that are not cached, without nulls.
     fn get_unhashed_block_ids_all_groups(&self, py: Python<'_>) -> PyResult<Vec<Vec<BlockId>>> {
-        if self.blocks.iter().all(Vec::is_empty) {
-            return Ok(vec![Vec::new(); self.blocks.len()]);
-        }
-        let owner = self.owner(py)?.borrow();
-        let pool = owner.inner.pool();
-        self.blocks
-            .iter()
-            .map(|g| {
-                let mut out = Vec::new();
-                for &b in g.iter().filter(|&&b| b != 0) {
-                    if pool.block_hash(b)?.is_none() {
-                        out.push(b);
-                    }
-                }
-                Ok(out)
-            })
-            .collect()
+        self.unhashed_block_ids(py, false)
     }
 
     /// A `KVCacheBlocks` with as many groups and no blocks.
