@@ -136,11 +136,12 @@ impl Coordinator {
                         ));
                     }
                     AttentionKind::Mamba { align: true, .. } => {}
+                    // vLLM 0.33 asserts this away; 0.32 builds a manager for it, which
+                    // kvblocks does not have (unsupported, so kvblocks.vllm falls back).
                     AttentionKind::Mamba { .. } => {
-                        return Err(KvError::InvalidSpec(
-                            "Mamba prefix caching requires mamba_cache_mode='align'; \
-                             use enable_caching=False"
-                                .into(),
+                        return Err(mamba::unsupported(
+                            "prefix caching requires mamba_cache_mode='align'; \
+                             use enable_caching=False",
                         ))
                     }
                     AttentionKind::CrossAttention => {

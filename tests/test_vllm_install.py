@@ -227,3 +227,54 @@ def test_the_info_line_shows_with_vllms_default_logging() -> None:
     lines = [line for line in out.stdout.splitlines() if line.endswith(expect)]
     assert len(lines) == 2, out.stdout + out.stderr  # the line itself and the expectation
     assert " INFO " in lines[0]
+
+
+def _unservable_configs() -> list[Any]:
+    """vLLM configurations kvblocks refuses: a spec type it lacks (refused by kvblocks.vllm)
+    and a Mamba group without align mode under prefix caching (refused by the core)."""
+    from vllm.v1.kv_cache_interface import (
+        EncoderOnlyAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+    )
+
+    encoder = EncoderOnlyAttentionSpec(
+        block_size=16, num_kv_heads=2, head_size=8, dtype=torch.float16
+    )
+    mamba = MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float16,))
+    assert mamba.mamba_cache_mode == "none"
+    return [
+        KVCacheConfig(
+            num_blocks=32, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], s)]
+        )
+        for s in (encoder, mamba)
+    ]
+
+
+def _outcome(build: Any) -> Any:
+    """The type of what `build()` returns, or of what it raises."""
+    try:
+        return type(build())
+    except Exception as e:
+        return type(e)
+
+
+@pytest.mark.parametrize("config", _unservable_configs(), ids=["encoder-only", "mamba-none"])
+def test_a_refused_configuration_falls_back_to_vllms_manager(clean_env: None, config: Any) -> None:
+    """With fallback=True the scheduler gets what stock vLLM gives it (its own manager, or
+    on 0.33 its own refusal of Mamba prefix caching without align mode); with
+    fallback=False kvblocks' refusal."""
+    import vllm.v1.core.sched.scheduler as sched
+
+    args = dict(max_model_len=256, scheduler_block_size=16, hash_block_size=16)
+    theirs = _install.vllm_original("vllm.v1.core.sched.scheduler", "KVCacheManager")
+    stock = _outcome(lambda: theirs(config, **args))
+    kv.fallbacks.clear()
+    kv.install(fallback=True)
+    assert _outcome(lambda: sched.KVCacheManager(config, **args)) is stock
+    assert len(kv.fallbacks) == 1
+    kv.install(fallback=False)
+    with pytest.raises(kb.UnsupportedError):
+        sched.KVCacheManager(config, **args)
+    kv.fallbacks.clear()

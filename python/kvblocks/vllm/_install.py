@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from kvblocks import InvalidArgumentError, InvalidTypeError, RetentionPolicy
+from kvblocks import InvalidArgumentError, InvalidTypeError, RetentionPolicy, UnsupportedError
 from kvblocks.vllm._info import UTILITY, engine_core_info
 
 logger = logging.getLogger("kvblocks.vllm")
@@ -74,7 +74,6 @@ def _manager_factory(*args: Any, **kwargs: Any) -> Any:
     `num_hash_lookahead_tokens`, so positions after `use_eagle` shift), and a call it
     would refuse raises the same `TypeError`.
     """
-    from kvblocks.vllm._config import UnsupportedConfigError
     from kvblocks.vllm._manager import KVCacheManager
 
     _follow_vllm_logging()
@@ -82,7 +81,7 @@ def _manager_factory(*args: Any, **kwargs: Any) -> Any:
     named = inspect.signature(theirs).bind(*args, **kwargs).arguments
     try:
         manager = KVCacheManager(**named, retention=_retention)
-    except UnsupportedConfigError as e:
+    except UnsupportedError as e:  # UnsupportedConfigError, or a refusal of the core
         if not _fallback:
             raise
         fallbacks.append(str(e))
