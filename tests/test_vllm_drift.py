@@ -65,6 +65,7 @@ def vllm_like_request(rid: str, tokens: list[int]) -> Any:
         num_prompt_tokens=len(tokens),
         num_computed_tokens=0,
         num_in_flight_tokens=0,
+        shared_prefix_boundary=0,
         priority=0,
         session_id="s",
         cache_salt="salt",
