@@ -8,6 +8,7 @@ applies each one reads it there, once, when it builds the hasher or the manager.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import kvblocks as kb
@@ -62,8 +63,10 @@ def rules_for(minor: tuple[int, int]) -> Rules:
     return found
 
 
+@functools.cache
 def rules() -> Rules:
-    """The rules of the installed vLLM (imports it).
+    """The rules of the installed vLLM (imports it), read once per process, as the drift
+    guard's verdict is: the vLLM of a process does not change.
 
     Raises:
         kvblocks.UnsupportedError: when the installed release is outside `SUPPORTED`.
