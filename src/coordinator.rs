@@ -273,6 +273,12 @@ impl Coordinator {
         &self.managers
     }
 
+    /// Whether sparse prefix-cache retention is on (`prefix_cache_retention_interval`
+    /// set): only then does caching read a request's shared-prefix junction.
+    pub fn sparse_retention(&self) -> bool {
+        self.retention != Retention::Dense
+    }
+
     /// The scheduler block size.
     #[inline]
     pub fn scheduler_block_size(&self) -> usize {

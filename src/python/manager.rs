@@ -546,6 +546,7 @@ impl PyKVCacheManager {
             status: has_scheduled_reqs && this.inner.watermark_blocks() > 0,
             lookup: false,
             retention: this.inner.retention_policy().is_some(),
+            junction: this.inner.coordinator().sparse_retention(),
         };
         this.added.clear();
         let this = &mut *this;
@@ -730,6 +731,7 @@ impl PyKVCacheManager {
     ) -> PyResult<()> {
         let reads = Reads {
             events: self.inner.pool().events_enabled(),
+            junction: self.inner.coordinator().sparse_retention(),
             ..Reads::default()
         };
         self.with_request(request, reads, |mgr, req| {

@@ -187,6 +187,8 @@ pub(crate) struct Reads {
     pub(crate) lookup: bool,
     /// Its priority, session and tenant (a retention policy is set).
     pub(crate) retention: bool,
+    /// Its shared-prefix junction (sparse prefix-cache retention is on).
+    pub(crate) junction: bool,
 }
 
 /// A vLLM `Request`, read for one manager call.
@@ -267,13 +269,16 @@ impl<'a> VllmRequest<'a> {
             .extract::<i64>()
             .map_err(|_| invalid_type("request.num_in_flight_tokens must be an int"))?
             .max(0) as usize;
-        // Set by vLLM's scheduler after `get_computed_blocks`; a look-alike without it has
-        // no junction.
-        let shared_prefix_boundary = match a.get(intern!(py, attr::SHARED_PREFIX_BOUNDARY)) {
-            Ok(v) => v
+        // Set by vLLM's scheduler after `get_computed_blocks`; read only where caching uses
+        // it (sparse retention). A look-alike without it has no junction.
+        let shared_prefix_boundary = match reads
+            .junction
+            .then(|| a.get(intern!(py, attr::SHARED_PREFIX_BOUNDARY)))
+        {
+            Some(Ok(v)) => v
                 .extract::<usize>()
                 .map_err(|_| invalid_type("request.shared_prefix_boundary must be an int >= 0"))?,
-            Err(_) => 0,
+            _ => 0,
         };
         sync(&mut memo.hashes, &hashes, hash_of)?;
         if reads.events {
