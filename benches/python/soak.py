@@ -8,7 +8,7 @@ Every count below is a kvblocks call. At the end every live request is freed and
 must be whole again: all blocks free, all ref counts 0, the queue a permutation of the
 blocks, `check_invariants()` clean, the prefix cache resettable. Exit status 1 if an
 invariant fails or RSS grew more than `--rss-slack-mib` after warm-up (the first tenth).
-tests/test_soak.py runs a short version of `soak()`.
+tests/core/test_soak.py runs a short version of `soak()`.
 """
 
 from __future__ import annotations

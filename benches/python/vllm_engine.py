@@ -6,7 +6,7 @@ kvblocks on PYTHONPATH:
 
     PYTHONPATH=.oracle-site.X $VENV/bin/python benches/python/vllm_engine.py [--rounds 3]
 
-The tiny random-weight Llama of tests/vllm_engine_run.py (float32), the engine core in
+The tiny random-weight Llama of tests/vllm/vllm_engine_run.py (float32), the engine core in
 the process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), `OMP_NUM_THREADS=1`, `max_num_seqs`
 256, KV blocks of 32 tokens and enough of them for every request. Timed: `--repeats`
 (default 5) `LLM.generate` calls of 256 requests each, all there at once: 8 system
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent.parent / "tests")]
+sys.path[:0] = [str(HERE), str(HERE.parent.parent / "tests" / "vllm")]
 
 SIDES = ("stock", "kvblocks")
 REQUESTS = 256

@@ -308,7 +308,7 @@ def test_vllms_plugin_loader_installs_kvblocks_only_when_switched_on(
 def test_prompt_longer_than_context_is_capped_as_vllm() -> None:
     """vLLM's manager caps a request's slots at max_model_len and counts blocks past the
     table as cached; `kvblocks.vllm` answers alike (kvblocks' own API refuses such a
-    request instead: tests/test_bad_input.py)."""
+    request instead: tests/core/test_bad_input.py)."""
     init_none_hash(sha256)
     args = dict(max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
     stock, ours = VllmManager(config(), **args), kv.KVCacheManager(config(), **args)

@@ -23,11 +23,10 @@ from kvblocks.sim.workloads import (
     splitmix64,
     tok,
 )
+from paths import ROOT
 
 # The oracle tools sit in ../shared beside the checkout.
-ORACLE_TRACE = (
-    Path(__file__).resolve().parent.parent.parent / "shared" / "tools" / "vllm-oracle" / "trace.py"
-)
+ORACLE_TRACE = ROOT.parent / "shared" / "tools" / "vllm-oracle" / "trace.py"
 
 
 def _mix_reference(x: int) -> int:
@@ -220,7 +219,7 @@ def test_malformed_mooncake_line(tmp_path: Path, record: dict[str, object], mess
         read_trace(path)
 
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = ROOT / "docs"
 
 
 @pytest.mark.parametrize(

@@ -19,10 +19,11 @@ from kvblocks.sim.backends import make_backend, vllm_available
 from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, StepInfo, replay
 from kvblocks.sim.presets import replay_layout
 from kvblocks.sim.workloads import Trace, TraceRequest, WorkloadParams, generate
+from paths import ROOT
 
 HAVE_KB = hasattr(kvblocks, "KVCacheManager")
 # The oracle tools sit in ../shared beside the checkout.
-ORACLE = Path(__file__).resolve().parent.parent / "tools" / "oracle"
+ORACLE = ROOT / "tools" / "oracle"
 
 
 def _impls() -> list[object]:
@@ -254,7 +255,7 @@ def test_batch_path_of_the_loop_gives_the_same_digest() -> None:
     assert len(many.samples["alloc_batch"]) > 0
 
 
-BENCH = Path(__file__).resolve().parent.parent / "benches" / "python" / "replay.py"
+BENCH = ROOT / "benches" / "python" / "replay.py"
 
 
 def _bench(tmp_path: Path, *flags: str) -> dict[str, object]:

@@ -18,6 +18,7 @@ from kvblocks.sim.workloads import (
     read_trace,
     synthetic_mooncake,
 )
+from paths import ROOT
 
 
 def _simulate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -380,7 +381,7 @@ def test_fleet_runs_each_engine_under_the_policy(capsys: pytest.CaptureFixture[s
 def test_the_documented_command_lines_parse() -> None:
     # docs/retention.md's command lines (each was run as written for its table; running
     # them all here would take minutes): every flag and spec still reads.
-    doc = Path(__file__).resolve().parent.parent / "docs" / "retention.md"
+    doc = ROOT / "docs" / "retention.md"
     lines = [
         line.strip()
         for line in doc.read_text().splitlines()

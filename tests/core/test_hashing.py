@@ -11,13 +11,13 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import kvblocks as kb
 import pytest
+from paths import DATA
 
-GOLDENS = Path(__file__).parent / "data" / "hash_goldens.json"
+GOLDENS = DATA / "hash_goldens.json"
 ALGOS = ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 
 
@@ -81,12 +81,11 @@ def run_with_seed(seed: str | None, payload: dict[str, Any]) -> dict[str, Any]:
     env.pop("PYTHONHASHSEED", None)
     if seed is not None:
         env["PYTHONHASHSEED"] = seed
-    code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import test_hashing as t; "
-        "print(json.dumps(t.compute(json.load(sys.stdin))))"
-    )
+    # The child imports this module as pytest did, from this process's sys.path.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    code = "import json, sys, test_hashing as t; print(json.dumps(t.compute(json.load(sys.stdin))))"
     out = subprocess.run(
-        [sys.executable, "-c", code, str(Path(__file__).parent)],
+        [sys.executable, "-c", code],
         input=json.dumps(payload),
         capture_output=True,
         text=True,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import kvblocks
 import pytest
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 
 pytestmark = pytest.mark.skipif(

@@ -1,5 +1,5 @@
 """Issue 16's acceptance: retention policies (pins, priority classes, TTL, sessions, tenant
-quotas) against the plain-Python model of docs/retention.md (tests/model_retention.py).
+quotas) against the plain-Python model of docs/retention.md (tests/support/model_retention.py).
 
 * `TestPoolRetention`: a `kvblocks.BlockPool` with a hypothesis-drawn `RetentionPolicy` (or
   `retention=None`) and the model side by side, driven as the managers drive a pool, with
@@ -30,8 +30,8 @@ from typing import Any
 
 import hypothesis.strategies as st
 import kvblocks as kb
+import manager_driver as md
 import pytest
-import test_model_manager as tmm
 from hypothesis import HealthCheck, given, settings
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -502,7 +502,7 @@ TestPoolRetention.settings = settings(
 # --- the manager -------------------------------------------------------------------------
 
 
-class RetKbEngine(tmm.KbEngine):
+class RetKbEngine(md.KbEngine):
     """kvblocks' manager with a retention policy; requests carry a priority and session."""
 
     def __init__(
@@ -533,7 +533,7 @@ class RetKbEngine(tmm.KbEngine):
         )
         self.mgr = kb.KVCacheManager(
             config,
-            tmm.MAX_MODEL_LEN,
+            md.MAX_MODEL_LEN,
             HBS,
             scheduler_block_size=scheduler,
             enable_caching=caching,
@@ -556,8 +556,8 @@ class RetKbEngine(tmm.KbEngine):
         )
 
 
-class RetDriver(tmm.Driver):
-    """test_model_manager's scheduler over the retention manager and its model."""
+class RetDriver(md.Driver):
+    """manager_driver's scheduler over the retention manager and its model."""
 
     def __init__(
         self,
@@ -568,7 +568,7 @@ class RetDriver(tmm.Driver):
     ) -> None:
         self.pending: tuple[int, str | None] = (0, None)
 
-        def factory(groups: list[GroupModel], n: int, c: bool, s: int) -> tmm.Engine:
+        def factory(groups: list[GroupModel], n: int, c: bool, s: int) -> md.Engine:
             return RetKbEngine(groups, n, c, s, policy, self)
 
         super().__init__(factory, layout, num_blocks, caching)
@@ -576,7 +576,7 @@ class RetDriver(tmm.Driver):
         self.rmodel = RetentionManagerModel(
             old.groups,
             num_blocks,
-            tmm.MAX_MODEL_LEN,
+            md.MAX_MODEL_LEN,
             HBS,
             old.scheduler_block_size,
             caching,
@@ -607,7 +607,7 @@ class RetDriver(tmm.Driver):
         self.rmodel.pool.evict_blocks(order)
 
     def check(self) -> None:
-        """test_model_manager's checks, a pin counting as one more holder."""
+        """the base driver's checks, a pin counting as one more holder."""
         pool = self.rmodel.pool
         for req in self.running + self.waiting:
             rid = req.request_id
@@ -638,7 +638,7 @@ class ManagerRetentionMachine(RuleBasedStateMachine):
         self.now = 0.0
 
     @initialize(
-        layout=st.sampled_from(tmm.LAYOUTS[2:] + tmm.LAYOUTS[:1]),
+        layout=st.sampled_from(md.LAYOUTS[2:] + md.LAYOUTS[:1]),
         num_blocks=st.sampled_from([8, 12, 24]),
         policy=st.one_of(policies(), st.none()),
     )
@@ -648,7 +648,7 @@ class ManagerRetentionMachine(RuleBasedStateMachine):
         self.driver = RetDriver(layout, num_blocks, True, policy)
 
     @rule(
-        prefix=st.sampled_from(tmm.PREFIXES),
+        prefix=st.sampled_from(md.PREFIXES),
         tail=st.lists(st.integers(0, 3), min_size=1, max_size=30),
         salt=st.sampled_from([None, "a", "b"]),
         lora=st.sampled_from([None, 1]),
@@ -677,7 +677,7 @@ class ManagerRetentionMachine(RuleBasedStateMachine):
         """A resent prompt, same tenant, admitted at once (so that hits are common)."""
         self.driver.arrive_again(index, None)
         for _ in range(len(self.driver.waiting)):
-            self.driver.admit(tmm.MAX_MODEL_LEN, 0)
+            self.driver.admit(md.MAX_MODEL_LEN, 0)
 
     @precondition(lambda self: self.driver.waiting)
     @rule(chunk=st.sampled_from([4, 7, 16, 80]), lookahead=st.sampled_from([0, 2]))

@@ -5,7 +5,7 @@ kvblocks', appends the same outputs (one token at a time and in batches), and co
 `request.block_hashes` after every step, for vLLM's four hash algorithms, every extra
 key (LoRA, cache salt, multimodal features, prompt embeddings) and lookahead 0, 1 and 2
 (vLLM 0.33; 0.32 has no lookahead, so those cases skip there). Run in a vLLM venv
-(`make test-vllm VLLM_TESTS=test_vllm_hasher.py`); skipped where vLLM is not importable.
+(`make test-vllm VLLM_TESTS=vllm/test_vllm_hasher.py`); skipped where vLLM is not importable.
 """
 
 from __future__ import annotations

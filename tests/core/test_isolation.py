@@ -1,7 +1,7 @@
 """Tenant isolation: requests with different cache salts, or different LoRA adapters, never
 share a block, even for identical tokens; the same tenant does share (so the property is
 not vacuous). Checked on the block hashes and through a KVCacheManager serving every
-tenant from one pool. (The scheduler-driven state machine in test_model_manager.py also
+tenant from one pool. (The scheduler-driven state machine in test_manager_model.py also
 asserts that live requests of different tenants hold disjoint blocks after every step.)
 """
 

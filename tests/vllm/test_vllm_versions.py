@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import inspect
 import os
-from pathlib import Path
 from typing import Any
 
 import kvblocks as kb
 import pytest
 from kvblocks.vllm._version_rules import RULES, rules, rules_for
 from kvblocks.vllm._versions import SUPPORTED, supported_range
+from paths import ROOT
 
 
 def test_one_rule_set_per_supported_release() -> None:
@@ -82,10 +82,9 @@ def test_install_binds_manager_arguments_as_the_installed_vllm(vllm: Any) -> Non
 
 
 def test_the_readme_table_and_the_extra_name_the_supported_releases() -> None:
-    root = Path(__file__).resolve().parent.parent
-    readme = (root / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     table = readme[readme.index("| vLLM | kvblocks follows |") :].split("\n\n")[0]
     rows = [line.split("|")[1].split()[0] for line in table.splitlines()[2:]]
     assert rows == [f"{a}.{b}.x" for a, b in SUPPORTED]
-    pyproject = (root / "pyproject.toml").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
     assert f'vllm = ["vllm{supported_range()}"]' in pyproject

@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import vllm_engine_run as engine_run
 
-RUN = Path(__file__).with_name("vllm_engine_run.py")
-sys.path.insert(0, str(RUN.parent))
-import vllm_engine_run as engine_run  # noqa: E402
+RUN = Path(engine_run.__file__)
 
 SEEDS = os.environ.get("KVBLOCKS_ENGINE_SEEDS", "1,2")
 #: KV cache blocks (of 32 tokens): few enough that the workloads preempt.

@@ -15,8 +15,9 @@ from typing import Any
 
 import kvblocks as kb
 import pytest
+from paths import ROOT
 
-SOAK_PATH = Path(__file__).resolve().parent.parent / "benches" / "python" / "soak.py"
+SOAK_PATH = ROOT / "benches" / "python" / "soak.py"
 BS = 4
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-DATA = Path(__file__).parent / "data"
+from paths import DATA
 
 
 # Stand-ins with vLLM's class names and fields: the encoder reads events by attribute.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from kvblocks.sim.fleet import Fleet, hash_key
 from kvblocks.sim.presets import model_layout
 from kvblocks.sim.timemodel import GPU_PRESETS, StepTimeModel
 from kvblocks.sim.workloads import WorkloadParams, generate
+from paths import ROOT
 
 AGENTIC = ["--workload", "agentic", "--model", "llama-3.1-8b", "--json"]
 
@@ -144,7 +144,7 @@ def test_the_router_index_is_the_union_of_the_engines_caches_at_every_step() -> 
 
 
 def test_mooncake_requests_arrive_at_their_timestamps(capsys: pytest.CaptureFixture[str]) -> None:
-    sample = str(Path(__file__).resolve().parent.parent / "docs/examples/mooncake-sample.jsonl")
+    sample = str(ROOT / "docs/examples/mooncake-sample.jsonl")
     args = ["simulate", "--trace", sample, "--model", "llama-3.1-8b", "--json"]
     assert main([*args, "--max-requests", "40"]) == 0
     run = json.loads(capsys.readouterr().out)["runs"][0]

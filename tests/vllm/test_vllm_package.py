@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+from paths import ROOT
 
 
 def run(code: str, **env: str) -> str:
@@ -53,11 +54,9 @@ def test_the_plugin_installs_only_when_asked(value: str, installs: bool) -> None
 
 
 def test_the_entry_point_is_declared() -> None:
-    from pathlib import Path
-
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the wheel also runs on 3.10
 
-    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     plugins = project["project"]["entry-points"]["vllm.general_plugins"]
     assert plugins == {"kvblocks": "kvblocks.vllm._install:plugin"}
 

@@ -1,6 +1,6 @@
 """Stand-ins for the KVCacheConfig classes, mirroring the attribute contract kvblocks.device
 relies on (the Rust-backed classes and vLLM's dataclasses have the same attributes and class
-names). Used by tests/test_device.py and benches/python/device_bandwidth.py."""
+names). Used by tests/device/test_device.py and benches/python/device_bandwidth.py."""
 
 from __future__ import annotations
 
