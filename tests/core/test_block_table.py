@@ -1,5 +1,5 @@
 """`KVCacheManager.block_table`: one C-contiguous int32 buffer for a batch of requests that
-numpy views without a copy (DESIGN.md decision 4)."""
+numpy views without a copy (docs/ARCHITECTURE.md: "a batch's block tables as one buffer")."""
 
 from __future__ import annotations
 

@@ -539,7 +539,7 @@ def test_every_public_callable_is_swept() -> None:
     for cls_name in kb.__all__:
         obj = getattr(kb, cls_name)
         if isinstance(obj, type) and issubclass(obj, kb.KVBlocksError):
-            continue  # exception classes: tests/core/test_errors.py
+            continue  # exception classes: test_bad_input.py, section 3
         if not isinstance(obj, type):
             if callable(obj):
                 assert cls_name in swept
