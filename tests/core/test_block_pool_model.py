@@ -1,11 +1,11 @@
 """kb.BlockPool against the plain-Python PoolModel, side by side (hypothesis state machine).
 
 Requests with shared prefixes, cache salts and LoRA adapters are driven the way the
-managers drive a pool (prefix hit, touch, allocate, cache full blocks, decode, free in
-reverse), over two groups with different block sizes, with evictions, resets and raw
-bad calls interleaved. After every step the free queue, ref counts, block hashes, usage,
-events and every live request's cache hits must be identical, and every block's ref count
-must equal the number of live block tables holding it.
+managers drive a pool (tests/support/pool_driver.py: prefix hit, touch, allocate, cache
+full blocks; then decode, free in reverse), over two groups with different block sizes,
+with evictions, resets and raw bad calls interleaved. After every step the free queue, ref
+counts, block hashes, usage, events and every live request's cache hits must be identical,
+and every block's ref count must equal the number of live block tables holding it.
 """
 
 from __future__ import annotations
@@ -25,10 +25,7 @@ from hypothesis.stateful import (
     rule,
 )
 from model import NULL_BLOCK, PoolModel, event_tuple, pool_state
-
-HBS = 4
-GROUP_BLOCK_SIZES = (HBS, 2 * HBS)  # group 1 uses every second hash
-PREFIXES = [[7] * 8, [1, 2, 3, 4, 5, 6, 7, 8, 9], []]
+from pool_driver import GROUP_BLOCK_SIZES, HBS, PREFIXES, PoolDriving
 
 
 @dataclass
@@ -38,7 +35,7 @@ class Live:
     num_cached: list[int] = field(default_factory=lambda: [0, 0])
 
 
-class PoolMachine(RuleBasedStateMachine):
+class PoolMachine(PoolDriving, RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.live: dict[str, Live] = {}
@@ -72,42 +69,6 @@ class PoolMachine(RuleBasedStateMachine):
         assert got == want, (name, got, want)
         return got
 
-    def hits(self, req: kb.Request, group: int) -> list[int]:
-        bs = GROUP_BLOCK_SIZES[group]
-        k = bs // HBS
-        hashes = req.block_hashes[k - 1 :: k]
-        out: list[int] = []
-        for h in hashes[: (req.num_tokens - 1) // bs]:
-            got = self.pool.get_cached_block(h, [group])
-            assert got == self.model.get_cached_block(h, [group])
-            if got is None:
-                break
-            out.extend(got)
-        return out
-
-    def need(self, live: Live, group: int) -> int:
-        return -(-live.req.num_tokens // GROUP_BLOCK_SIZES[group]) - len(live.tables[group])
-
-    def grow(self, live: Live) -> None:
-        for g, bs in enumerate(GROUP_BLOCK_SIZES):
-            new = self.both("get_new_blocks", self.need(live, g))
-            assert isinstance(new, list)
-            live.tables[g].extend(new)
-            if not self.model.enable_caching:
-                continue
-            full = live.req.num_tokens // bs
-            self.both(
-                "cache_full_blocks",
-                live.req.block_hashes,
-                live.tables[g],
-                live.num_cached[g],
-                full,
-                bs,
-                g,
-                live.req.all_token_ids,
-            )
-            live.num_cached[g] = max(live.num_cached[g], full)
-
     @rule(
         prefix=st.sampled_from(PREFIXES),
         tail=st.lists(st.integers(0, 3), min_size=1, max_size=20),
@@ -128,20 +89,8 @@ class PoolMachine(RuleBasedStateMachine):
             lora_id=lora,
         )
         live = Live(req)
-        hits = [self.hits(req, g) if self.model.enable_caching else [] for g in (0, 1)]
-        reused = {b for h in hits for b in h if self.model.ref_cnt[b] == 0}
-        needed = sum(
-            -(-req.num_tokens // bs) - len(h)
-            for bs, h in zip(GROUP_BLOCK_SIZES, hits, strict=False)
-        )
-        if needed > self.model.num_free() - len(reused):
-            return  # the scheduler would not admit it
-        for g in (0, 1):
-            self.both("touch", hits[g])
-            live.tables[g] = list(hits[g])
-            live.num_cached[g] = len(hits[g])
-        self.grow(live)
-        self.live[req.request_id] = live
+        if self.admit(live):
+            self.live[req.request_id] = live
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), tokens=st.lists(st.integers(0, 3), min_size=1, max_size=9))

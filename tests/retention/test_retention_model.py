@@ -42,10 +42,8 @@ from hypothesis.stateful import (
 )
 from model import NULL_BLOCK, GroupModel, Key, PoolModel, event_tuple, pool_state
 from model_retention import PolicyModel, RetentionManagerModel, RetentionPoolModel, Tags
+from pool_driver import HBS, PREFIXES, PoolDriving
 
-HBS = 4
-GROUP_BLOCK_SIZES = (HBS, 2 * HBS)  # group 1 uses every second hash
-PREFIXES = [[7] * 8, [1, 2, 3, 4, 5, 6, 7, 8, 9], []]
 TENANTS = ("a", "b", "c")
 STEPS = [0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 25.0]  # clock steps: exact binary fractions
 
@@ -145,7 +143,7 @@ class Live:
     num_cached: list[int] = field(default_factory=lambda: [0, 0])
 
 
-class PoolRetentionMachine(RuleBasedStateMachine):
+class PoolRetentionMachine(PoolDriving, RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.live: dict[str, Live] = {}
@@ -230,41 +228,6 @@ class PoolRetentionMachine(RuleBasedStateMachine):
                 self.seq += 1
                 self.info[b] = FreeInfo(self.now, tags, self.seq)
 
-    def hits(self, req: kb.Request, group: int) -> list[int]:
-        bs = GROUP_BLOCK_SIZES[group]
-        k = bs // HBS
-        out: list[int] = []
-        for h in req.block_hashes[k - 1 :: k][: (req.num_tokens - 1) // bs]:
-            got = self.pool.get_cached_block(h, [group])
-            assert got == self.model.get_cached_block(h, [group])
-            if got is None:
-                break
-            out.extend(got)
-        return out
-
-    def need(self, live: Live, group: int) -> int:
-        assert live.req is not None
-        return -(-live.req.num_tokens // GROUP_BLOCK_SIZES[group]) - len(live.tables[group])
-
-    def grow(self, live: Live) -> None:
-        assert live.req is not None
-        for g, bs in enumerate(GROUP_BLOCK_SIZES):
-            live.tables[g].extend(self.get_new_blocks(self.need(live, g)))
-            if not self.model.enable_caching:
-                continue
-            full = live.req.num_tokens // bs
-            self.both(
-                "cache_full_blocks",
-                live.req.block_hashes,
-                live.tables[g],
-                live.num_cached[g],
-                full,
-                bs,
-                g,
-                live.req.all_token_ids,
-            )
-            live.num_cached[g] = max(live.num_cached[g], full)
-
     def draw_tags(self, data: st.DataObject) -> Tags:
         k = 1 if self.policy is None else self.policy.classes
         return Tags(
@@ -284,20 +247,8 @@ class PoolRetentionMachine(RuleBasedStateMachine):
         req = kb.Request(f"r{self.next_id}", prefix + tail, kb.BlockHasher(HBS))
         self.known += [h for h in req.block_hashes if h not in self.known]
         live = Live(req, self.draw_tags(data))
-        hits = [self.hits(req, g) if self.model.enable_caching else [] for g in (0, 1)]
-        reused = {b for h in hits for b in h if self.model.ref_cnt[b] == 0}
-        needed = sum(
-            -(-req.num_tokens // bs) - len(h)
-            for bs, h in zip(GROUP_BLOCK_SIZES, hits, strict=False)
-        )
-        if needed > self.model.num_free() - len(reused):
-            return  # the scheduler would not admit it
-        for g in (0, 1):
-            self.both("touch", hits[g])
-            live.tables[g] = list(hits[g])
-            live.num_cached[g] = len(hits[g])
-        self.grow(live)
-        self.live[req.request_id] = live
+        if self.admit(live):
+            self.live[req.request_id] = live
 
     @precondition(lambda self: any(live.req is not None for live in self.live.values()))
     @rule(data=st.data(), tokens=st.lists(st.integers(0, 3), min_size=1, max_size=9))
@@ -514,46 +465,16 @@ class RetKbEngine(md.KbEngine):
         policy: PolicyModel | None,
         driver: RetDriver,
     ) -> None:
-        super().__init__(groups, num_blocks, caching, scheduler)
+        self.policy = policy  # read by manager_options() in the base constructor
         self.driver = driver
-        specs: list[kb.KVCacheSpec] = []
-        for g in groups:
-            common: dict[str, Any] = {
-                "block_size": g.block_size,
-                "num_kv_heads": 1,
-                "head_size": 8,
-                "dtype": "float16",
-            }
-            if g.sliding_window is None:
-                specs.append(kb.FullAttentionSpec(**common))
-            else:
-                specs.append(kb.SlidingWindowSpec(**common, sliding_window=g.sliding_window))
-        config = kb.KVCacheConfig(
-            num_blocks, [], [kb.KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)]
-        )
-        self.mgr = kb.KVCacheManager(
-            config,
-            md.MAX_MODEL_LEN,
-            HBS,
-            scheduler_block_size=scheduler,
-            enable_caching=caching,
-            retention=make_policy(policy),
-        )
+        super().__init__(groups, num_blocks, caching, scheduler)
 
-    def make_request(self, rid: str, tokens: list[int], salt: str | None, lora: int | None) -> Any:
+    def manager_options(self) -> dict[str, Any]:
+        return {"retention": make_policy(self.policy)}
+
+    def request_options(self) -> dict[str, Any]:
         priority, session = self.driver.pending
-        lora_kw: dict[str, Any] = {}
-        if lora is not None:
-            lora_kw = {"lora_name": f"lora{lora}", "lora_path": f"/lora{lora}", "lora_id": lora}
-        return kb.Request(
-            rid,
-            tokens,
-            self.hasher,
-            cache_salt=salt,
-            priority=priority,
-            session_id=session,
-            **lora_kw,
-        )
+        return {"priority": priority, "session_id": session}
 
 
 class RetDriver(md.Driver):
@@ -567,23 +488,20 @@ class RetDriver(md.Driver):
         policy: PolicyModel | None,
     ) -> None:
         self.pending: tuple[int, str | None] = (0, None)
+        self.policy = policy  # read by make_model() in the base constructor
 
         def factory(groups: list[GroupModel], n: int, c: bool, s: int) -> md.Engine:
             return RetKbEngine(groups, n, c, s, policy, self)
 
         super().__init__(factory, layout, num_blocks, caching)
-        old = self.model
+
+    def make_model(
+        self, groups: list[GroupModel], num_blocks: int, scheduler: int, caching: bool
+    ) -> RetentionManagerModel:
         self.rmodel = RetentionManagerModel(
-            old.groups,
-            num_blocks,
-            md.MAX_MODEL_LEN,
-            HBS,
-            old.scheduler_block_size,
-            caching,
-            policy,
+            groups, num_blocks, md.MAX_MODEL_LEN, HBS, scheduler, caching, self.policy
         )
-        self.model = self.rmodel
-        self.policy = policy
+        return self.rmodel
 
     def arrive(
         self,
@@ -606,22 +524,13 @@ class RetDriver(md.Driver):
         self.engine.mgr.evict_blocks(order)
         self.rmodel.pool.evict_blocks(order)
 
+    def other_holders(self) -> list[int]:
+        """A pin counts as one more holder of its block."""
+        return [int(p) for p in self.rmodel.pool.pinned]
+
     def check(self) -> None:
-        """the base driver's checks, a pin counting as one more holder."""
+        super().check()
         pool = self.rmodel.pool
-        for req in self.running + self.waiting:
-            rid = req.request_id
-            got = self.engine.block_ids(rid)
-            assert got == [list(t) for t in self.model.get_block_ids(rid)], f"table of {rid}"
-        assert self.engine.free_queue() == pool.queue, "free order differs"
-        assert self.engine.usage() == pool.usage()
-        held = [int(p) for p in pool.pinned]
-        for req in self.running:
-            for table in self.model.get_block_ids(req.request_id):
-                for b in table:
-                    held[b] += b != NULL_BLOCK
-        assert held[1:] == pool.ref_cnt[1:], "a block's ref count is not its holders"
-        assert [self.engine.ref_cnt(b) for b in range(self.num_blocks)] == pool.ref_cnt
         assert self.engine.mgr.block_pool.num_pinned_blocks == pool.num_pinned_blocks
         assert_tenant_counts(self.engine.mgr.block_pool, pool)
 

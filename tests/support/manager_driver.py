@@ -16,6 +16,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import kvblocks as kb
 from model import NULL_BLOCK, GroupModel, ManagerModel
 
 HBS = 4
@@ -96,7 +97,20 @@ class Driver:
         for g in groups:
             scheduler = math.lcm(scheduler, g.block_size)
         self.engine = engine_factory(groups, num_blocks, caching, scheduler)
-        self.model = ManagerModel(
+        self.model = self.make_model(groups, num_blocks, scheduler, caching)
+        self.num_blocks = num_blocks
+        self.waiting: list[Any] = []
+        self.running: list[Any] = []
+        self.next_id = 0
+        self.hits = 0  # tokens reused from the prefix cache, for the statistics
+        self.tenant: dict[str, tuple[str | None, int | None]] = {}
+        self.history: list[tuple[list[int], tuple[str | None, int | None]]] = []
+
+    def make_model(
+        self, groups: list[GroupModel], num_blocks: int, scheduler: int, caching: bool
+    ) -> ManagerModel:
+        """The model beside the engine (a subclass may model more rules)."""
+        return ManagerModel(
             groups,
             num_blocks,
             MAX_MODEL_LEN,
@@ -105,13 +119,6 @@ class Driver:
             caching,
             count_null_block_refs=self.engine.counts_null_block_refs,
         )
-        self.num_blocks = num_blocks
-        self.waiting: list[Any] = []
-        self.running: list[Any] = []
-        self.next_id = 0
-        self.hits = 0  # tokens reused from the prefix cache, for the statistics
-        self.tenant: dict[str, tuple[str | None, int | None]] = {}
-        self.history: list[tuple[list[int], tuple[str | None, int | None]]] = []
 
     def arrive(
         self, prefix: list[int], tail: list[int], salt: str | None, lora: int | None
@@ -190,6 +197,10 @@ class Driver:
     def reset(self) -> None:
         assert self.engine.reset() == self.model.pool.reset_prefix_cache()
 
+    def other_holders(self) -> list[int]:
+        """References each block has besides the running requests' tables: none here."""
+        return [0] * self.num_blocks
+
     def check(self) -> None:
         for req in self.running + self.waiting:
             rid = req.request_id
@@ -198,7 +209,7 @@ class Driver:
             assert got == want, f"block table of {rid} differs: {got} != {want}"
         assert self.engine.free_queue() == self.model.pool.queue
         assert self.engine.usage() == self.model.usage()
-        held = [0] * self.num_blocks
+        held = self.other_holders()
         for req in self.running:
             for table in self.model.get_block_ids(req.request_id):
                 for b in table:
@@ -246,8 +257,6 @@ class KbEngine(Engine):
     def __init__(
         self, groups: list[GroupModel], num_blocks: int, caching: bool, scheduler: int
     ) -> None:
-        import kvblocks as kb
-
         specs: list[kb.KVCacheSpec] = []
         for g in groups:
             common: dict[str, Any] = {
@@ -263,17 +272,31 @@ class KbEngine(Engine):
         config = kb.KVCacheConfig(
             num_blocks, [], [kb.KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)]
         )
-        self.kb = kb
         self.mgr = kb.KVCacheManager(
-            config, MAX_MODEL_LEN, HBS, scheduler_block_size=scheduler, enable_caching=caching
+            config,
+            MAX_MODEL_LEN,
+            HBS,
+            scheduler_block_size=scheduler,
+            enable_caching=caching,
+            **self.manager_options(),
         )
         self.hasher = kb.BlockHasher(HBS, "sha256")
+
+    def manager_options(self) -> dict[str, Any]:
+        """Further keyword arguments of the manager (a subclass adds its own)."""
+        return {}
+
+    def request_options(self) -> dict[str, Any]:
+        """Further keyword arguments of each request (a subclass adds its own)."""
+        return {}
 
     def make_request(self, rid: str, tokens: list[int], salt: str | None, lora: int | None) -> Any:
         lora_kw: dict[str, Any] = {}
         if lora is not None:
             lora_kw = {"lora_name": f"lora{lora}", "lora_path": f"/lora{lora}", "lora_id": lora}
-        return self.kb.Request(rid, tokens, self.hasher, cache_salt=salt, **lora_kw)
+        return kb.Request(
+            rid, tokens, self.hasher, cache_salt=salt, **lora_kw, **self.request_options()
+        )
 
     def get_computed_blocks(self, req: Any) -> tuple[Any, list[list[int]], int]:
         blocks, hit = self.mgr.get_computed_blocks(req)

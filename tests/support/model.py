@@ -59,7 +59,7 @@ class PoolModel:
 
     def usage(self) -> float:
         total = self.num_blocks - 1
-        return 0.0 if total == 0 else 1.0 - len(self.queue) / total
+        return 0.0 if total == 0 else 1.0 - self.num_free() / total
 
     def cached_block(self, block_hash: bytes, group: int) -> int | None:
         blocks = self.map.get((block_hash, group))
@@ -72,6 +72,20 @@ class PoolModel:
     def _check(self, block: int) -> None:
         if not 0 <= block < self.num_blocks:
             raise ValueError(f"block id {block} out of range")
+
+    def _is_cached(self, block: int) -> bool:
+        return self.enable_caching and self.hash_of[block] is not None
+
+    # --- the free queue (a subclass may keep several free lists) --------------------
+    def _unlink(self, block: int) -> None:
+        """Takes a free block out of the free queue."""
+        self.queue.remove(block)
+
+    def _return_free(self, released: list[int]) -> None:
+        """Blocks whose last reference a free dropped, in the free's order: the uncached
+        ones go to the head of the queue, the cached ones to its tail."""
+        cached = [b for b in released if self._is_cached(b)]
+        self.queue = [b for b in released if not self._is_cached(b)] + self.queue + cached
 
     # --- mutators (each validates fully before changing anything) ------------------
     def _evict(self, block: int) -> None:
@@ -87,10 +101,11 @@ class PoolModel:
             self.events.append(("removed", [external(key[0])], key[1]))
 
     def get_new_blocks(self, n: int) -> list[int]:
-        if n < 0 or n > len(self.queue):
+        if n < 0 or n > self.num_free():
             raise ValueError(f"cannot get {n} free blocks")
-        out, self.queue = self.queue[:n], self.queue[n:]
+        out = self.queue[:n]
         for b in out:
+            self._unlink(b)
             if self.enable_caching:
                 self._evict(b)
             assert self.ref_cnt[b] == 0
@@ -105,13 +120,14 @@ class PoolModel:
                 self.ref_cnt[b] += self.count_null_refs
                 continue
             if self.ref_cnt[b] == 0:
-                self.queue.remove(b)
+                self._unlink(b)
             self.ref_cnt[b] += 1
 
-    def free_blocks(self, blocks: list[int]) -> None:
+    def _drop_refs(self, blocks: list[int]) -> list[int]:
+        """Checks the whole free first, then drops one reference per listed block; returns
+        the blocks whose last reference dropped, in the free's order."""
         counts = list(self.ref_cnt)
-        first: list[int] = []
-        last: list[int] = []
+        released: list[int] = []
         for b in blocks:
             self._check(b)
             if b == NULL_BLOCK:
@@ -121,9 +137,12 @@ class PoolModel:
                 raise ValueError(f"double free of block {b}")
             counts[b] -= 1
             if counts[b] == 0:
-                (last if self.enable_caching and self.hash_of[b] else first).append(b)
+                released.append(b)
         self.ref_cnt = counts
-        self.queue = first + self.queue + last
+        return released
+
+    def free_blocks(self, blocks: list[int]) -> None:
+        self._return_free(self._drop_refs(blocks))
 
     def cache_full_blocks(
         self,
@@ -166,11 +185,15 @@ class PoolModel:
             self.hash_of[b] = key
             self.hash_tokens[b] = (i + 1) * block_size
             self.map.setdefault(key, []).append(b)
+            self._on_cached(b)
             stored.append(external(key[0]))
         if self.events_on:
             parent = external(hashes[num_cached * k - 1]) if num_cached else None
             toks = (tokens or [])[num_cached * block_size : num_full * block_size]
             self.events.append(("stored", stored, parent, toks, block_size, group))
+
+    def _on_cached(self, block: int) -> None:
+        """`block` now carries its key in the prefix map (a subclass may react)."""
 
     def evict_blocks(self, blocks: list[int]) -> None:
         for b in blocks:
@@ -408,7 +431,7 @@ class ManagerModel:
                     break
                 removed.append(table[i])
                 table[i] = NULL_BLOCK
-            self.pool.free_blocks(removed)
+            self._free_blocks(rid, removed)
 
     def _cache(self, req: Any, num_tokens: int) -> None:
         hashes = list(req.block_hashes)
@@ -467,11 +490,15 @@ class ManagerModel:
             self._cache(req, min(total + num_new_tokens, req.num_tokens))
         return new_blocks
 
+    def _free_blocks(self, rid: str, blocks: list[int]) -> None:
+        """Gives the request's blocks back to the pool (a subclass may tag the free)."""
+        self.pool.free_blocks(blocks)
+
     def free(self, rid: str) -> None:
         for gid in range(len(self.groups)):
             table = self.tables[gid].pop(rid, [])
             self.num_cached[gid].pop(rid, None)
-            self.pool.free_blocks(table[::-1])
+            self._free_blocks(rid, table[::-1])
 
     def get_block_ids(self, rid: str) -> tuple[list[int], ...]:
         return tuple(list(t.get(rid, [])) for t in self.tables)

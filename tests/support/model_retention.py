@@ -2,14 +2,17 @@
 TTL, session retention, tenant quotas, the caller's clock), written from the document alone,
 independently of kvblocks' Rust code.
 
-`RetentionPoolModel` extends the vLLM pool model (`model.PoolModel`): with no policy its
-single free list is vLLM's free queue, and pins (which work with or without a policy) only
-take blocks out of it and give them back. With a policy the free blocks sit in the lists of
-the document, popped in the order `front`, `class 0`, ..., `class k-1`, `session`.
+`RetentionPoolModel` extends the vLLM pool model (`model.PoolModel`), overriding only where
+the rules differ (where a freed block goes, pins, the clock, eviction, reset): with no
+policy its single free list is vLLM's free queue, and pins (which work with or without a
+policy) only take blocks out of it and give them back. With a policy the free blocks sit in
+the lists of the document, popped in the order `front`, `class 0`, ..., `class k-1`,
+`session`.
 Everything is plain lists and dicts and linear scans: this is a reference, not a fast path.
 
-`RetentionManagerModel` is `model.ManagerModel` over that pool, freeing a request's blocks
-under its tags (class, session, tenant) and pinning its full prompt blocks in every group.
+`RetentionManagerModel` is `model.ManagerModel` over that pool (one override: a request's
+blocks are freed under its tags: class, session, tenant), pinning its full prompt blocks in
+every group.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from model import NULL_BLOCK, GroupModel, Key, ManagerModel, PoolModel
+from model import GroupModel, Key, ManagerModel, PoolModel
 
 
 @dataclass(frozen=True)
@@ -122,13 +125,6 @@ class RetentionPoolModel(PoolModel):
                 return
         raise AssertionError(f"block {block} is not free")
 
-    def num_free(self) -> int:
-        return sum(len(lst) for lst in self._lists())
-
-    def usage(self) -> float:
-        total = self.num_blocks - 1
-        return 0.0 if total == 0 else 1.0 - self.num_free() / total
-
     @property
     def num_pinned_blocks(self) -> int:
         return sum(self.pinned)
@@ -175,7 +171,7 @@ class RetentionPoolModel(PoolModel):
 
     def _release(self, block: int) -> None:
         """A block whose last reference was a pin's: freed as an untagged request frees."""
-        if self.enable_caching and self.hash_of[block] is not None:
+        if self._is_cached(block):
             self._park(block, Tags())
         else:
             self.front.insert(0, block)
@@ -199,68 +195,19 @@ class RetentionPoolModel(PoolModel):
         return list(self.map.get(key, []))
 
     # --- the pool's API ------------------------------------------------------------
-    def get_new_blocks(self, n: int) -> list[int]:
-        if n < 0 or n > self.num_free():
-            raise ValueError(f"cannot get {n} free blocks")
-        out = self.queue[:n]
-        for b in out:
-            self._unlink(b)
-            if self.enable_caching:
-                self._evict(b)
-            assert self.ref_cnt[b] == 0
-            self.ref_cnt[b] = 1
-        return out
-
-    def touch(self, blocks: list[int]) -> None:
-        for b in blocks:
-            self._check(b)
-        for b in blocks:
-            if b == NULL_BLOCK:
-                continue
-            if self.ref_cnt[b] == 0:
-                self._unlink(b)
-            self.ref_cnt[b] += 1
-
     def free_blocks(self, blocks: list[int], tags: Tags | None = None) -> None:
         tags = tags or Tags()
-        counts = list(self.ref_cnt)
-        for b in blocks:
-            self._check(b)
-            if b == NULL_BLOCK:
-                continue
-            if counts[b] == 0:
-                raise ValueError(f"double free of block {b}")
-            counts[b] -= 1
         first: list[int] = []
-        for b in blocks:
-            if b == NULL_BLOCK:
-                continue
-            self.ref_cnt[b] -= 1
-            if self.ref_cnt[b] == 0:
-                if self.enable_caching and self.hash_of[b] is not None:
-                    self._park(b, tags)
-                else:
-                    first.append(b)
+        for b in self._drop_refs(blocks):
+            if self._is_cached(b):
+                self._park(b, tags)
+            else:
+                first.append(b)
         self.front[:0] = first  # vLLM: the uncached blocks of a free go to the head
         self._enforce_quota(tags.tenant)  # once the free is done: its victims go ahead
 
-    def cache_full_blocks(
-        self,
-        hashes: list[bytes],
-        blocks: list[int],
-        num_cached: int,
-        num_full: int,
-        block_size: int,
-        group: int,
-        hash_block_size: int,
-        tokens: list[int] | None = None,
-    ) -> None:
-        super().cache_full_blocks(
-            hashes, blocks, num_cached, num_full, block_size, group, hash_block_size, tokens
-        )
-        for b in blocks[num_cached:num_full]:
-            if b != NULL_BLOCK:
-                self._sync_pin(b)
+    def _on_cached(self, block: int) -> None:
+        self._sync_pin(block)  # a pinned key takes the block that now carries it
 
     def evict_blocks(self, blocks: list[int]) -> None:
         for b in blocks:
@@ -368,25 +315,8 @@ class RetentionManagerModel(ManagerModel):
         cls = None if self.policy is None else self.policy.class_of(priority)
         self.tags[rid] = Tags(cls, session_id is not None, tenant)
 
-    def _remove_skipped(self, rid: str, num_computed: int) -> None:
-        for gid, g in enumerate(self.groups):
-            skipped = g.skipped_tokens(num_computed)
-            if skipped <= 0:
-                continue
-            table = self.tables[gid].setdefault(rid, [])
-            removed: list[int] = []
-            for i in range(min(skipped // g.block_size, len(table)) - 1, -1, -1):
-                if table[i] == NULL_BLOCK:
-                    break
-                removed.append(table[i])
-                table[i] = NULL_BLOCK
-            self.pool.free_blocks(removed, self.tags.get(rid))
-
-    def free(self, rid: str) -> None:
-        for gid in range(len(self.groups)):
-            table = self.tables[gid].pop(rid, [])
-            self.num_cached[gid].pop(rid, None)
-            self.pool.free_blocks(table[::-1], self.tags.get(rid))
+    def _free_blocks(self, rid: str, blocks: list[int]) -> None:
+        self.pool.free_blocks(blocks, self.tags.get(rid))
 
     def prompt_keys(self, req: Any) -> list[Key]:
         """The keys of the request's full prompt blocks, in every group."""
