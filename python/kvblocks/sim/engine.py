@@ -63,7 +63,7 @@ from typing import IO, Any, NamedTuple
 from kvblocks._core import InvalidArgumentError, KVBlocksError
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult, Ceilings, block_keys
-from kvblocks.sim.presets import KVLayout
+from kvblocks.sim.presets import KVLayout, resolve_block_sizes
 from kvblocks.sim.workloads import Trace, TraceRequest, segment_tokens
 
 __all__ = [
@@ -287,10 +287,14 @@ def ids_str(block_ids: Sequence[Sequence[int]]) -> str:
 
 
 def ceiling_block_size(layout: KVLayout) -> int:
-    """The hit granularity of ``layout``'s attention groups (the lcm of their block sizes,
-    as vLLM's hybrid coordinator aligns hits)."""
-    sizes = [g.block_size for g in layout.groups if g.kind != "mamba"] or [layout.hash_block_size]
-    return math.lcm(*sizes)
+    """The hit granularity of ``layout``'s attention groups: their scheduler block size
+    without prefix caching, as the core resolves it (the lcm of their block sizes, to which
+    vLLM's hybrid coordinator aligns hits); a layout without attention groups hits at its
+    hash block size."""
+    attention = tuple(g for g in layout.groups if g.kind != "mamba")
+    if not attention:
+        return layout.hash_block_size
+    return resolve_block_sizes(attention, enable_caching=False)[0]
 
 
 class _Slot:
