@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kvblocks
-from kvblocks._core import InvalidArgumentError
+from kvblocks._core import InvalidArgumentError, external_block_hashes
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult
 from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, ReplayResult, StepSeries
@@ -50,7 +50,6 @@ __all__ = [
     "Fleet",
     "FleetResult",
     "PrefixIndex",
-    "hash_key",
     "merged_result",
 ]
 
@@ -59,12 +58,6 @@ ROUTERS = ("round-robin", "least-loaded", "prefix-aware")
 DEFAULT_CACHE_THRESHOLD = 0.3
 """``prefix-aware``: the cached share of a request's blocks above which it follows its
 prefix (the SGLang Model Gateway's ``cache_threshold`` default)."""
-
-
-def hash_key(block_hash: bytes) -> int:
-    """A request's block hash as the events publish it (vLLM's
-    ``maybe_convert_block_hash``: the last 8 bytes, big-endian)."""
-    return int.from_bytes(block_hash[-8:], "big")
 
 
 class PrefixIndex:
@@ -250,7 +243,7 @@ class Fleet:
             priority=rec.priority,
             session_id=rec.session_id,
         )
-        keys = [hash_key(h) for h in req.block_hashes] if self.index is not None else []
+        keys = external_block_hashes(req.block_hashes) if self.index is not None else []
         e = self.choose(keys)
         eng = self.engines[e]
         eng.result.request_init_ns += dt
