@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import kvblocks
 import pytest
 from kvblocks.sim import cli
 from kvblocks.sim.backends import make_backend, vllm_available
+from kvblocks.sim.engine import replay
+from kvblocks.sim.percentiles import nearest_rank, percentiles
 from kvblocks.sim.presets import (
     MODEL_PRESETS,
     REPLAY_CONFIGS,
@@ -23,6 +26,7 @@ from kvblocks.sim.presets import (
     parse_memory,
     replay_layout,
 )
+from kvblocks.sim.workloads import WorkloadParams, generate
 
 HAVE_KB = hasattr(kvblocks, "KVCacheManager")
 HAVE_VLLM = vllm_available() is not None
@@ -201,6 +205,23 @@ def test_layouts_agree_with_kvblocks_specs(layout: KVLayout) -> None:
     for group, desc in zip(cfg.kv_cache_groups, layout.groups, strict=True):
         assert group.kv_cache_spec.page_size_bytes == desc.page_size_bytes
         assert group.layer_names == desc.layer_names
+
+
+# ------------------------------------------------------------------ percentiles
+def test_one_percentile_rule_for_latencies_and_call_times() -> None:
+    # nearest rank: the value of rank ceil(q * n), NaN (a one-token request's TPOT) left out
+    values = [float(x) for x in range(100, 0, -1)] + [math.nan]
+    assert percentiles(values) == {"p50": 50.0, "p90": 90.0, "p99": 99.0}
+    assert percentiles([3.0]) == {"p50": 3.0, "p90": 3.0, "p99": 3.0}
+    assert percentiles([math.nan]) == {"p50": None, "p90": None, "p99": None}
+    layout = replay_layout("full", num_blocks=2000)
+    res = replay(generate("shared-prefix", 0, WorkloadParams(20)), make_backend("kvblocks", layout))
+    for name, call in res.calls().items():
+        v = sorted(res.samples.get(name, []))
+        if v:
+            assert [call["p50_ns"], call["p90_ns"], call["p99_ns"]] == [
+                nearest_rank(v, q) for q in (0.5, 0.9, 0.99)
+            ]
 
 
 # ------------------------------------------------------------------ CLI errors

@@ -28,11 +28,11 @@ from kvblocks.retention_spec import RetentionSpec, SpecError, parse_retention, s
 from kvblocks.sim.backends import make_backend, vllm_available
 from kvblocks.sim.engine import ReplayError, ReplayOptions, ReplayResult, replay
 from kvblocks.sim.fleet import DEFAULT_CACHE_THRESHOLD, ROUTERS, Fleet, merged_result
+from kvblocks.sim.percentiles import percentiles
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, parse_memory
 from kvblocks.sim.report import (
     Run,
     Setup,
-    percentiles,
     plot,
     print_summary,
     print_sweep,

@@ -63,6 +63,7 @@ from typing import IO, Any, NamedTuple
 from kvblocks._core import InvalidArgumentError, KVBlocksError
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult, Ceilings, block_keys
+from kvblocks.sim.percentiles import QUANTILES, nearest_rank
 from kvblocks.sim.presets import KVLayout, resolve_block_sizes
 from kvblocks.sim.workloads import Trace, TraceRequest, segment_tokens
 
@@ -249,7 +250,8 @@ class ReplayResult:
         return max(0.0, self.wall_s - self.synth_ns / 1e9)
 
     def calls(self) -> dict[str, dict[str, float]]:
-        """Per call type: count, total, mean and percentiles in ns (the driver's fields)."""
+        """Per call type: count, total, mean and percentiles (nearest rank, :mod:`~kvblocks.sim.
+        percentiles`) in ns (the driver's fields)."""
         out: dict[str, dict[str, float]] = {}
         for t in CALL_TYPES:
             v = sorted(self.samples[t])
@@ -258,9 +260,7 @@ class ReplayResult:
                 "count": len(v),
                 "total_ns": tot,
                 "mean_ns": round(tot / len(v), 1) if v else 0,
-                "p50_ns": _pct(v, 0.5),
-                "p90_ns": _pct(v, 0.9),
-                "p99_ns": _pct(v, 0.99),
+                **{f"{name}_ns": nearest_rank(v, q) if v else 0 for name, q in QUANTILES},
                 "max_ns": v[-1] if v else 0,
             }
         a, c = out["alloc_admit"], out["alloc_prefill_chunk"]
@@ -272,13 +272,6 @@ class ReplayResult:
             "mean_ns": round(t_pf / n, 1) if n else 0,
         }
         return out
-
-
-def _pct(sorted_vals: Sequence[int], q: float) -> int:
-    if not sorted_vals:
-        return 0
-    k = min(len(sorted_vals) - 1, max(0, round(q * (len(sorted_vals) - 1))))
-    return sorted_vals[k]
 
 
 def ids_str(block_ids: Sequence[Sequence[int]]) -> str:

@@ -8,13 +8,13 @@ a change to a field's name or meaning bumps the version.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 import kvblocks
 from kvblocks.retention_spec import RetentionSpec
 from kvblocks.sim.engine import ReplayResult
+from kvblocks.sim.percentiles import percentiles
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout
 from kvblocks.sim.workloads import Trace
 
@@ -23,7 +23,6 @@ __all__ = [
     "Run",
     "Setup",
     "fmt_bytes",
-    "percentiles",
     "plot",
     "print_summary",
     "print_sweep",
@@ -77,18 +76,6 @@ def _usage(res: ReplayResult) -> list[float]:
     assert res.series is not None
     total = max(1, res.num_blocks - 1)
     return [1.0 - f / total for f in res.series.free_blocks]
-
-
-def percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    """``{p50, p90, p99}`` (nearest rank) of the non-NaN ``values``; None when empty."""
-    v = sorted(x for x in values if not math.isnan(x))
-    if not v:
-        return {"p50": None, "p90": None, "p99": None}
-    out: dict[str, float | None] = {}
-    for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
-        k = min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))
-        out[name] = round(v[k], 6)
-    return out
 
 
 def slo_attainment(res: ReplayResult, ttft: float | None, tpot: float | None) -> float | None:
