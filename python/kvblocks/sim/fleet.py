@@ -41,7 +41,14 @@ import kvblocks
 from kvblocks._core import InvalidArgumentError, external_block_hashes
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult
-from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, ReplayResult, StepSeries
+from kvblocks.sim.engine import (
+    Engine,
+    ReplayError,
+    ReplayOptions,
+    ReplayResult,
+    StepSeries,
+    served_output_tokens,
+)
 from kvblocks.sim.workloads import Trace
 
 __all__ = [
@@ -288,7 +295,8 @@ class Fleet:
         while not self.done:
             self.step()
         results = [e.finish() for e in self.engines]
-        expect = sum(r.max_output_tokens for r in self.trace.requests)
+        max_model_len = self.engines[0].options.max_model_len
+        expect = sum(served_output_tokens(r, max_model_len) for r in self.trace.requests)
         got = sum(r.generated_tokens for r in results)
         if got != expect:
             raise ReplayError(f"generated {got} tokens, expected {expect}")
@@ -324,6 +332,8 @@ def merged_result(fr: FleetResult) -> ReplayResult:
         out.preemptions += r.preemptions
         out.alloc_failures += r.alloc_failures
         out.batched_requests += r.batched_requests
+        out.rejected += r.rejected
+        out.length_capped += r.length_capped
         out.synth_ns += r.synth_ns
         out.num_events += r.num_events
         for i in range(3):

@@ -123,6 +123,8 @@ def run_json(run: Run, setup: Setup | None = None) -> dict[str, Any]:
         "bytes_per_block": lay.bytes_per_block,
         "kv_cache_bytes": lay.bytes_per_block * lay.num_blocks,
         "requests": r.requests,
+        "rejected_requests": r.rejected,
+        "length_capped_requests": r.length_capped,
         "prompt_tokens": r.prompt_tokens,
         "generated_tokens": r.generated_tokens,
         "steps": r.steps,
@@ -267,6 +269,24 @@ def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
         ("workload", _workload_name(trace)),
         ("model", _model_line(setup, run)),
         ("requests", f"{j['requests']:,}"),
+    ]
+    max_model_len = f"max_model_len {run.layout.max_model_len:,}"
+    if j["rejected_requests"]:
+        rows.append(
+            (
+                "  rejected",
+                f"{j['rejected_requests']:,} (prompt of {max_model_len} tokens or more: "
+                "vLLM refuses it)",
+            )
+        )
+    if j["length_capped_requests"]:
+        rows.append(
+            (
+                "  length capped",
+                f"{j['length_capped_requests']:,} (output stopped at {max_model_len})",
+            )
+        )
+    rows += [
         ("prompt tokens", f"{j['prompt_tokens']:,}"),
         ("generated tokens", f"{j['generated_tokens']:,}"),
         ("steps", f"{j['steps']:,}"),
