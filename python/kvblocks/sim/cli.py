@@ -301,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-model-len",
         type=_positive_int,
         default=None,
-        help="longest sequence (default: the preset model's context length)",
+        help="longest sequence (default: the preset model's context length); as in vLLM, a "
+        "prompt this long or longer is rejected and an output stops here (both counted)",
     )
     s.add_argument(
         "--reserve-full-isl",
