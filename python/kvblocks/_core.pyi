@@ -59,6 +59,7 @@ __all__ = [
     "append_token_ids_batch",
     "ceiling_block_keys",
     "encode_event_batch",
+    "external_block_hashes",
     "hash_block_tokens",
     "none_hash",
 ]
@@ -817,6 +818,10 @@ def hash_block_tokens(
 
 def none_hash(algo: str) -> bytes:
     """vLLM's NONE_HASH for `algo` in this process (honours PYTHONHASHSEED)."""
+
+def external_block_hashes(block_hashes: Sequence[bytes]) -> list[int]:
+    """Block hashes as KV cache events publish them (`BlockHash::external`): what a router
+    that indexes the events looks a request's `block_hashes` up by."""
 
 @final
 class BlockHasher:

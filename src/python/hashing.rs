@@ -1,7 +1,8 @@
 //! Python bindings for the `hashing` module: `hash_block_tokens`, `none_hash`,
-//! `BlockHasher`.
+//! `external_block_hashes`, `BlockHasher`.
 
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyTuple};
 
 use super::events::key_value_from_py;
@@ -50,6 +51,16 @@ fn none_hash<'py>(py: Python<'py>, algo: &str) -> PyResult<Bound<'py, PyBytes>> 
     Ok(PyBytes::new(py, h.as_bytes()))
 }
 
+/// Block hashes as KV cache events publish them (`BlockHash::external`): what a router
+/// that indexes the events looks a request's `block_hashes` up by.
+#[pyfunction]
+fn external_block_hashes(block_hashes: Vec<PyBackedBytes>) -> PyResult<Vec<u64>> {
+    block_hashes
+        .iter()
+        .map(|h| Ok(BlockHash::from_slice(h)?.external()))
+        .collect()
+}
+
 /// The block size and algorithm a `Request` hashes its full blocks with.
 #[pyclass(name = "BlockHasher", module = "kvblocks._core", frozen)]
 pub(crate) struct PyBlockHasher {
@@ -92,6 +103,7 @@ impl PyBlockHasher {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hash_block_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(none_hash, m)?)?;
+    m.add_function(wrap_pyfunction!(external_block_hashes, m)?)?;
     m.add_class::<PyBlockHasher>()?;
     Ok(())
 }

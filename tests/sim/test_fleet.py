@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 import pytest
+from kvblocks._core import external_block_hashes
 from kvblocks.sim.backends import make_backend
 from kvblocks.sim.cli import main
 from kvblocks.sim.engine import ReplayOptions
-from kvblocks.sim.fleet import Fleet, hash_key
+from kvblocks.sim.fleet import Fleet
 from kvblocks.sim.presets import model_layout
 from kvblocks.sim.timemodel import GPU_PRESETS, StepTimeModel
 from kvblocks.sim.workloads import WorkloadParams, generate
@@ -110,12 +111,20 @@ def test_sweep_replicas_and_slo(capsys: pytest.CaptureFixture[str]) -> None:
 
 def _cached(manager: Any, num_blocks: int) -> set[int]:
     pool = manager.block_pool
-    out = set()
-    for b in range(1, num_blocks):
-        h = pool.get_block_hash(b)
-        if h is not None:
-            out.add(hash_key(h))
-    return out
+    hashes = [pool.get_block_hash(b) for b in range(1, num_blocks)]
+    return set(external_block_hashes([h for h in hashes if h is not None]))
+
+
+def test_the_router_keys_a_request_as_the_events_key_its_blocks() -> None:
+    layout = model_layout("llama-3.1-8b", num_blocks=64)
+    backend = make_backend("kvblocks", layout, events=True)
+    req, _ = backend.make_request("r", list(range(100)), 1)
+    km = backend.manager
+    km.allocate_slots(req, 100)
+    stored = [h for ev in km.take_events() for h in getattr(ev, "block_hashes", [])]
+    assert len(req.block_hashes) == 100 // layout.hash_block_size
+    assert external_block_hashes(req.block_hashes) == stored
+    assert all(0 <= h < 2**64 for h in stored)
 
 
 def test_the_router_index_is_the_union_of_the_engines_caches_at_every_step() -> None:

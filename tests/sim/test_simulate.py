@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import kvblocks
 import pytest
 from kvblocks.sim import cli
 from kvblocks.sim.backends import make_backend, vllm_available
+from kvblocks.sim.engine import replay
+from kvblocks.sim.percentiles import nearest_rank, percentiles
 from kvblocks.sim.presets import (
     MODEL_PRESETS,
     REPLAY_CONFIGS,
@@ -23,6 +26,7 @@ from kvblocks.sim.presets import (
     parse_memory,
     replay_layout,
 )
+from kvblocks.sim.workloads import KINDS, WorkloadParams, generate
 
 HAVE_KB = hasattr(kvblocks, "KVCacheManager")
 HAVE_VLLM = vllm_available() is not None
@@ -203,6 +207,23 @@ def test_layouts_agree_with_kvblocks_specs(layout: KVLayout) -> None:
         assert group.layer_names == desc.layer_names
 
 
+# ------------------------------------------------------------------ percentiles
+def test_one_percentile_rule_for_latencies_and_call_times() -> None:
+    # nearest rank: the value of rank ceil(q * n), NaN (a one-token request's TPOT) left out
+    values = [float(x) for x in range(100, 0, -1)] + [math.nan]
+    assert percentiles(values) == {"p50": 50.0, "p90": 90.0, "p99": 99.0}
+    assert percentiles([3.0]) == {"p50": 3.0, "p90": 3.0, "p99": 3.0}
+    assert percentiles([math.nan]) == {"p50": None, "p90": None, "p99": None}
+    layout = replay_layout("full", num_blocks=2000)
+    res = replay(generate("shared-prefix", 0, WorkloadParams(20)), make_backend("kvblocks", layout))
+    for name, call in res.calls().items():
+        v = sorted(res.samples.get(name, []))
+        if v:
+            assert [call["p50_ns"], call["p90_ns"], call["p99_ns"]] == [
+                nearest_rank(v, q) for q in (0.5, 0.9, 0.99)
+            ]
+
+
 # ------------------------------------------------------------------ CLI errors
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([]) == 2
@@ -225,9 +246,7 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
         (["--dtype", "int4", "--num-requests", "2"], 'unknown dtype "int4"'),
         (["--plot", "usage.txt"], "expected a .png"),
         (["--plot", "/nonexistent-dir/usage.png"], "no such directory: /nonexistent-dir"),
-        (["--workload", "long-context", "--num-requests", "2", "--max-model-len", "1000"],
-         "longer than max_model_len 1,000"),
-        (["--workload", "agentic"], "longer than max_model_len 8,192 (raise --max-model-len)"),
+        (["--gpu", "h300"], "unknown GPU 'h300' (choose from h100-sxm (H100), h200"),
         (["--trace", "/nonexistent.jsonl"], "/nonexistent.jsonl: cannot read trace"),
     ],
 )  # fmt: skip
@@ -335,7 +354,8 @@ def _hand_trace(tmp_path: Path, salts: tuple[str | None, ...] = (None, None, Non
 SMALL = ["--block-size", "4", "--num-blocks", "4", "--max-model-len", "64"]
 RUN_FIELDS = {
     "value", "num_blocks", "block_size", "bytes_per_block", "kv_cache_bytes", "requests",
-    "prompt_tokens", "generated_tokens", "steps", "preemptions", "prefix_hit_rate",
+    "rejected_requests", "length_capped_requests", "prompt_tokens", "generated_tokens",
+    "steps", "preemptions", "prefix_hit_rate",
     "queried_tokens", "hit_tokens", "preempted_hit_rate", "preempted_requests",
     "preempted_queried_tokens", "preempted_hit_tokens", "infinite_cache_hit_rate",
     "ideal_hit_rate", "infinite_cache_hit_tokens", "ideal_hit_tokens", "tenants", "peak_usage",
@@ -362,8 +382,8 @@ def test_hit_rate_split_of_a_hand_worked_replay(
         "kind": "hand", "seed": 0, "source": _hand_trace(tmp_path), "requests": 3,
         "prompt_tokens": 13, "params": {},
     }  # fmt: skip
-    assert doc["model"]["preset"] == "llama-3-8b"
-    assert doc["model"]["model"] == "meta-llama/Meta-Llama-3-8B"
+    assert doc["model"]["preset"] == "llama-3.1-8b"
+    assert doc["model"]["model"] == "meta-llama/Llama-3.1-8B"
     assert doc["model"]["groups"] == [
         {"kind": "full", "num_layers": 32, "block_size": 4, "page_size_bytes": 4 * 8 * 2 * 128 * 2}
     ]
@@ -490,7 +510,7 @@ def test_plot_title_and_preemption_marks(
     (fig,) = saved
     title = fig.get_suptitle()
     assert "hand.jsonl, 3 requests" in title
-    assert "llama-3-8b (meta-llama/Meta-Llama-3-8B)" in title and "4 blocks x 4 tokens" in title
+    assert "llama-3.1-8b (meta-llama/Llama-3.1-8B)" in title and "4 blocks x 4 tokens" in title
     assert "2.0 MiB" in title  # 4 blocks x 32 layers x 16 KiB
     usage_ax = fig.axes[0]
     labels = [line.get_label() for line in usage_ax.get_lines()]
@@ -523,6 +543,55 @@ def test_ctrl_c_is_one_line(
     monkeypatch.setattr(cli, "replay", interrupt)
     code, out, err = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL)
     assert (code, out, err) == (130, "", "kvblocks simulate: interrupted\n")
+
+
+@needs_kb
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_builtin_workload_runs_with_defaults(
+    capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    # No flag but the size: the default model's context holds every built-in workload.
+    code, out, err = _simulate(capsys, "--workload", kind, "--num-requests", "2", "--json")
+    assert code == 0, err
+    trace = generate(kind, 0, WorkloadParams(2))
+    (run,) = json.loads(out)["runs"]
+    assert (run["requests"], run["rejected_requests"]) == (len(trace.requests), 0)
+    assert run["generated_tokens"] == sum(r.max_output_tokens for r in trace.requests)
+
+
+def _long_trace(tmp_path: Path) -> str:
+    # max_model_len 64: R's 64-token prompt leaves no room for an output token and W's 70
+    # exceed it (vLLM refuses both); S follows R; C's 60 + 10 tokens stop at 64 (4 outputs).
+    path = tmp_path / "long.jsonl"
+    reqs = (("R", 64, 0, 3, None), ("S", 10, 2, 2, "R"), ("C", 60, 1, 10, None),
+            ("W", 70, 3, 1, None))  # fmt: skip
+    lines = [{"format": "kvtrace-v1", "kind": "long", "seed": 0, "vocab_size": 1000}] + [
+        {"request_id": rid, "arrival_step": arrival, "after": after,
+         "prompt_token_ids": list(range(1, n + 1)), "out_seed": 5, "max_output_tokens": out}
+        for rid, n, arrival, out, after in reqs
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return str(path)
+
+
+@pytest.mark.parametrize("impl", _impls(), indirect=True)
+@pytest.mark.parametrize("replicas", ["1", "2"])
+def test_requests_longer_than_max_model_len_are_rejected_and_counted(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str, replicas: str
+) -> None:
+    if impl == "vllm" and replicas != "1":
+        pytest.skip("a fleet runs kvblocks only")
+    argv = ["--trace", _long_trace(tmp_path), "--block-size", "4", "--num-blocks", "40",
+            "--max-model-len", "64", "--replicas", replicas]  # fmt: skip
+    code, out, err = _simulate(capsys, *argv, "--json")
+    assert code == 0, err
+    (run,) = json.loads(out)["runs"]
+    assert (run["requests"], run["rejected_requests"], run["length_capped_requests"]) == (4, 2, 1)
+    assert run["generated_tokens"] == 2 + 4  # S whole, C up to the context
+    code, out, _ = _simulate(capsys, *argv)
+    assert code == 0
+    assert "rejected        2 (prompt of max_model_len 64 tokens or more" in out
+    assert "length capped   1 (output stopped at max_model_len 64)" in out
 
 
 @pytest.mark.parametrize("impl", _impls(), indirect=True)

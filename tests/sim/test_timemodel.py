@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
+from kvblocks.sim.cli import main
 from kvblocks.sim.presets import MODEL_PRESETS, model_layout
-from kvblocks.sim.timemodel import GPU_PRESETS, StepTimeModel, kv_memory_after_weights
+from kvblocks.sim.timemodel import (
+    GPU_PRESETS,
+    StepTimeModel,
+    gpu_preset_name,
+    kv_memory_after_weights,
+)
 
 H100 = GPU_PRESETS["h100-sxm"]
 P = MODEL_PRESETS["llama-3-8b"].params
@@ -83,3 +90,29 @@ def test_every_gpu_preset_is_sane() -> None:
     for g in GPU_PRESETS.values():
         assert g.bf16_flops > 1e14 and g.hbm_bytes_per_s > 5e11 and g.memory_bytes >= 40 << 30
         assert g.fp8_flops is None or math.isclose(g.fp8_flops, 2 * g.bf16_flops, rel_tol=0.02)
+
+
+@pytest.mark.parametrize(
+    ("typed", "preset"),
+    [("H100", "h100-sxm"), ("NVIDIA H100 SXM", "h100-sxm"), ("h100_sxm", "h100-sxm"),
+     ("H200", "h200"), ("A100", "a100-80gb"), ("a100-40GB", "a100-40gb"), ("L40S", "l40s")],
+)  # fmt: skip
+def test_gpu_names_are_what_users_type(
+    capsys: pytest.CaptureFixture[str], typed: str, preset: str
+) -> None:
+    assert gpu_preset_name(typed) == preset
+    argv = ["simulate", "--gpu", typed, "--num-requests", "2", "--no-ceilings", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["hardware"]["gpu"] == preset
+    # the KV cache is what the named GPU holds after the default model's weights
+    run = doc["runs"][0]
+    free = kv_memory_after_weights(
+        GPU_PRESETS[preset], MODEL_PRESETS[doc["model"]["preset"]].weights_bytes
+    )
+    assert free - run["bytes_per_block"] < run["kv_cache_bytes"] <= free
+
+
+def test_unknown_gpu_lists_presets_and_aliases() -> None:
+    with pytest.raises(ValueError, match=r"unknown GPU 'H300' \(choose from h100-sxm \(H100\)"):
+        gpu_preset_name("H300")

@@ -15,6 +15,7 @@ One module per job:
   prefix-aware from the engines' KV cache events);
 * :mod:`~kvblocks.retention_spec`: ``--retention`` specs, read into a
   ``kvblocks.RetentionPolicy`` (``docs/retention.md``);
+* :mod:`~kvblocks.sim.percentiles`: the one percentile rule (nearest rank);
 * :mod:`~kvblocks.sim.report`: the JSON document, the summary, the sweep table, the plot;
 * :mod:`~kvblocks.sim.cli`: the ``kvblocks simulate`` command line.
 

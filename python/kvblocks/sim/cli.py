@@ -28,11 +28,11 @@ from kvblocks.retention_spec import RetentionSpec, SpecError, parse_retention, s
 from kvblocks.sim.backends import make_backend, vllm_available
 from kvblocks.sim.engine import ReplayError, ReplayOptions, ReplayResult, replay
 from kvblocks.sim.fleet import DEFAULT_CACHE_THRESHOLD, ROUTERS, Fleet, merged_result
+from kvblocks.sim.percentiles import percentiles
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, parse_memory
 from kvblocks.sim.report import (
     Run,
     Setup,
-    percentiles,
     plot,
     print_summary,
     print_sweep,
@@ -45,6 +45,8 @@ from kvblocks.sim.timemodel import (
     DEFAULT_OVERHEAD_S,
     GPU_PRESETS,
     StepTimeModel,
+    gpu_names_help,
+    gpu_preset_name,
     kv_memory_after_weights,
 )
 from kvblocks.sim.workloads import KINDS, Trace, TraceError, WorkloadParams, generate, read_trace
@@ -53,7 +55,9 @@ __all__ = ["build_parser", "main"]
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_GPU_MEMORY = "16GiB"
-DEFAULT_MODEL = "llama-3-8b"
+DEFAULT_MODEL = "llama-3.1-8b"
+"""Its 128k context (vLLM's default ``max_model_len``: the model's) holds every built-in
+workload's longest sequence."""
 SWEEP_KEYS: dict[str, Callable[[str], int]] = {
     "num_blocks": int,
     "block_size": int,
@@ -109,6 +113,13 @@ def _model(text: str) -> str:
             f"unknown preset {text!r} (choose from {', '.join(MODEL_PRESETS)})"
         )
     return text
+
+
+def _gpu(text: str) -> str:
+    try:
+        return gpu_preset_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _retention(text: str) -> RetentionSpec:
@@ -290,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-model-len",
         type=_positive_int,
         default=None,
-        help="longest sequence (default: the preset model's context length)",
+        help="longest sequence (default: the preset model's context length); as in vLLM, a "
+        "prompt this long or longer is rejected and an output stops here (both counted)",
     )
     s.add_argument(
         "--reserve-full-isl",
@@ -312,10 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     t = sp.add_argument_group("time model (docs/simulate-time.md) and fleet")
     t.add_argument(
         "--gpu",
-        choices=tuple(GPU_PRESETS),
+        type=_gpu,
         default=None,
-        help=f"GPU of the step-time model (default {DEFAULT_GPU}); given, --gpu-memory "
-        "defaults to what it holds after the weights",
+        help=f"GPU of the step-time model: {gpu_names_help()}; case, spaces, - and _ "
+        f"ignored (default {DEFAULT_GPU}); given, --gpu-memory defaults to what it holds "
+        "after the weights",
     )
     t.add_argument("--tp", type=_positive_int, default=1, help="tensor parallel GPUs (default 1)")
     t.add_argument("--fp8", action="store_true", help="use the GPU's FP8 peak (default BF16)")
@@ -557,6 +570,7 @@ def _replay(
         progress_every=200,
         time_model=tm.step_time,
         step_s=args.step_ms / 1e3,
+        max_model_len=layout.max_model_len,
     )
     if replicas > 1:
         weight = max(0.0, args.router_load_weight)
@@ -622,11 +636,6 @@ def _run_one(
     layout = _layout(
         args, **{k: v for k, v in over.items() if k not in ("max_num_seqs", "replicas")}
     )
-    if trace.max_seq_len > layout.max_model_len:
-        raise UsageError(
-            f"the workload has a {trace.max_seq_len:,}-token sequence, longer than "
-            f"max_model_len {layout.max_model_len:,} (raise --max-model-len)"
-        )
     shown = value.spec if isinstance(value, RetentionSpec) else value
     name = "kvblocks" if value is None else f"{args.sweep[0]}={shown}"
     label = name if show_progress else None

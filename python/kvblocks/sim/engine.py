@@ -6,6 +6,10 @@ connectors, watermark 0). Each executed step (:meth:`Engine.step`):
 
 0. arrivals whose step has come join ``waiting`` (a follow-up with ``after = R`` arrives
    ``arrival_step`` steps after the step in which R finished); idle steps are skipped;
+   with ``ReplayOptions.max_model_len`` vLLM's length rules apply (:func:`served_output_tokens`):
+   a request whose prompt leaves no room for an output token is rejected at arrival (its
+   follow-ups still arrive after it), and an output stops where the sequence reaches
+   ``max_model_len``;
 1. ``new_step_starts()``; the token budget is ``max_num_batched_tokens``;
 2. running requests, in order: ``allocate_slots(req, n)``; on failure the most recently
    admitted request is preempted (freed, moved to the front of ``waiting``) and the call
@@ -63,7 +67,8 @@ from typing import IO, Any, NamedTuple
 from kvblocks._core import InvalidArgumentError, KVBlocksError
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult, Ceilings, block_keys
-from kvblocks.sim.presets import KVLayout
+from kvblocks.sim.percentiles import QUANTILES, nearest_rank
+from kvblocks.sim.presets import KVLayout, resolve_block_sizes
 from kvblocks.sim.workloads import Trace, TraceRequest, segment_tokens
 
 __all__ = [
@@ -77,6 +82,7 @@ __all__ = [
     "ceiling_block_size",
     "ids_str",
     "replay",
+    "served_output_tokens",
 ]
 
 CALL_TYPES = (
@@ -124,6 +130,8 @@ class ReplayOptions:
             and follow-ups go to ``on_follow`` instead of this engine's queue.
         on_follow: ``on_follow(trace_index, arrival)`` for each follow-up that became due
             (``external`` only).
+        max_model_len: vLLM's length rules with this context length
+            (:func:`served_output_tokens`); None: none (every request runs whole).
     """
 
     max_num_batched_tokens: int = 8192
@@ -140,6 +148,7 @@ class ReplayOptions:
     step_s: float = 0.05
     external: bool = False
     on_follow: Callable[[int, float], None] | None = None
+    max_model_len: int | None = None
 
 
 @dataclass
@@ -179,6 +188,11 @@ class ReplayResult:
     preemptions: int = 0
     alloc_failures: int = 0
     batched_requests: int = 0
+    rejected: int = 0
+    """Requests refused at arrival: the prompt leaves no room for an output token within
+    ``max_model_len`` (:func:`served_output_tokens`)."""
+    length_capped: int = 0
+    """Requests whose output stopped at ``max_model_len`` before ``max_output_tokens``."""
     first_admission: list[int] = field(default_factory=lambda: [0, 0, 0])
     resumed: list[int] = field(default_factory=lambda: [0, 0, 0])
     tenants: dict[str, list[int]] = field(default_factory=dict)
@@ -249,7 +263,8 @@ class ReplayResult:
         return max(0.0, self.wall_s - self.synth_ns / 1e9)
 
     def calls(self) -> dict[str, dict[str, float]]:
-        """Per call type: count, total, mean and percentiles in ns (the driver's fields)."""
+        """Per call type: count, total, mean and percentiles (nearest rank, :mod:`~kvblocks.sim.
+        percentiles`) in ns (the driver's fields)."""
         out: dict[str, dict[str, float]] = {}
         for t in CALL_TYPES:
             v = sorted(self.samples[t])
@@ -258,9 +273,7 @@ class ReplayResult:
                 "count": len(v),
                 "total_ns": tot,
                 "mean_ns": round(tot / len(v), 1) if v else 0,
-                "p50_ns": _pct(v, 0.5),
-                "p90_ns": _pct(v, 0.9),
-                "p99_ns": _pct(v, 0.99),
+                **{f"{name}_ns": nearest_rank(v, q) if v else 0 for name, q in QUANTILES},
                 "max_ns": v[-1] if v else 0,
             }
         a, c = out["alloc_admit"], out["alloc_prefill_chunk"]
@@ -274,11 +287,18 @@ class ReplayResult:
         return out
 
 
-def _pct(sorted_vals: Sequence[int], q: float) -> int:
-    if not sorted_vals:
-        return 0
-    k = min(len(sorted_vals) - 1, max(0, round(q * (len(sorted_vals) - 1))))
-    return sorted_vals[k]
+def served_output_tokens(rec: TraceRequest, max_model_len: int | None) -> int:
+    """The output tokens vLLM 0.33 generates for ``rec`` with context ``max_model_len``
+    (None: ``rec.max_output_tokens``).
+
+    0 means vLLM refuses the request: its input processor rejects a prompt of
+    ``max_model_len`` tokens or more (no room for one output token). Otherwise the output
+    stops at ``max_output_tokens`` or where the sequence reaches ``max_model_len``,
+    whichever comes first (the scheduler's ``check_stop``: ``FINISHED_LENGTH_CAPPED``).
+    """
+    if max_model_len is None:
+        return rec.max_output_tokens
+    return max(0, min(rec.max_output_tokens, max_model_len - rec.prompt_len))
 
 
 def ids_str(block_ids: Sequence[Sequence[int]]) -> str:
@@ -287,10 +307,14 @@ def ids_str(block_ids: Sequence[Sequence[int]]) -> str:
 
 
 def ceiling_block_size(layout: KVLayout) -> int:
-    """The hit granularity of ``layout``'s attention groups (the lcm of their block sizes,
-    as vLLM's hybrid coordinator aligns hits)."""
-    sizes = [g.block_size for g in layout.groups if g.kind != "mamba"] or [layout.hash_block_size]
-    return math.lcm(*sizes)
+    """The hit granularity of ``layout``'s attention groups: their scheduler block size
+    without prefix caching, as the core resolves it (the lcm of their block sizes, to which
+    vLLM's hybrid coordinator aligns hits); a layout without attention groups hits at its
+    hash block size."""
+    attention = tuple(g for g in layout.groups if g.kind != "mamba")
+    if not attention:
+        return layout.hash_block_size
+    return resolve_block_sizes(attention, enable_caching=False)[0]
 
 
 class _Slot:
@@ -421,6 +445,7 @@ class Engine:
         self.waiting: deque[_Slot] = deque()
         self.running: list[_Slot] = []
         self.num_finished = 0
+        """Requests finished or rejected."""
         self.step_number = 0
         """The number the next executed step gets."""
         self._t_wall0 = time.perf_counter()
@@ -457,10 +482,17 @@ class Engine:
     def _new_slot(self, idx: int, arrival: float, req: Any = None) -> None:
         res = self.result
         rec = self.trace.requests[idx]
+        num_out = served_output_tokens(rec, self.options.max_model_len)
+        if num_out == 0:  # vLLM refuses it at arrival: it finishes there, with no output
+            res.rejected += 1
+            self.num_finished += 1
+            self._release_followers(rec.request_id, arrival)
+            return
+        res.length_capped += num_out < rec.max_output_tokens
         pc = time.perf_counter_ns
         t0 = pc()
         prompt = rec.prompt_ids(self.trace.vocab_size)
-        outputs = segment_tokens(rec.out_seed, rec.max_output_tokens, self.trace.vocab_size)
+        outputs = segment_tokens(rec.out_seed, num_out, self.trace.vocab_size)
         res.synth_ns += pc() - t0
         if req is None:
             req, dt = self.backend.make_request(
@@ -492,20 +524,26 @@ class Engine:
             self._events.write(line)
 
     def _arrive(self) -> None:
-        """Step 0: idle steps (idle time) are skipped; due arrivals join ``waiting``."""
+        """Step 0: idle steps (idle time) are skipped; due arrivals join ``waiting`` (or are
+        rejected); returns with a request waiting or running, or with the trace done."""
         pending = self._pending
         timed = self._timed
-        if not self.running and not self.waiting:
-            if not pending:
-                raise ReplayError("no runnable requests left but the trace is not finished")
-            if timed:
-                self.now = max(self.now, pending[0][0])
-            elif pending[0][0] > self.step_number:
-                self.step_number = int(pending[0][0])
-        clock = self.now if timed else self.step_number
-        while pending and pending[0][0] <= clock:
-            arrival, idx = heapq.heappop(pending)
-            self._new_slot(idx, arrival)
+        while True:
+            if self.idle:
+                if not pending:
+                    if self.done:  # the last arrivals were all rejected
+                        return
+                    raise ReplayError("no runnable requests left but the trace is not finished")
+                if timed:
+                    self.now = max(self.now, pending[0][0])
+                elif pending[0][0] > self.step_number:
+                    self.step_number = int(pending[0][0])
+            clock = self.now if timed else self.step_number
+            while pending and pending[0][0] <= clock:
+                arrival, idx = heapq.heappop(pending)
+                self._new_slot(idx, arrival)
+            if not self.idle or self.done:
+                return
 
     def _stored(self, slot: _Slot, upto_tokens: int) -> None:
         """The ceilings see the blocks an allocation up to ``upto_tokens`` cached."""
@@ -526,6 +564,8 @@ class Engine:
             raise ReplayError("the trace is finished")
         opt, res = self.options, self.result
         self._arrive()
+        if self.idle:  # every remaining request was rejected: no step to run
+            return StepInfo(self.step_number, 0, 0, 0, 0, self._num_free())
         if opt.max_steps and res.steps >= opt.max_steps:
             raise ReplayError(f"max_steps {opt.max_steps} reached at step {self.step_number}")
         pc = time.perf_counter_ns
@@ -766,9 +806,7 @@ class Engine:
                 res.append_ns += pc() - t0
                 res.hash_calls += 1
         finished = 0
-        records, pending = self.trace.requests, self._pending
-        timed, step_s = self._timed, self.options.step_s
-        on_follow = self.options.on_follow if self.options.external else None
+        timed = self._timed
         for slot, n in scheduled:
             c = slot.num_computed + n
             slot.num_computed = c
@@ -804,18 +842,22 @@ class Engine:
                         res.finish_s.append(now)
                         n_later = slot.max_out - 1
                         res.tpot_s.append((now - slot.first_s) / n_later if n_later else math.nan)
-                    for fidx in self._followers.get(slot.rid, ()):
-                        if timed:
-                            arrival: float = self.now + records[fidx].arrival_step * step_s
-                        else:
-                            arrival = self.step_number + records[fidx].arrival_step
-                        if on_follow is not None:
-                            on_follow(fidx, arrival)
-                        else:
-                            heapq.heappush(pending, (arrival, fidx))
+                    self._release_followers(slot.rid, self.now if timed else self.step_number)
         if finished:
             self.running = [s for s in self.running if not s.finished]
         return finished
+
+    def _release_followers(self, rid: str, done: float) -> None:
+        """The follow-ups of request ``rid``, which finished (or was rejected) at ``done``
+        (seconds with a time model, else the step), become due ``arrival_step`` steps later."""
+        records, opt = self.trace.requests, self.options
+        unit = opt.step_s if self._timed else 1
+        for fidx in self._followers.get(rid, ()):
+            arrival = done + records[fidx].arrival_step * unit
+            if opt.external and opt.on_follow is not None:
+                opt.on_follow(fidx, arrival)
+            else:
+                heapq.heappush(self._pending, (arrival, fidx))
 
     def finish(self) -> ReplayResult:
         """The result, after checking the end state.
@@ -835,7 +877,9 @@ class Engine:
         if self.options.external:
             expect = res.generated_tokens  # the fleet checks the sum over its engines
         else:
-            expect = sum(r.max_output_tokens for r in self.trace.requests)
+            expect = sum(
+                served_output_tokens(r, self.options.max_model_len) for r in self.trace.requests
+            )
         if res.generated_tokens != expect:
             raise ReplayError(f"generated {res.generated_tokens} tokens, expected {expect}")
         res.final_free_blocks = self._num_free()

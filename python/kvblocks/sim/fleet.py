@@ -38,10 +38,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kvblocks
-from kvblocks._core import InvalidArgumentError
+from kvblocks._core import InvalidArgumentError, external_block_hashes
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult
-from kvblocks.sim.engine import Engine, ReplayError, ReplayOptions, ReplayResult, StepSeries
+from kvblocks.sim.engine import (
+    Engine,
+    ReplayError,
+    ReplayOptions,
+    ReplayResult,
+    StepSeries,
+    served_output_tokens,
+)
 from kvblocks.sim.workloads import Trace
 
 __all__ = [
@@ -50,7 +57,6 @@ __all__ = [
     "Fleet",
     "FleetResult",
     "PrefixIndex",
-    "hash_key",
     "merged_result",
 ]
 
@@ -59,12 +65,6 @@ ROUTERS = ("round-robin", "least-loaded", "prefix-aware")
 DEFAULT_CACHE_THRESHOLD = 0.3
 """``prefix-aware``: the cached share of a request's blocks above which it follows its
 prefix (the SGLang Model Gateway's ``cache_threshold`` default)."""
-
-
-def hash_key(block_hash: bytes) -> int:
-    """A request's block hash as the events publish it (vLLM's
-    ``maybe_convert_block_hash``: the last 8 bytes, big-endian)."""
-    return int.from_bytes(block_hash[-8:], "big")
 
 
 class PrefixIndex:
@@ -250,7 +250,7 @@ class Fleet:
             priority=rec.priority,
             session_id=rec.session_id,
         )
-        keys = [hash_key(h) for h in req.block_hashes] if self.index is not None else []
+        keys = external_block_hashes(req.block_hashes) if self.index is not None else []
         e = self.choose(keys)
         eng = self.engines[e]
         eng.result.request_init_ns += dt
@@ -295,7 +295,8 @@ class Fleet:
         while not self.done:
             self.step()
         results = [e.finish() for e in self.engines]
-        expect = sum(r.max_output_tokens for r in self.trace.requests)
+        max_model_len = self.engines[0].options.max_model_len
+        expect = sum(served_output_tokens(r, max_model_len) for r in self.trace.requests)
         got = sum(r.generated_tokens for r in results)
         if got != expect:
             raise ReplayError(f"generated {got} tokens, expected {expect}")
@@ -331,6 +332,8 @@ def merged_result(fr: FleetResult) -> ReplayResult:
         out.preemptions += r.preemptions
         out.alloc_failures += r.alloc_failures
         out.batched_requests += r.batched_requests
+        out.rejected += r.rejected
+        out.length_capped += r.length_capped
         out.synth_ns += r.synth_ns
         out.num_events += r.num_events
         for i in range(3):

@@ -41,6 +41,7 @@ __all__ = [
     "model_layout",
     "parse_memory",
     "replay_layout",
+    "resolve_block_sizes",
 ]
 
 GroupKind = Literal["full", "sliding_window", "chunked_local", "mamba"]
@@ -142,13 +143,30 @@ class KVLayout:
 
 
 # ------------------------------------------------------------------ builders
-def build_kvblocks_config(layout: KVLayout) -> Any:
-    """``kvblocks.KVCacheConfig`` for ``layout`` (no tensors: the manager needs none)."""
+def _kvblocks_config(groups: tuple[GroupDesc, ...], num_blocks: int) -> Any:
     import kvblocks as kb
 
     k: Any = kb
-    groups = [k.KVCacheGroupSpec(g.layer_names, g.kvblocks_spec()) for g in layout.groups]
-    return k.KVCacheConfig(layout.num_blocks, [], groups)
+    specs = [k.KVCacheGroupSpec(g.layer_names, g.kvblocks_spec()) for g in groups]
+    return k.KVCacheConfig(num_blocks, [], specs)
+
+
+def build_kvblocks_config(layout: KVLayout) -> Any:
+    """``kvblocks.KVCacheConfig`` for ``layout`` (no tensors: the manager needs none)."""
+    return _kvblocks_config(layout.groups, layout.num_blocks)
+
+
+def resolve_block_sizes(groups: tuple[GroupDesc, ...], enable_caching: bool) -> tuple[int, int]:
+    """``(scheduler_block_size, hash_block_size)`` of ``groups``, as the core resolves them
+    (``KVCacheConfig.resolve_block_sizes``, vLLM 0.33's ``resolve_kv_cache_block_sizes``).
+
+    Raises:
+        ValueError: The core rejects the groups (no group, block sizes it cannot combine).
+    """
+    sizes: tuple[int, int] = _kvblocks_config(groups, 1).resolve_block_sizes(
+        enable_prefix_caching=enable_caching
+    )
+    return sizes
 
 
 def build_kvblocks_manager(layout: KVLayout, events: bool = False, retention: Any = None) -> Any:
@@ -235,20 +253,17 @@ _MAMBA_DTYPES = ("bfloat16", "float32")
 
 def _mamba_group(
     block_size: int, caching: bool, max_model_len: int, num_layers: int, offset: int
-) -> tuple[GroupDesc, int]:
-    """The mamba group and the scheduler/hash block size it forces.
+) -> GroupDesc:
+    """The mamba group.
 
     vLLM 0.33's KVCacheManager asserts mode "align" when prefix caching is on (then the
     mamba block size is the attention block size); without caching vLLM uses mode "none"
-    with one state block per request (block size = max_model_len), and the scheduler
-    block size becomes lcm(attention block size, max_model_len).
+    with one state block per request (block size = max_model_len), which makes the
+    scheduler block size lcm(attention block size, max_model_len) (see
+    :func:`resolve_block_sizes`).
     """
-    if caching:
-        mode, bs, sched = "align", block_size, block_size
-    else:
-        mode, bs = "none", max_model_len
-        sched = math.lcm(block_size, max_model_len)
-    group = GroupDesc(
+    mode, bs = ("align", block_size) if caching else ("none", max_model_len)
+    return GroupDesc(
         "mamba",
         num_layers,
         bs,
@@ -257,7 +272,6 @@ def _mamba_group(
         mamba_cache_mode=mode,
         layer_offset=offset,
     )
-    return group, sched
 
 
 def replay_layout(
@@ -285,7 +299,6 @@ def replay_layout(
         )
     full = GroupDesc("full", 1, block_size)
     groups: tuple[GroupDesc, ...] = (full,)
-    hash_bs = sched_bs = block_size
     if config == "hybrid":
         groups = (
             full,
@@ -301,15 +314,12 @@ def replay_layout(
         )
         groups = (full, chunked)
     elif config == "mamba":
-        mamba, sched_bs = _mamba_group(block_size, enable_caching, max_model_len, 1, 1)
-        groups = (full, mamba)
-        hash_bs = block_size if enable_caching else sched_bs
+        groups = (full, _mamba_group(block_size, enable_caching, max_model_len, 1, 1))
     elif config == "bs32":
         # vLLM 0.33's unitary coordinator asserts hash_block_size == block_size, so blocks
         # coarser than the hash need the hybrid coordinator: a second full-attention group.
         groups = (GroupDesc("full", 1, 2 * block_size), replace(full, layer_offset=1))
-        sched_bs = 2 * block_size
-        hash_bs = block_size if enable_caching else sched_bs
+    sched_bs, hash_bs = resolve_block_sizes(groups, enable_caching)
     return KVLayout(
         groups,
         num_blocks,
@@ -479,7 +489,7 @@ def _default_block_size(groups: tuple[GroupDesc, ...]) -> int:
     mamba = [g for g in groups if g.kind == "mamba"]
     if not mamba:
         return 16
-    state = _mamba_group(16, False, 16, 1, 0)[0].page_size_bytes
+    state = _mamba_group(16, False, 16, 1, 0).page_size_bytes
     per_token = max(g.page_size_bytes // g.block_size for g in groups if g.kind != "mamba")
     return 16 * -(-state // (16 * per_token))
 
@@ -524,19 +534,15 @@ def model_layout(
     if max_model_len is None:
         max_model_len = MODEL_PRESETS[preset].max_model_len
     bs = block_size or _default_block_size(spec_groups)
-    groups: list[GroupDesc] = []
-    hash_bs = sched_bs = bs
-    for g in spec_groups:
-        if g.kind == "mamba":
-            mamba, sched_bs = _mamba_group(
-                bs, enable_caching, max_model_len, g.num_layers, g.layer_offset
-            )
-            hash_bs = bs if enable_caching else sched_bs
-            groups.append(mamba)
-        else:
-            groups.append(replace(g, block_size=bs))
+    groups = tuple(
+        _mamba_group(bs, enable_caching, max_model_len, g.num_layers, g.layer_offset)
+        if g.kind == "mamba"
+        else replace(g, block_size=bs)
+        for g in spec_groups
+    )
+    sched_bs, hash_bs = resolve_block_sizes(groups, enable_caching)
     layout = KVLayout(
-        tuple(groups),
+        groups,
         num_blocks or 0,
         max_model_len,
         hash_bs,

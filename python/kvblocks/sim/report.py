@@ -8,13 +8,13 @@ a change to a field's name or meaning bumps the version.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 import kvblocks
 from kvblocks.retention_spec import RetentionSpec
 from kvblocks.sim.engine import ReplayResult
+from kvblocks.sim.percentiles import percentiles
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout
 from kvblocks.sim.workloads import Trace
 
@@ -23,7 +23,6 @@ __all__ = [
     "Run",
     "Setup",
     "fmt_bytes",
-    "percentiles",
     "plot",
     "print_summary",
     "print_sweep",
@@ -79,18 +78,6 @@ def _usage(res: ReplayResult) -> list[float]:
     return [1.0 - f / total for f in res.series.free_blocks]
 
 
-def percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    """``{p50, p90, p99}`` (nearest rank) of the non-NaN ``values``; None when empty."""
-    v = sorted(x for x in values if not math.isnan(x))
-    if not v:
-        return {"p50": None, "p90": None, "p99": None}
-    out: dict[str, float | None] = {}
-    for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
-        k = min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))
-        out[name] = round(v[k], 6)
-    return out
-
-
 def slo_attainment(res: ReplayResult, ttft: float | None, tpot: float | None) -> float | None:
     """Fraction of finished requests with TTFT <= ``ttft`` and TPOT <= ``tpot`` (a bound
     not given always holds; a one-token request has no TPOT); None without bounds."""
@@ -136,6 +123,8 @@ def run_json(run: Run, setup: Setup | None = None) -> dict[str, Any]:
         "bytes_per_block": lay.bytes_per_block,
         "kv_cache_bytes": lay.bytes_per_block * lay.num_blocks,
         "requests": r.requests,
+        "rejected_requests": r.rejected,
+        "length_capped_requests": r.length_capped,
         "prompt_tokens": r.prompt_tokens,
         "generated_tokens": r.generated_tokens,
         "steps": r.steps,
@@ -280,6 +269,24 @@ def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
         ("workload", _workload_name(trace)),
         ("model", _model_line(setup, run)),
         ("requests", f"{j['requests']:,}"),
+    ]
+    max_model_len = f"max_model_len {run.layout.max_model_len:,}"
+    if j["rejected_requests"]:
+        rows.append(
+            (
+                "  rejected",
+                f"{j['rejected_requests']:,} (prompt of {max_model_len} tokens or more: "
+                "vLLM refuses it)",
+            )
+        )
+    if j["length_capped_requests"]:
+        rows.append(
+            (
+                "  length capped",
+                f"{j['length_capped_requests']:,} (output stopped at {max_model_len})",
+            )
+        )
+    rows += [
         ("prompt tokens", f"{j['prompt_tokens']:,}"),
         ("generated tokens", f"{j['generated_tokens']:,}"),
         ("steps", f"{j['steps']:,}"),

@@ -36,10 +36,13 @@ __all__ = [
     "DEFAULT_GPU",
     "DEFAULT_MEMORY_UTILIZATION",
     "DEFAULT_OVERHEAD_S",
+    "GPU_ALIASES",
     "GPU_PRESETS",
     "GpuPreset",
     "StepCost",
     "StepTimeModel",
+    "gpu_names_help",
+    "gpu_preset_name",
     "kv_memory_after_weights",
 ]
 
@@ -100,6 +103,46 @@ GPU_PRESETS: dict[str, GpuPreset] = {
         GpuPreset("l40s", "NVIDIA L40S 48GB", 181 * TB, 366.5 * TB, 864 * GB, 48 << 30),
     )
 }
+
+
+GPU_ALIASES: dict[str, str] = {"h100": "h100-sxm", "a100": "a100-80gb"}
+"""Names users type for a preset: ``H100`` is the SXM part (the H100 of HGX servers and the
+cloud), ``A100`` the 80 GB SXM part."""
+
+
+def _gpu_key(name: str) -> str:
+    """``name`` in lower case without spaces, ``-``, ``_`` or a leading ``nvidia``."""
+    key = "".join(c for c in name.lower() if c not in " -_")
+    return key.removeprefix("nvidia")
+
+
+_GPU_NAMES = {_gpu_key(n): n for n in (*GPU_PRESETS, *GPU_ALIASES)}
+
+
+def gpu_preset_name(name: str) -> str:
+    """The :data:`GPU_PRESETS` key ``name`` means: a key or an alias of
+    :data:`GPU_ALIASES`, in any case, spaces, ``-`` and ``_`` ignored, an ``NVIDIA`` in
+    front allowed (``H100``, ``h100-sxm``, ``NVIDIA H100 SXM``, ``A100_40GB``).
+
+    Raises:
+        ValueError: No preset has that name.
+    """
+    found = _GPU_NAMES.get(_gpu_key(name))
+    if found is None:
+        raise InvalidArgumentError(
+            f"unknown GPU {name!r} (choose from {gpu_names_help()}; case is ignored)"
+        )
+    return GPU_ALIASES.get(found, found)
+
+
+def gpu_names_help() -> str:
+    """The preset keys, each with its aliases: ``h100-sxm (H100), h200, ...``."""
+    aliases: dict[str, list[str]] = {}
+    for alias, key in GPU_ALIASES.items():
+        aliases.setdefault(key, []).append(alias.upper())
+    return ", ".join(
+        f"{key} ({', '.join(aliases[key])})" if key in aliases else key for key in GPU_PRESETS
+    )
 
 
 def kv_memory_after_weights(
