@@ -7,8 +7,7 @@
 //! [`RequestBlocks`] (one per group, in group order).
 
 use crate::attention::{
-    cdiv, mamba, AttentionKind, HitQuery, ManagerParams, RequestBlocks, RequestView, Retention,
-    SingleTypeManager,
+    cdiv, HitQuery, ManagerParams, RequestBlocks, RequestView, Retention, SingleTypeManager,
 };
 use crate::error::{KvError, Result};
 use crate::pool::BlockPool;
@@ -31,7 +30,8 @@ pub enum CoordinatorKind {
 struct SpecGroup {
     group_ids: Vec<GroupId>,
     is_full: bool,
-    is_mamba: bool,
+    /// Whether an EAGLE lookup searches one block past the limit.
+    extends_eagle_lookup: bool,
     use_eagle: bool,
 }
 
@@ -126,33 +126,11 @@ impl Coordinator {
         }
         if opts.enable_caching {
             for g in &groups {
-                match g.kind {
-                    AttentionKind::Mamba { align: true, .. }
-                        if g.block_size != hbs || opts.retention_interval.is_some() =>
-                    {
-                        return Err(mamba::unsupported(
-                            "\"align\" mode with a block size other than hash_block_size \
-                             (fine-grained hits) or with sparse retention",
-                        ));
-                    }
-                    AttentionKind::Mamba { align: true, .. } => {}
-                    // vLLM 0.33 asserts this away; 0.32 builds a manager for it, which
-                    // kvblocks does not have (unsupported, so kvblocks.vllm falls back).
-                    AttentionKind::Mamba { .. } => {
-                        return Err(mamba::unsupported(
-                            "prefix caching requires mamba_cache_mode='align'; \
-                             use enable_caching=False",
-                        ))
-                    }
-                    AttentionKind::CrossAttention => {
-                        return Err(KvError::InvalidSpec(
-                            "cross-attention groups have no prefix cache; \
-                             use enable_caching=False"
-                                .into(),
-                        ))
-                    }
-                    _ => {}
-                }
+                g.kind.check_prefix_caching(
+                    g.block_size,
+                    hbs,
+                    opts.retention_interval.is_some(),
+                )?;
                 if g.block_size % hbs != 0 {
                     return Err(KvError::InvalidArgument(format!(
                         "block_size {} is not divisible by hash_block_size {hbs}",
@@ -192,9 +170,11 @@ impl Coordinator {
                 &mut pool,
             )?);
         }
-        let zeroing = ZeroingLog::new(managers.iter().map(|m| {
-            opts.record_new_block_ids && !matches!(m.params().kind, AttentionKind::Mamba { .. })
-        }));
+        let zeroing = ZeroingLog::new(
+            managers
+                .iter()
+                .map(|m| opts.record_new_block_ids && m.params().kind.zeroes_new_blocks()),
+        );
         let mut me = Self {
             zeroing,
             kind,
@@ -231,7 +211,7 @@ impl Coordinator {
                     SpecGroup {
                         group_ids: vec![i as GroupId],
                         is_full: p.kind.is_full_attention(),
-                        is_mamba: matches!(p.kind, AttentionKind::Mamba { .. }),
+                        extends_eagle_lookup: p.kind.extends_eagle_lookup(),
                         use_eagle,
                     },
                 ));
@@ -343,7 +323,7 @@ impl Coordinator {
         let mut lengths = vec![0usize; n];
         for sg in &self.spec_groups {
             let m = &self.managers[sg.group_ids[0] as usize];
-            let limit = if sg.use_eagle && !sg.is_mamba {
+            let limit = if sg.use_eagle && sg.extends_eagle_lookup {
                 (max_length + m.block_size()).min(hashes.len() * self.hash_block_size)
             } else {
                 max_length
@@ -404,7 +384,7 @@ impl Coordinator {
                 }
                 let m = &self.managers[first];
                 let drop = sg.use_eagle && !verified[idx];
-                let limit = if drop && !sg.is_mamba {
+                let limit = if drop && sg.extends_eagle_lookup {
                     (curr + m.block_size()).min(hashes.len() * self.hash_block_size)
                 } else {
                     curr
@@ -473,7 +453,7 @@ impl Coordinator {
             .zip(rbs)
             .enumerate()
             .map(|(i, (m, rb))| {
-                if matches!(m.params().kind, AttentionKind::CrossAttention) {
+                if m.params().kind.counts_encoder_tokens() {
                     m.get_num_blocks_to_allocate(
                         rb,
                         num_encoder_tokens,
@@ -569,8 +549,9 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Extends every group's table to `num_tokens` slots (cross-attention:
-    /// `num_encoder_tokens`; align-mode Mamba: `num_tokens_main_model`), group by group.
+    /// Extends every group's table to `num_tokens` slots (a group that counts encoder
+    /// tokens: `num_encoder_tokens`; align-mode Mamba: `num_tokens_main_model`), group by
+    /// group.
     pub fn allocate_new_blocks(
         &mut self,
         rbs: &mut [RequestBlocks],
@@ -579,7 +560,7 @@ impl Coordinator {
         num_encoder_tokens: usize,
     ) -> Result<()> {
         for (g, (m, rb)) in self.managers.iter().zip(rbs.iter_mut()).enumerate() {
-            let n = if matches!(m.params().kind, AttentionKind::CrossAttention) {
+            let n = if m.params().kind.counts_encoder_tokens() {
                 num_encoder_tokens
             } else {
                 num_tokens
@@ -701,12 +682,7 @@ fn validate_retention(
     let Some(n) = interval else {
         return Ok(Retention::Dense);
     };
-    let sparse = groups.iter().any(|g| {
-        matches!(
-            g.kind,
-            AttentionKind::SlidingWindow { .. } | AttentionKind::Mamba { .. }
-        )
-    });
+    let sparse = groups.iter().any(|g| g.kind.allows_sparse_caching());
     if !sparse && n != 0 {
         return Err(KvError::InvalidArgument(
             "prefix_cache_retention_interval is set but this model has no sliding-window or \

@@ -30,7 +30,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::attention::{AttentionKind, ManagerParams, RequestBlocks, RequestView};
+use crate::attention::{ManagerParams, RequestBlocks, RequestView};
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
 use crate::events::event::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
@@ -493,7 +493,7 @@ impl KvCacheManager {
             .coord
             .managers()
             .iter()
-            .any(|m| matches!(m.params().kind, AttentionKind::Mamba { .. }));
+            .any(|m| m.params().kind.keeps_recurrent_state());
         let fa = match self.coord.full_attention_group_id() {
             Some(fa) if has_mamba => fa,
             _ => return Ok((self.lookup(request, max_cache_hit_length)?, false)),
@@ -748,7 +748,7 @@ impl KvCacheManager {
                     "prefix hits ending inside a block (0.33 partial-hit copy-on-write)".into(),
                 ));
             }
-            if matches!(m.params().kind, AttentionKind::CrossAttention) && !h.is_empty() {
+            if !m.params().kind.caches_prefix() && !h.is_empty() {
                 return Err(KvError::InvalidArgument(
                     "cross-attention groups have no prefix hits".into(),
                 ));
@@ -842,7 +842,7 @@ impl KvCacheManager {
             .managers()
             .iter()
             .zip(self.tables(s))
-            .filter(|(m, _)| !matches!(m.params().kind, AttentionKind::CrossAttention))
+            .filter(|(m, _)| m.params().kind.caches_prefix())
             .map(|(_, rb)| {
                 rb.table
                     .iter()
@@ -860,6 +860,51 @@ impl KvCacheManager {
             Some(&s) => self.tables(s).iter().map(|rb| rb.table.clone()).collect(),
             None => vec![Vec::new(); self.num_groups],
         }
+    }
+
+    /// The request's block ids covering `num_computed_tokens` per group (vLLM's
+    /// `get_block_ids_for_computed_tokens`): each type decides which
+    /// (`AttentionKind::computed_token_blocks`); empty lists for an unknown request.
+    pub fn block_ids_for_computed_tokens(
+        &self,
+        request_id: &str,
+        num_computed_tokens: usize,
+    ) -> Vec<Vec<BlockId>> {
+        self.coord
+            .managers()
+            .iter()
+            .enumerate()
+            .map(|(g, m)| {
+                m.params()
+                    .kind
+                    .computed_token_blocks(
+                        self.block_table(request_id, g),
+                        num_computed_tokens,
+                        m.block_size(),
+                    )
+                    .to_vec()
+            })
+            .collect()
+    }
+
+    /// A lookup's hit `blocks` (one list per group) cut at `num_computed_tokens` (vLLM's
+    /// `truncate_computed_blocks`): `num_computed_tokens / block_size` blocks per group,
+    /// or all of a shorter list. vLLM allows a shorter list only for Mamba (an external
+    /// hit may supply its last state) and asserts otherwise; kvblocks cuts every type
+    /// alike and checks nothing beyond one list per group. No ref count changes.
+    pub fn truncate_computed_blocks(
+        &self,
+        blocks: &[Vec<BlockId>],
+        num_computed_tokens: usize,
+    ) -> Result<Vec<Vec<BlockId>>> {
+        self.check_hit_groups(Some(blocks))?;
+        Ok(self
+            .coord
+            .managers()
+            .iter()
+            .zip(blocks)
+            .map(|(m, ids)| ids[..(num_computed_tokens / m.block_size()).min(ids.len())].to_vec())
+            .collect())
     }
 
     /// The request's table in `group`, borrowed (empty for an unknown request).
@@ -923,7 +968,7 @@ impl KvCacheManager {
             let hashes = request.block_hashes().len();
             let hash_bs = self.coord.pool().hash_block_size();
             let would_cache = self.coord.managers().iter().any(|m| {
-                !matches!(m.params().kind, AttentionKind::CrossAttention)
+                m.params().kind.caches_prefix()
                     && m.num_full_blocks(num_computed_tokens, hashes, hash_bs) > 0
             });
             return if would_cache {

@@ -14,6 +14,14 @@ pub(crate) fn max_blocks_per_request(max_num_encoder_input_tokens: usize, bs: us
     cdiv(max_num_encoder_input_tokens, bs)
 }
 
+/// A cross-attention group cannot be built with prefix caching on.
+#[cold]
+pub(crate) fn no_prefix_caching() -> KvError {
+    KvError::InvalidSpec(
+        "cross-attention groups have no prefix cache; use enable_caching=False".into(),
+    )
+}
+
 /// Cross-attention has no prefix cache (vLLM raises `NotImplementedError`).
 #[cold]
 pub(crate) fn unsupported_lookup() -> KvError {

@@ -1,8 +1,8 @@
-//! Prefix-cache hits: the lookup every attention type shares ([`HitQuery`]) and the
-//! dispatch of [`SingleTypeManager::find_longest_cache_hit`] to the type's own search.
+//! Prefix-cache hits: the lookup every attention type shares ([`HitQuery`]) and
+//! [`SingleTypeManager::find_longest_cache_hit`], which the kind hands to the type's own
+//! search (`kind.rs`).
 
-use super::{chunked_local, cross_attention, full, mamba, sliding_window};
-use super::{AttentionKind, SingleTypeManager};
+use super::SingleTypeManager;
 use crate::error::Result;
 use crate::pool::BlockPool;
 use crate::types::{BlockHash, BlockId, GroupId};
@@ -83,24 +83,8 @@ impl SingleTypeManager {
         for o in out.iter_mut() {
             o.clear();
         }
-        let bs = self.block_size();
-        match self.params.kind {
-            AttentionKind::FullAttention | AttentionKind::SinkFullAttention { .. } => {
-                Ok(full::find_longest_cache_hit(query, bs, pool, out))
-            }
-            AttentionKind::SlidingWindow { sliding_window, .. } => Ok(
-                sliding_window::find_longest_cache_hit(query, bs, sliding_window, pool, out),
-            ),
-            AttentionKind::ChunkedLocal {
-                attention_chunk_size,
-            } => chunked_local::find_longest_cache_hit(query, bs, attention_chunk_size, pool, out),
-            AttentionKind::Mamba { align: true, .. } => {
-                Ok(mamba::find_longest_cache_hit(query, bs, pool, out))
-            }
-            AttentionKind::Mamba { .. } => {
-                Err(mamba::unsupported("prefix caching in mode \"none\""))
-            }
-            AttentionKind::CrossAttention => Err(cross_attention::unsupported_lookup()),
-        }
+        self.params
+            .kind
+            .find_longest_cache_hit(query, self.block_size(), pool, out)
     }
 }

@@ -4,8 +4,9 @@
 //! One [`SingleTypeManager`] per KV cache group. It holds no per-request state itself:
 //! each request's table for the group is a [`RequestBlocks`] owned by the coordinator, so
 //! a request id is resolved once per call, not once per group. Behaviour that differs by
-//! attention type lives in one file per type and is selected by a `match` on
-//! [`AttentionKind`] (no dynamic dispatch on the hot path).
+//! attention type lives in one file per type; the shared code asks the kind
+//! ([`AttentionKind`]'s methods, each a `match` in `kind.rs` that hands over to the type's
+//! file: no dynamic dispatch on the hot path).
 //!
 //! The shared code is split by job: the kind and its dispatch (`kind.rs`), the group
 //! parameters (`params.rs`), the request interface (`request_view.rs`), a request's
@@ -86,11 +87,9 @@ impl SingleTypeManager {
             params
                 .kind
                 .max_admission_blocks(bs, max_in_flight_tokens, max_model_len);
-        let sink_blocks = match params.kind {
-            AttentionKind::SinkFullAttention { sink_len } => {
-                pool.get_new_blocks(full::num_sink_blocks(sink_len, bs)?)?
-            }
-            _ => Vec::new(),
+        let sink_blocks = match params.kind.num_construction_blocks(bs)? {
+            0 => Vec::new(),
+            n => pool.get_new_blocks(n)?,
         };
         Ok(Self {
             params,

@@ -3,7 +3,7 @@
 //! pool's (`pool/retention.rs`, `pool/pins.rs`).
 
 use super::KvCacheManager;
-use crate::attention::{AttentionKind, RequestView};
+use crate::attention::RequestView;
 use crate::error::Result;
 use crate::pool::{HashKey, RetentionPolicy};
 use crate::types::BlockHash;
@@ -53,7 +53,7 @@ impl KvCacheManager {
         let hash_block_size = self.coord.pool().hash_block_size();
         let mut keys = Vec::new();
         for m in self.coord.managers() {
-            if matches!(m.params().kind, AttentionKind::CrossAttention) {
+            if !m.params().kind.caches_prefix() {
                 continue;
             }
             let k = m.block_size() / hash_block_size;
