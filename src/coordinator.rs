@@ -6,8 +6,9 @@
 //! The coordinator keeps no request map: callers pass the request's per-group
 //! [`RequestBlocks`] (one per group, in group order).
 
+use crate::arith::cdiv;
 use crate::attention::{
-    cdiv, HitQuery, ManagerParams, RequestBlocks, RequestView, Retention, SingleTypeManager,
+    HitQuery, ManagerParams, RequestBlocks, RequestView, Retention, SingleTypeManager,
 };
 use crate::error::{KvError, Result};
 use crate::pool::BlockPool;
@@ -92,60 +93,11 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// Builds the pool and the managers (in group order) and checks the block sizes as
-    /// vLLM does. Configurations vLLM 0.33 cannot run with prefix caching on (Mamba
-    /// without "align", cross-attention) are rejected here.
+    /// Builds the pool and the managers (in group order) after checking the groups
+    /// against the options ([`validate`]).
     pub fn new(groups: Vec<ManagerParams>, opts: CoordinatorOptions) -> Result<Self> {
-        let sbs = opts.scheduler_block_size;
-        let hbs = opts.hash_block_size;
-        if sbs == 0 || hbs == 0 || !sbs.is_multiple_of(hbs) {
-            return Err(KvError::InvalidArgument(format!(
-                "scheduler_block_size {sbs} must be a positive multiple of hash_block_size {hbs}"
-            )));
-        }
-        if let Some(g) = groups
-            .iter()
-            .find(|g| g.block_size == 0 || !sbs.is_multiple_of(g.block_size))
-        {
-            return Err(KvError::InvalidArgument(format!(
-                "every group's block_size must divide scheduler_block_size {sbs}, got {}",
-                g.block_size
-            )));
-        }
-        let kind = if !opts.enable_caching {
-            CoordinatorKind::NoPrefixCache
-        } else if groups.len() == 1 {
-            CoordinatorKind::Unitary
-        } else {
-            CoordinatorKind::Hybrid
-        };
-        if kind == CoordinatorKind::Hybrid && groups.is_empty() {
-            return Err(KvError::InvalidSpec(
-                "prefix caching needs at least one KV cache group".into(),
-            ));
-        }
-        if opts.enable_caching {
-            for g in &groups {
-                g.kind.check_prefix_caching(
-                    g.block_size,
-                    hbs,
-                    opts.retention_interval.is_some(),
-                )?;
-                if g.block_size % hbs != 0 {
-                    return Err(KvError::InvalidArgument(format!(
-                        "block_size {} is not divisible by hash_block_size {hbs}",
-                        g.block_size
-                    )));
-                }
-            }
-            if kind == CoordinatorKind::Unitary && groups[0].block_size != hbs {
-                return Err(KvError::InvalidArgument(format!(
-                    "a single-group model needs hash_block_size == block_size ({} != {hbs})",
-                    groups[0].block_size
-                )));
-            }
-        }
-        let retention = validate_retention(opts.retention_interval, sbs, &groups)?;
+        let (kind, retention) = validate(&groups, &opts)?;
+        let (sbs, hbs) = (opts.scheduler_block_size, opts.hash_block_size);
         let mut pool = BlockPool::new(
             opts.num_blocks,
             opts.enable_caching,
@@ -153,11 +105,7 @@ impl Coordinator {
             opts.enable_kv_cache_events,
         )?;
         pool.set_count_null_block_refs(opts.count_null_block_refs);
-        let mut eagle: Vec<bool> = groups.iter().map(|g| g.is_eagle_group).collect();
-        if opts.use_eagle && !eagle.iter().any(|&e| e) {
-            eagle.iter_mut().for_each(|e| *e = true);
-        }
-        let drop_eagle: Vec<bool> = eagle.iter().map(|&e| e && opts.use_eagle).collect();
+        let drop_eagle = drop_eagle_groups(&groups, opts.use_eagle);
         let mut managers = Vec::with_capacity(groups.len());
         for (i, params) in groups.into_iter().enumerate() {
             managers.push(SingleTypeManager::new(
@@ -671,6 +619,82 @@ impl Coordinator {
         }
         Ok(())
     }
+}
+
+/// Checks the groups against the options as vLLM does and picks the coordinator:
+/// block sizes that divide the scheduler block size, the prefix-caching rules of each
+/// type (configurations vLLM 0.33 cannot run with prefix caching on, Mamba without
+/// "align" and cross-attention, are rejected), and the sparse-caching interval.
+fn validate(
+    groups: &[ManagerParams],
+    opts: &CoordinatorOptions,
+) -> Result<(CoordinatorKind, Retention)> {
+    let sbs = opts.scheduler_block_size;
+    let hbs = opts.hash_block_size;
+    if sbs == 0 || hbs == 0 || !sbs.is_multiple_of(hbs) {
+        return Err(KvError::InvalidArgument(format!(
+            "scheduler_block_size {sbs} must be a positive multiple of hash_block_size {hbs}"
+        )));
+    }
+    if let Some(g) = groups
+        .iter()
+        .find(|g| g.block_size == 0 || !sbs.is_multiple_of(g.block_size))
+    {
+        return Err(KvError::InvalidArgument(format!(
+            "every group's block_size must divide scheduler_block_size {sbs}, got {}",
+            g.block_size
+        )));
+    }
+    let kind = if !opts.enable_caching {
+        CoordinatorKind::NoPrefixCache
+    } else if groups.len() == 1 {
+        CoordinatorKind::Unitary
+    } else {
+        CoordinatorKind::Hybrid
+    };
+    if kind == CoordinatorKind::Hybrid && groups.is_empty() {
+        return Err(KvError::InvalidSpec(
+            "prefix caching needs at least one KV cache group".into(),
+        ));
+    }
+    if opts.enable_caching {
+        validate_prefix_caching(groups, hbs, opts.retention_interval.is_some())?;
+    }
+    let retention = validate_retention(opts.retention_interval, sbs, groups)?;
+    Ok((kind, retention))
+}
+
+/// With prefix caching on: each type supports it for its group, every block size is a
+/// multiple of the hash block size, and a single group's equals it.
+fn validate_prefix_caching(groups: &[ManagerParams], hbs: usize, sparse: bool) -> Result<()> {
+    for g in groups {
+        g.kind.check_prefix_caching(g.block_size, hbs, sparse)?;
+        if g.block_size % hbs != 0 {
+            return Err(KvError::InvalidArgument(format!(
+                "block_size {} is not divisible by hash_block_size {hbs}",
+                g.block_size
+            )));
+        }
+    }
+    if let [g] = groups {
+        if g.block_size != hbs {
+            return Err(KvError::InvalidArgument(format!(
+                "a single-group model needs hash_block_size == block_size ({} != {hbs})",
+                g.block_size
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Per group, whether its hits drop the EAGLE block: the flagged groups with EAGLE on,
+/// or every group when none is flagged.
+fn drop_eagle_groups(groups: &[ManagerParams], use_eagle: bool) -> Vec<bool> {
+    let any_flagged = groups.iter().any(|g| g.is_eagle_group);
+    groups
+        .iter()
+        .map(|g| use_eagle && (g.is_eagle_group || !any_flagged))
+        .collect()
 }
 
 /// vLLM's `_validate_prefix_cache_retention_interval`.

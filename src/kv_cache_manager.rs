@@ -28,9 +28,8 @@
 //! assert_eq!(new, vec![vec![1, 2, 3, 4]]);
 //! ```
 
-use rustc_hash::FxHashMap;
-
-use crate::attention::{ManagerParams, RequestBlocks, RequestView};
+use crate::attention::{ManagerParams, RequestView};
+use crate::config;
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
 use crate::events::event::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
@@ -38,6 +37,7 @@ use crate::pool::{BlockPool, FreeTag, RetentionHints};
 use crate::request::Request;
 use crate::request::SlotHint;
 use crate::types::{BlockHash, BlockId};
+use slots::RequestSlots;
 
 /// Construction options (vLLM's `KVCacheManager.__init__` keywords).
 #[derive(Debug, Clone, Copy)]
@@ -46,7 +46,8 @@ pub struct ManagerOptions {
     pub max_model_len: usize,
     /// Tokens per request hash.
     pub hash_block_size: usize,
-    /// Hit alignment; `None` = lcm of the group block sizes.
+    /// Hit alignment; `None` = lcm of the group block sizes
+    /// ([`config::scheduler_block_size`]).
     pub scheduler_block_size: Option<usize>,
     /// Tokens in flight; `None` = `max_model_len`.
     pub max_in_flight_tokens: Option<usize>,
@@ -233,31 +234,12 @@ pub struct KvCacheManager {
     log_stats: bool,
     watermark_blocks: usize,
     stats: PrefixCacheStats,
-    num_groups: usize,
-    /// Request id -> slot; a slot's tables are `slots[slot * num_groups..][..num_groups]`.
-    requests: FxHashMap<String, usize>,
-    slots: Vec<RequestBlocks>,
-    /// Per slot, the `SlotHint` token of the request it was last found for (0: free).
-    slot_tokens: Vec<u64>,
-    free_slots: Vec<usize>,
-    /// Empty tables standing in for a request without a slot.
-    empty: Vec<RequestBlocks>,
+    /// Each request's slot and its tables.
+    slots: RequestSlots,
     /// Whether a retention policy is set (`retention.rs`).
     retention_on: bool,
     /// Per slot, the free tag of its request (used only with a policy).
     slot_tag: Vec<FreeTag>,
-}
-
-/// Least common multiple.
-fn lcm(a: usize, b: usize) -> usize {
-    fn gcd(a: usize, b: usize) -> usize {
-        if b == 0 {
-            a
-        } else {
-            gcd(b, a % b)
-        }
-    }
-    a / gcd(a, b) * b
 }
 
 impl KvCacheManager {
@@ -279,12 +261,11 @@ impl KvCacheManager {
         }
         let scheduler_block_size = match opts.scheduler_block_size {
             Some(s) => s,
-            None => groups
-                .iter()
-                .fold(None, |acc: Option<usize>, g| {
-                    Some(acc.map_or(g.block_size, |a| lcm(a, g.block_size)))
-                })
-                .unwrap_or(opts.hash_block_size),
+            None if groups.is_empty() => opts.hash_block_size,
+            None => {
+                let sizes: Vec<usize> = groups.iter().map(|g| g.block_size).collect();
+                config::scheduler_block_size(&sizes)?
+            }
         };
         let num_groups = groups.len();
         let coord = Coordinator::new(
@@ -310,12 +291,7 @@ impl KvCacheManager {
             log_stats: opts.log_stats,
             watermark_blocks: opts.watermark_blocks,
             stats: PrefixCacheStats::default(),
-            num_groups,
-            requests: FxHashMap::default(),
-            slots: Vec::new(),
-            slot_tokens: Vec::new(),
-            free_slots: Vec::new(),
-            empty: vec![RequestBlocks::default(); num_groups],
+            slots: RequestSlots::new(num_groups),
             retention_on: false,
             slot_tag: Vec::new(),
         })
@@ -324,7 +300,7 @@ impl KvCacheManager {
     /// Number of KV cache groups.
     #[inline]
     pub fn num_groups(&self) -> usize {
-        self.num_groups
+        self.slots.num_groups()
     }
 
     /// Blocks kept free for admissions while others are scheduled.
@@ -355,61 +331,6 @@ impl KvCacheManager {
     /// `pool.get_usage()`.
     pub fn usage(&self) -> f64 {
         self.coord.pool().usage()
-    }
-
-    /// The tables of the request in `slot`.
-    #[inline]
-    fn tables(&self, slot: usize) -> &[RequestBlocks] {
-        &self.slots[slot * self.num_groups..(slot + 1) * self.num_groups]
-    }
-
-    /// The tables of the request in `slot`, or empty tables for a request without one.
-    #[inline]
-    fn tables_or_empty(&self, slot: Option<usize>) -> &[RequestBlocks] {
-        match slot {
-            Some(s) => self.tables(s),
-            None => &self.empty,
-        }
-    }
-
-    /// The slot of `request`, if it has one: from its hint when the hint is current,
-    /// else by id (then the hint is refreshed).
-    fn slot_of<R: RequestView>(&mut self, request: &R) -> Option<usize> {
-        if let Some(hint) = request.slot_hint() {
-            let s = hint.slot();
-            if s < self.slot_tokens.len() && self.slot_tokens[s] == hint.token() {
-                return Some(s);
-            }
-        }
-        let s = *self.requests.get(request.request_id())?;
-        self.remember(request, s);
-        Some(s)
-    }
-
-    /// Records that `request` is at slot `s`, in the slot and in the request's hint.
-    fn remember<R: RequestView>(&mut self, request: &R, s: usize) {
-        if let Some(hint) = request.slot_hint() {
-            self.slot_tokens[s] = hint.token();
-            hint.set_slot(s);
-        }
-    }
-
-    /// The slot of `request`, created (reusing a freed one) if absent.
-    fn slot_or_insert<R: RequestView>(&mut self, request: &R) -> usize {
-        if let Some(s) = self.slot_of(request) {
-            return s;
-        }
-        let s = self.free_slots.pop().unwrap_or_else(|| {
-            let s = self.slot_tokens.len();
-            self.slots
-                .resize_with(self.slots.len() + self.num_groups, RequestBlocks::default);
-            self.slot_tokens.push(0);
-            s
-        });
-        self.requests.insert(request.request_id().to_owned(), s);
-        self.remember(request, s);
-        self.tag_slot(request, s);
-        s
     }
 
     /// With caching on, a request hashed at another block size than the manager's is
@@ -463,7 +384,7 @@ impl KvCacheManager {
     ) -> Result<Lookup> {
         self.check_hash_block_size(request)?;
         if !self.lookup_enabled(request) {
-            return Ok(Lookup::none(self.num_groups));
+            return Ok(Lookup::none(self.num_groups()));
         }
         let max = max_cache_hit_length.unwrap_or(request.num_tokens().saturating_sub(1));
         let hit = self.coord.find_cache_hit(request.block_hashes(), max)?;
@@ -500,7 +421,7 @@ impl KvCacheManager {
         };
         self.check_hash_block_size(request)?;
         if !self.lookup_enabled(request) {
-            return Ok((Lookup::none(self.num_groups), false));
+            return Ok((Lookup::none(self.num_groups()), false));
         }
         let max = max_cache_hit_length.unwrap_or(request.num_tokens().saturating_sub(1));
         let (blocks, hits) = self
@@ -553,7 +474,7 @@ impl KvCacheManager {
         request: &R,
         args: &AllocateArgs<'_>,
     ) -> Result<Option<Vec<Vec<BlockId>>>> {
-        let mut new_blocks = Vec::with_capacity(self.num_groups);
+        let mut new_blocks = Vec::with_capacity(self.num_groups());
         let fitted = self.allocate_slots_with(request, args, |_, ids| {
             new_blocks.push(ids.to_vec());
         })?;
@@ -615,10 +536,10 @@ impl KvCacheManager {
         mut new_blocks: impl FnMut(usize, &[BlockId]),
     ) -> Result<bool> {
         self.check_hash_block_size(request)?;
-        let slot = self.slot_of(request);
+        let slot = self.slots.find(request);
         let local = request.num_computed_tokens() + args.num_new_computed_tokens;
         let hits = self.validate_allocate(slot, local, args)?;
-        let g = self.num_groups;
+        let g = self.num_groups();
         let total = (local + args.num_external_computed_tokens).min(self.max_model_len);
         let watermark = if args.has_scheduled_reqs && request.awaiting_admission() {
             self.watermark_blocks as isize
@@ -629,7 +550,7 @@ impl KvCacheManager {
         if args.full_sequence_must_fit {
             let full = request.num_tokens().min(self.max_model_len);
             let need = self.coord.get_num_blocks_to_allocate(
-                self.tables_or_empty(slot),
+                self.slots.tables_or_empty(slot),
                 full,
                 full,
                 hits,
@@ -647,10 +568,10 @@ impl KvCacheManager {
             self.frees_as(s);
             let processed = total.saturating_sub(request.num_in_flight_tokens());
             self.coord
-                .remove_skipped_blocks(&mut self.slots[s * g..(s + 1) * g], processed)?;
+                .remove_skipped_blocks(self.slots.tables_mut(s), processed)?;
         }
         let need = self.coord.get_num_blocks_to_allocate(
-            self.tables_or_empty(slot),
+            self.slots.tables_or_empty(slot),
             need_slots,
             main,
             hits,
@@ -665,9 +586,13 @@ impl KvCacheManager {
         }
         let s = match slot {
             Some(s) => s,
-            None => self.slot_or_insert(request),
+            None => {
+                let s = self.slots.insert(request);
+                self.tag_slot(request, s);
+                s
+            }
         };
-        let rbs = &mut self.slots[s * g..(s + 1) * g];
+        let rbs = self.slots.tables_mut(s);
         if hits.is_some() || args.num_external_computed_tokens > 0 {
             self.coord.allocate_new_computed_blocks(
                 rbs,
@@ -717,7 +642,7 @@ impl KvCacheManager {
                     .into(),
             ));
         }
-        self.check_hit_groups(args.new_computed_blocks)?;
+        self.check_hit_groups("new_computed_blocks", args.new_computed_blocks)?;
         let hits = match args.new_computed_blocks {
             Some(h) if h.iter().any(|g| !g.is_empty()) => h,
             // Hit tokens without hit blocks (vLLM's scheduler never passes them) made the
@@ -757,13 +682,13 @@ impl KvCacheManager {
         self.check_adopt(slot, args, Some(hits))
     }
 
-    /// A prefix hit gives one block list per group.
-    fn check_hit_groups(&self, hits: Option<&[Vec<BlockId>]>) -> Result<()> {
+    /// A prefix hit (the argument `what`) gives one block list per group.
+    fn check_hit_groups(&self, what: &str, hits: Option<&[Vec<BlockId>]>) -> Result<()> {
         match hits {
-            Some(h) if h.len() != self.num_groups => Err(KvError::InvalidArgument(format!(
-                "new_computed_blocks has {} groups, the manager has {}",
+            Some(h) if h.len() != self.num_groups() => Err(KvError::InvalidArgument(format!(
+                "{what} has {} groups, the manager has {}",
                 h.len(),
-                self.num_groups
+                self.num_groups()
             ))),
             _ => Ok(()),
         }
@@ -780,7 +705,7 @@ impl KvCacheManager {
         let Some(s) = slot else {
             return Ok(hits);
         };
-        let tables = self.tables(s);
+        let tables = self.slots.tables(s);
         let known = tables.iter().any(|rb| rb.num_cached.is_some());
         if hits.is_some() && known {
             return Err(KvError::InvalidArgument(
@@ -799,21 +724,11 @@ impl KvCacheManager {
     /// Frees the request's blocks in every group (tail first). Unknown requests and
     /// repeated frees are no-ops.
     pub fn free(&mut self, request_id: &str) -> Result<()> {
-        let Some(s) = self.release_slot(request_id) else {
+        let Some(s) = self.slots.release(request_id) else {
             return Ok(());
         };
-        let g = self.num_groups;
         self.frees_as(s);
-        self.coord.free(&mut self.slots[s * g..(s + 1) * g])
-    }
-
-    /// Removes the request from the slot table and returns its slot, whose tables the
-    /// caller empties before anything else can reuse it.
-    fn release_slot(&mut self, request_id: &str) -> Option<usize> {
-        let s = self.requests.remove(request_id)?;
-        self.slot_tokens[s] = 0;
-        self.free_slots.push(s);
-        Some(s)
+        self.coord.free(self.slots.tables_mut(s))
     }
 
     /// Forgets the request and returns its blocks without freeing them: group after
@@ -821,12 +736,10 @@ impl KvCacheManager {
     /// `pop_blocks_for_free`). The caller frees them later, in reverse order. Empty for
     /// an unknown request.
     pub fn pop_blocks_for_free(&mut self, request_id: &str) -> Vec<BlockId> {
-        let Some(s) = self.release_slot(request_id) else {
+        let Some(s) = self.slots.release(request_id) else {
             return Vec::new();
         };
-        let g = self.num_groups;
-        self.coord
-            .pop_blocks_for_free(&mut self.slots[s * g..(s + 1) * g])
+        self.coord.pop_blocks_for_free(self.slots.tables_mut(s))
     }
 
     /// The prefix tokens of the request that its cached blocks cover (vLLM's
@@ -834,14 +747,14 @@ impl KvCacheManager {
     /// cache key covers, the least of those over the groups. Cross-attention groups
     /// are not prefix cached; 0 for an unknown request.
     pub fn estimate_cached_tokens(&self, request_id: &str) -> usize {
-        let Some(&s) = self.requests.get(request_id) else {
+        let Some(s) = self.slots.get(request_id) else {
             return 0;
         };
         let pool = self.coord.pool();
         self.coord
             .managers()
             .iter()
-            .zip(self.tables(s))
+            .zip(self.slots.tables(s))
             .filter(|(m, _)| m.params().kind.caches_prefix())
             .map(|(_, rb)| {
                 rb.table
@@ -856,9 +769,9 @@ impl KvCacheManager {
 
     /// The request's block table per group (empty lists for an unknown request).
     pub fn get_block_ids(&self, request_id: &str) -> Vec<Vec<BlockId>> {
-        match self.requests.get(request_id) {
-            Some(&s) => self.tables(s).iter().map(|rb| rb.table.clone()).collect(),
-            None => vec![Vec::new(); self.num_groups],
+        match self.slots.tables_of(request_id) {
+            Some(tables) => tables.iter().map(|rb| rb.table.clone()).collect(),
+            None => vec![Vec::new(); self.num_groups()],
         }
     }
 
@@ -897,7 +810,7 @@ impl KvCacheManager {
         blocks: &[Vec<BlockId>],
         num_computed_tokens: usize,
     ) -> Result<Vec<Vec<BlockId>>> {
-        self.check_hit_groups(Some(blocks))?;
+        self.check_hit_groups("blocks", Some(blocks))?;
         Ok(self
             .coord
             .managers()
@@ -909,8 +822,8 @@ impl KvCacheManager {
 
     /// The request's table in `group`, borrowed (empty for an unknown request).
     pub fn block_table(&self, request_id: &str, group: usize) -> &[BlockId] {
-        match self.requests.get(request_id) {
-            Some(&s) if group < self.num_groups => &self.tables(s)[group].table,
+        match self.slots.tables_of(request_id) {
+            Some(tables) if group < tables.len() => &tables[group].table,
             _ => &[],
         }
     }
@@ -927,10 +840,10 @@ impl KvCacheManager {
         group: usize,
         out: &mut Vec<i32>,
     ) -> Result<usize> {
-        if group >= self.num_groups {
+        if group >= self.num_groups() {
             return Err(KvError::InvalidArgument(format!(
                 "group id {group} out of range for {} groups",
-                self.num_groups
+                self.num_groups()
             )));
         }
         let rows = request_ids
@@ -963,8 +876,7 @@ impl KvCacheManager {
             return Ok(());
         }
         self.check_hash_block_size(request)?;
-        let g = self.num_groups;
-        let Some(s) = self.slot_of(request) else {
+        let Some(s) = self.slots.find(request) else {
             let hashes = request.block_hashes().len();
             let hash_bs = self.coord.pool().hash_block_size();
             let would_cache = self.coord.managers().iter().any(|m| {
@@ -977,11 +889,8 @@ impl KvCacheManager {
                 Ok(())
             };
         };
-        self.coord.cache_blocks(
-            &mut self.slots[s * g..(s + 1) * g],
-            request,
-            num_computed_tokens,
-        )
+        self.coord
+            .cache_blocks(self.slots.tables_mut(s), request, num_computed_tokens)
     }
 
     /// The blocks allocated since the last call that the worker must zero (vLLM's
@@ -998,12 +907,11 @@ impl KvCacheManager {
         request_id: &str,
         start_token: usize,
     ) -> Result<()> {
-        let Some(&s) = self.requests.get(request_id) else {
+        let Some(s) = self.slots.get(request_id) else {
             return Ok(());
         };
-        let g = self.num_groups;
         self.coord
-            .record_blocks_for_zeroing(&self.slots[s * g..(s + 1) * g], start_token)
+            .record_blocks_for_zeroing(self.slots.tables(s), start_token)
     }
 
     /// Per-step hook (align-mode Mamba defers hits on blocks cached during a step).
@@ -1027,7 +935,7 @@ impl KvCacheManager {
 
     /// vLLM 0.33: cascade attention is gone; zeros per group.
     pub fn get_num_common_prefix_blocks(&self, _request_id: &str) -> Vec<usize> {
-        vec![0; self.num_groups]
+        vec![0; self.num_groups()]
     }
 
     /// The pool's events, each `BlockStored` annotated with its group's spec kind and
@@ -1066,15 +974,15 @@ impl KvCacheManager {
 
     /// The ids of the requests holding a slot (in no particular order).
     pub fn request_ids(&self) -> impl Iterator<Item = &str> + '_ {
-        self.requests.keys().map(String::as_str)
+        self.slots.ids()
     }
 
     /// Leading cached entries of the request's table in `group` (vLLM's
     /// `num_cached_block[request_id]`), or `None` if the group does not know the
     /// request yet.
     pub fn num_cached_blocks(&self, request_id: &str, group: usize) -> Option<usize> {
-        let &s = self.requests.get(request_id)?;
-        self.tables(s).get(group)?.num_cached
+        let s = self.slots.get(request_id)?;
+        self.slots.tables(s).get(group)?.num_cached
     }
 
     /// The blocks an allocation would take from the pool (vLLM's
@@ -1090,10 +998,10 @@ impl KvCacheManager {
         total_computed_tokens: usize,
         apply_admission_cap: bool,
     ) -> Result<isize> {
-        self.check_hit_groups(hits)?;
-        let slot = self.requests.get(request_id).copied();
+        self.check_hit_groups("new_computed_blocks", hits)?;
+        let slot = self.slots.get(request_id);
         Ok(self.coord.get_num_blocks_to_allocate(
-            self.tables_or_empty(slot),
+            self.slots.tables_or_empty(slot),
             num_tokens,
             num_tokens_main_model,
             hits,
@@ -1110,15 +1018,12 @@ impl KvCacheManager {
         request_id: &str,
         processed_computed_tokens: usize,
     ) -> Result<()> {
-        let Some(&s) = self.requests.get(request_id) else {
+        let Some(s) = self.slots.get(request_id) else {
             return Ok(());
         };
-        let g = self.num_groups;
         self.frees_as(s);
-        self.coord.remove_skipped_blocks(
-            &mut self.slots[s * g..(s + 1) * g],
-            processed_computed_tokens,
-        )
+        self.coord
+            .remove_skipped_blocks(self.slots.tables_mut(s), processed_computed_tokens)
     }
 
     /// The stats recorded since the last `make_prefix_cache_stats` (`None` without
@@ -1129,7 +1034,7 @@ impl KvCacheManager {
 
     /// Number of requests holding a slot.
     pub fn num_requests(&self) -> usize {
-        self.requests.len()
+        self.slots.len()
     }
 }
 
@@ -1194,5 +1099,6 @@ impl RequestView for Request {
 }
 
 mod retention;
+mod slots;
 #[cfg(test)]
 mod tests;

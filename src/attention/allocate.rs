@@ -2,7 +2,8 @@
 //! ([`SingleTypeManager::get_num_blocks_to_allocate`], capped by the type's admission
 //! cap), adding hit and external blocks, and extending the table with new blocks.
 
-use super::{cdiv, RequestBlocks, SingleTypeManager};
+use super::{RequestBlocks, SingleTypeManager};
+use crate::arith::cdiv;
 use crate::error::Result;
 use crate::pool::BlockPool;
 use crate::types::{BlockId, NULL_BLOCK_ID};

@@ -2,7 +2,7 @@
 //! cached (encoder-decoder models run with prefix caching off). The coordinator passes
 //! `num_encoder_tokens` as this group's token count.
 
-use super::cdiv;
+use crate::arith::cdiv;
 use crate::error::KvError;
 
 /// The `kv_cache_spec_kind` of this type's events.

@@ -4,6 +4,7 @@
 
 use super::SingleTypeManager;
 use crate::error::Result;
+use crate::hashing::BlockHashView;
 use crate::pool::BlockPool;
 use crate::types::{BlockHash, BlockId, GroupId};
 
@@ -24,19 +25,24 @@ pub struct HitQuery<'a> {
     pub alignment: usize,
 }
 
-impl HitQuery<'_> {
+impl<'a> HitQuery<'a> {
+    /// The hashes seen by a group of block size `bs` (a multiple of the hash block size).
+    #[inline]
+    pub(crate) fn view(&self, bs: usize) -> BlockHashView<'a> {
+        BlockHashView::scaled(self.hashes, bs / self.hash_block_size)
+    }
+
     /// The hash of the group block `i` for block size `bs` (0.33: the last hash inside
     /// the block).
     #[inline]
-    pub(crate) fn hash(&self, bs: usize, i: usize) -> &BlockHash {
-        let k = bs / self.hash_block_size;
-        &self.hashes[(i + 1) * k - 1]
+    pub(crate) fn hash(&self, bs: usize, i: usize) -> &'a BlockHash {
+        self.view(bs).at(i)
     }
 
     /// Number of full group blocks the hashes cover.
     #[inline]
     pub(crate) fn num_hashed_blocks(&self, bs: usize) -> usize {
-        self.hashes.len() / (bs / self.hash_block_size)
+        self.view(bs).len()
     }
 
     /// Group blocks a hit may cover: within `max_length` and the hashes.

@@ -6,8 +6,9 @@
 
 use rustc_hash::FxHashSet;
 
-use super::{cdiv, HitQuery, RequestBlocks, RequestView, Retention, SingleTypeManager};
 use super::{chunked_local, cross_attention, full, mamba, sliding_window};
+use super::{HitQuery, RequestBlocks, RequestView, Retention, SingleTypeManager};
+use crate::arith::cdiv;
 use crate::error::{KvError, Result};
 use crate::pool::{BlockPool, HashKey};
 use crate::spec::KvCacheSpec;

@@ -8,7 +8,8 @@
 
 use rustc_hash::FxHashSet;
 
-use super::{cdiv, AttentionKind, HitQuery, RequestBlocks, SingleTypeManager};
+use super::{AttentionKind, HitQuery, RequestBlocks, SingleTypeManager};
+use crate::arith::cdiv;
 use crate::error::{KvError, Result};
 use crate::pool::{BlockPool, HashKey};
 use crate::spec::{MambaCacheMode, MambaSpec};

@@ -43,12 +43,6 @@ use crate::error::{KvError, Result};
 use crate::pool::{BlockPool, HashKey};
 use crate::types::{BlockId, GroupId};
 
-/// Ceiling division.
-#[inline]
-pub(crate) fn cdiv(a: usize, b: usize) -> usize {
-    a.div_ceil(b)
-}
-
 /// The manager of one KV cache group.
 #[derive(Debug, Clone)]
 pub struct SingleTypeManager {

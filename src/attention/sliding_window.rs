@@ -1,7 +1,8 @@
 //! Sliding-window attention: blocks before the window are nulled and
 //! freed, and a hit needs `cdiv(sw - 1, bs)` contiguous cached blocks ending at the hit.
 
-use super::{cdiv, AttentionKind, HitQuery, RequestView, Retention, SingleTypeManager};
+use super::{AttentionKind, HitQuery, RequestView, Retention, SingleTypeManager};
+use crate::arith::cdiv;
 use crate::pool::BlockPool;
 use crate::spec::SlidingWindowSpec;
 use crate::types::{BlockId, NULL_BLOCK_ID};

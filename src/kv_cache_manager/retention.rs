@@ -5,6 +5,7 @@
 use super::KvCacheManager;
 use crate::attention::RequestView;
 use crate::error::Result;
+use crate::hashing::BlockHashView;
 use crate::pool::{HashKey, RetentionPolicy};
 use crate::types::BlockHash;
 
@@ -56,10 +57,10 @@ impl KvCacheManager {
             if !m.params().kind.caches_prefix() {
                 continue;
             }
-            let k = m.block_size() / hash_block_size;
-            let full = (num_tokens / m.block_size()).min(hashes.len() / k);
-            keys.extend((0..full).map(|i| HashKey {
-                hash: hashes[(i + 1) * k - 1],
+            let view = BlockHashView::scaled(hashes, m.block_size() / hash_block_size);
+            let full = (num_tokens / m.block_size()).min(view.len());
+            keys.extend(view.iter().take(full).map(|&hash| HashKey {
+                hash,
                 group: m.group(),
             }));
         }
