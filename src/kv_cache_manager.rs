@@ -32,12 +32,12 @@ use crate::attention::{ManagerParams, RequestView};
 use crate::config;
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
-use crate::events::event::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
-use crate::pool::{BlockPool, FreeTag, RetentionHints};
-use crate::request::Request;
-use crate::request::SlotHint;
-use crate::types::{BlockHash, BlockId};
+use crate::events::event::KvCacheEvent;
+use crate::pool::{BlockPool, FreeTag};
+use crate::types::BlockId;
+pub use lookup::Lookup;
 use slots::RequestSlots;
+pub use stats::PrefixCacheStats;
 
 /// Construction options (vLLM's `KVCacheManager.__init__` keywords).
 #[derive(Debug, Clone, Copy)]
@@ -135,42 +135,6 @@ impl AllocateArgs<'_> {
     }
 }
 
-/// vLLM 0.33's `PrefixCacheStats` (without the connector's `hits_by_source`). The Python
-/// class is a copy made by the binding layer (`src/python/stats.rs`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PrefixCacheStats {
-    /// Whether `reset_prefix_cache` succeeded since the last snapshot.
-    pub reset: bool,
-    /// Requests recorded (not previously preempted).
-    pub requests: u64,
-    /// Tokens queried by those requests.
-    pub queries: u64,
-    /// Tokens hit by those requests.
-    pub hits: u64,
-    /// Previously preempted requests recorded.
-    pub preempted_requests: u64,
-    /// Tokens queried by preempted requests.
-    pub preempted_queries: u64,
-    /// Tokens hit by preempted requests.
-    pub preempted_hits: u64,
-}
-
-impl PrefixCacheStats {
-    /// Adds one request's lookup.
-    pub fn record(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
-        let (t, h) = (num_tokens as u64, num_hits as u64);
-        if preempted {
-            self.preempted_requests += 1;
-            self.preempted_queries += t;
-            self.preempted_hits += h;
-        } else {
-            self.requests += 1;
-            self.queries += t;
-            self.hits += h;
-        }
-    }
-}
-
 /// The blocks one allocation added: every group's ids back to back, in group order
 /// (reused from call to call).
 #[derive(Debug, Clone, Default)]
@@ -201,27 +165,6 @@ impl NewBlocks {
     pub fn groups(&self) -> impl Iterator<Item = &[BlockId]> {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
         starts.zip(&self.ends).map(|(s, &e)| &self.ids[s..e])
-    }
-}
-
-/// A prefix-cache lookup of a request (vLLM's `get_computed_blocks` triple).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lookup {
-    /// The hit blocks, one list per group.
-    pub blocks: Vec<Vec<BlockId>>,
-    /// Tokens hit.
-    pub num_hit_tokens: usize,
-    /// The end of a shared prefix a sparse-retention group has not cached yet, or 0.
-    pub shared_prefix_boundary: usize,
-}
-
-impl Lookup {
-    fn none(num_groups: usize) -> Self {
-        Self {
-            blocks: vec![Vec::new(); num_groups],
-            num_hit_tokens: 0,
-            shared_prefix_boundary: 0,
-        }
     }
 }
 
@@ -347,107 +290,6 @@ impl KvCacheManager {
             }
             _ => Ok(()),
         }
-    }
-
-    /// Whether a prefix-cache lookup runs for this request.
-    fn lookup_enabled<R: RequestView>(&self, request: &R) -> bool {
-        self.enable_caching && !request.skip_reading_prefix_cache()
-    }
-
-    /// The request's prefix-cache hit: one block list per group (hit blocks, nulls for
-    /// skipped positions) and the hit length in tokens, at most `num_tokens - 1`. No
-    /// ref count changes.
-    pub fn get_computed_blocks<R: RequestView>(
-        &self,
-        request: &R,
-    ) -> Result<(Vec<Vec<BlockId>>, usize)> {
-        self.get_computed_blocks_capped(request, None)
-    }
-
-    /// [`get_computed_blocks`](Self::get_computed_blocks) with the hit capped at
-    /// `max_cache_hit_length` tokens (`None`: `num_tokens - 1`).
-    pub fn get_computed_blocks_capped<R: RequestView>(
-        &self,
-        request: &R,
-        max_cache_hit_length: Option<usize>,
-    ) -> Result<(Vec<Vec<BlockId>>, usize)> {
-        self.lookup(request, max_cache_hit_length)
-            .map(|l| (l.blocks, l.num_hit_tokens))
-    }
-
-    /// vLLM 0.33's `get_computed_blocks`: the hit, and the block-aligned end of a shared
-    /// prefix that a sparse-retention group has not cached yet (0 if none).
-    pub fn lookup<R: RequestView>(
-        &self,
-        request: &R,
-        max_cache_hit_length: Option<usize>,
-    ) -> Result<Lookup> {
-        self.check_hash_block_size(request)?;
-        if !self.lookup_enabled(request) {
-            return Ok(Lookup::none(self.num_groups()));
-        }
-        let max = max_cache_hit_length.unwrap_or(request.num_tokens().saturating_sub(1));
-        let hit = self.coord.find_cache_hit(request.block_hashes(), max)?;
-        let boundary = if hit.num_uncached > 0 {
-            hit.hit_length + hit.num_uncached
-        } else {
-            0
-        };
-        Ok(Lookup {
-            blocks: hit.blocks,
-            num_hit_tokens: hit.hit_length,
-            shared_prefix_boundary: boundary,
-        })
-    }
-
-    /// vLLM 0.33's `get_computed_blocks_for_connector`: for a hybrid model with Mamba
-    /// layers and a full-attention group, that group's own hit is the local prefix (the
-    /// connector supplies the rest), unless another group hit deeper (its full-attention
-    /// blocks were evicted: then the reconciled `lookup`). The flag says whether a
-    /// lagging group stops short of the local prefix. Other models: `lookup`, `false`.
-    pub fn lookup_for_connector<R: RequestView>(
-        &self,
-        request: &R,
-        max_cache_hit_length: Option<usize>,
-    ) -> Result<(Lookup, bool)> {
-        let has_mamba = self
-            .coord
-            .managers()
-            .iter()
-            .any(|m| m.params().kind.keeps_recurrent_state());
-        let fa = match self.coord.full_attention_group_id() {
-            Some(fa) if has_mamba => fa,
-            _ => return Ok((self.lookup(request, max_cache_hit_length)?, false)),
-        };
-        self.check_hash_block_size(request)?;
-        if !self.lookup_enabled(request) {
-            return Ok((Lookup::none(self.num_groups()), false));
-        }
-        let max = max_cache_hit_length.unwrap_or(request.num_tokens().saturating_sub(1));
-        let (blocks, hits) = self
-            .coord
-            .find_cache_hit_per_group(request.block_hashes(), max)?;
-        if hits.iter().any(|&h| h > hits[fa]) {
-            return Ok((self.lookup(request, max_cache_hit_length)?, false));
-        }
-        let diverged = hits.iter().any(|&h| h < hits[fa]);
-        let lookup = Lookup {
-            blocks,
-            num_hit_tokens: hits[fa],
-            shared_prefix_boundary: 0,
-        };
-        Ok((lookup, diverged))
-    }
-
-    /// Each spec group's own longest hit of `hashes` (vLLM's
-    /// `coordinator.find_longest_cache_hit_per_group`).
-    pub fn find_cache_hit_per_group(
-        &self,
-        hashes: &[BlockHash],
-        max_cache_hit_length: usize,
-    ) -> Result<(Vec<Vec<BlockId>>, Vec<usize>)> {
-        self.coord
-            .find_cache_hit_per_group(hashes, max_cache_hit_length)
     }
 
     /// Rejects a request longer than the model's context (`max_model_len`): kvblocks'
@@ -742,31 +584,6 @@ impl KvCacheManager {
         self.coord.pop_blocks_for_free(self.slots.tables_mut(s))
     }
 
-    /// The prefix tokens of the request that its cached blocks cover (vLLM's
-    /// `estimate_cached_tokens`): per prefix-cached group the most tokens a block's
-    /// cache key covers, the least of those over the groups. Cross-attention groups
-    /// are not prefix cached; 0 for an unknown request.
-    pub fn estimate_cached_tokens(&self, request_id: &str) -> usize {
-        let Some(s) = self.slots.get(request_id) else {
-            return 0;
-        };
-        let pool = self.coord.pool();
-        self.coord
-            .managers()
-            .iter()
-            .zip(self.slots.tables(s))
-            .filter(|(m, _)| m.params().kind.caches_prefix())
-            .map(|(_, rb)| {
-                rb.table
-                    .iter()
-                    .filter_map(|&b| pool.block_hash_num_tokens(b).ok().flatten())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .min()
-            .unwrap_or(0)
-    }
-
     /// The request's block table per group (empty lists for an unknown request).
     pub fn get_block_ids(&self, request_id: &str) -> Vec<Vec<BlockId>> {
         match self.slots.tables_of(request_id) {
@@ -953,25 +770,6 @@ impl KvCacheManager {
         events
     }
 
-    /// Records a lookup in the prefix-cache stats (if `log_stats` and the request did
-    /// look the cache up).
-    pub fn record_prefix_cache_stats<R: RequestView>(&mut self, request: &R, num_hits: usize) {
-        if !self.log_stats || !self.lookup_enabled(request) {
-            return;
-        }
-        self.stats.record(
-            request.num_tokens(),
-            num_hits,
-            request.num_preemptions() > 0,
-        );
-    }
-
-    /// Returns the stats since the last call and starts new ones (`None` without
-    /// `log_stats`).
-    pub fn make_prefix_cache_stats(&mut self) -> Option<PrefixCacheStats> {
-        self.log_stats.then(|| std::mem::take(&mut self.stats))
-    }
-
     /// The ids of the requests holding a slot (in no particular order).
     pub fn request_ids(&self) -> impl Iterator<Item = &str> + '_ {
         self.slots.ids()
@@ -1026,79 +824,15 @@ impl KvCacheManager {
             .remove_skipped_blocks(self.slots.tables_mut(s), processed_computed_tokens)
     }
 
-    /// The stats recorded since the last `make_prefix_cache_stats` (`None` without
-    /// `log_stats`).
-    pub fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
-        self.log_stats.then_some(self.stats)
-    }
-
     /// Number of requests holding a slot.
     pub fn num_requests(&self) -> usize {
         self.slots.len()
     }
 }
 
-/// The events of a request's blocks: its tokens, untagged extra keys and LoRA.
-impl StoredBlockSource for Request {
-    fn token_ids(&self) -> &[u32] {
-        self.all_token_ids()
-    }
-    fn event_extra_keys(&self, start: usize, end: usize) -> EventExtraKeys {
-        Request::event_extra_keys(self, start, end)
-    }
-    fn lora_id(&self) -> Option<i64> {
-        self.lora().and_then(|l| l.id).map(i64::from)
-    }
-    fn lora_name(&self) -> Option<&str> {
-        self.lora().map(|l| l.name.as_str())
-    }
-}
-
-/// The manager's view of the crate's request type.
-impl RequestView for Request {
-    fn request_id(&self) -> &str {
-        Request::request_id(self)
-    }
-    fn num_tokens(&self) -> usize {
-        Request::num_tokens(self)
-    }
-    fn num_prompt_tokens(&self) -> usize {
-        Request::num_prompt_tokens(self)
-    }
-    fn num_computed_tokens(&self) -> usize {
-        self.num_computed_tokens
-    }
-    fn block_hashes(&self) -> &[BlockHash] {
-        Request::block_hashes(self)
-    }
-    fn skip_reading_prefix_cache(&self) -> bool {
-        self.skip_reading_prefix_cache
-    }
-    fn num_preemptions(&self) -> usize {
-        self.num_preemptions as usize
-    }
-    fn num_in_flight_tokens(&self) -> usize {
-        self.num_in_flight_tokens
-    }
-    fn hash_block_size(&self) -> Option<usize> {
-        self.hasher().map(|h| h.hash_block_size())
-    }
-    fn slot_hint(&self) -> Option<&SlotHint> {
-        Some(Request::slot_hint(self))
-    }
-    fn retention_hints(&self) -> RetentionHints {
-        RetentionHints {
-            priority: self.priority,
-            session: self.session_id.is_some(),
-            tenant: self
-                .cache_salt()
-                .or_else(|| self.lora().map(|l| l.name.as_str()))
-                .map(str::to_owned),
-        }
-    }
-}
-
+mod lookup;
 mod retention;
 mod slots;
+mod stats;
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,7 @@
 use super::*;
 use crate::attention::{AttentionKind as K, ManagerParams, RequestView};
 use crate::events::event::{EventExtraKeys, StoredBlockSource};
+use crate::request::Request;
 use crate::types::{BlockHash, NULL_BLOCK_ID};
 
 /// A request with a toy hash chain (equal prefixes give equal hashes).
