@@ -8,7 +8,7 @@
 
 use crate::arith::cdiv;
 use crate::attention::{
-    HitQuery, ManagerParams, RequestBlocks, RequestView, Retention, SingleTypeManager,
+    HitQuery, ManagerParams, RequestBlocks, RequestView, SingleTypeManager, SparseCaching,
 };
 use crate::error::{KvError, Result};
 use crate::pool::BlockPool;
@@ -88,7 +88,7 @@ pub struct Coordinator {
     drop_eagle: Vec<bool>,
     /// Hybrid only: spec groups, full attention first.
     spec_groups: Vec<SpecGroup>,
-    retention: Retention,
+    sparse_caching: SparseCaching,
     zeroing: ZeroingLog,
 }
 
@@ -96,7 +96,7 @@ impl Coordinator {
     /// Builds the pool and the managers (in group order) after checking the groups
     /// against the options ([`validate`]).
     pub fn new(groups: Vec<ManagerParams>, opts: CoordinatorOptions) -> Result<Self> {
-        let (kind, retention) = validate(&groups, &opts)?;
+        let (kind, sparse_caching) = validate(&groups, &opts)?;
         let (sbs, hbs) = (opts.scheduler_block_size, opts.hash_block_size);
         let mut pool = BlockPool::new(
             opts.num_blocks,
@@ -133,7 +133,7 @@ impl Coordinator {
             any_drop_eagle: drop_eagle.iter().any(|&d| d),
             drop_eagle,
             spec_groups: Vec::new(),
-            retention,
+            sparse_caching,
         };
         match kind {
             CoordinatorKind::Unitary => me.managers[0].use_eagle = me.drop_eagle[0],
@@ -201,10 +201,10 @@ impl Coordinator {
         &self.managers
     }
 
-    /// Whether sparse prefix-cache retention is on (`prefix_cache_retention_interval`
+    /// Whether sparse prefix caching is on (`prefix_cache_retention_interval`
     /// set): only then does caching read a request's shared-prefix junction.
-    pub fn sparse_retention(&self) -> bool {
-        self.retention != Retention::Dense
+    pub fn sparse_caching(&self) -> bool {
+        self.sparse_caching != SparseCaching::Dense
     }
 
     /// The scheduler block size.
@@ -554,7 +554,7 @@ impl Coordinator {
                     rb,
                     request,
                     n,
-                    self.retention,
+                    self.sparse_caching,
                     &boundaries[..nb],
                     &mut self.pool,
                 )?;
@@ -628,7 +628,7 @@ impl Coordinator {
 fn validate(
     groups: &[ManagerParams],
     opts: &CoordinatorOptions,
-) -> Result<(CoordinatorKind, Retention)> {
+) -> Result<(CoordinatorKind, SparseCaching)> {
     let sbs = opts.scheduler_block_size;
     let hbs = opts.hash_block_size;
     if sbs == 0 || hbs == 0 || !sbs.is_multiple_of(hbs) {
@@ -660,8 +660,8 @@ fn validate(
     if opts.enable_caching {
         validate_prefix_caching(groups, hbs, opts.retention_interval.is_some())?;
     }
-    let retention = validate_retention(opts.retention_interval, sbs, groups)?;
-    Ok((kind, retention))
+    let sparse_caching = validate_sparse_caching(opts.retention_interval, sbs, groups)?;
+    Ok((kind, sparse_caching))
 }
 
 /// With prefix caching on: each type supports it for its group, every block size is a
@@ -698,13 +698,13 @@ fn drop_eagle_groups(groups: &[ManagerParams], use_eagle: bool) -> Vec<bool> {
 }
 
 /// vLLM's `_validate_prefix_cache_retention_interval`.
-fn validate_retention(
+fn validate_sparse_caching(
     interval: Option<usize>,
     scheduler_block_size: usize,
     groups: &[ManagerParams],
-) -> Result<Retention> {
+) -> Result<SparseCaching> {
     let Some(n) = interval else {
-        return Ok(Retention::Dense);
+        return Ok(SparseCaching::Dense);
     };
     let sparse = groups.iter().any(|g| g.kind.allows_sparse_caching());
     if !sparse && n != 0 {
@@ -720,5 +720,5 @@ fn validate_retention(
              scheduler_block_size ({scheduler_block_size})"
         )));
     }
-    Ok(Retention::Interval(n))
+    Ok(SparseCaching::Interval(n))
 }

@@ -407,7 +407,7 @@ impl KvCacheManager {
         let main = total + args.num_new_tokens;
         let need_slots = (main + args.num_lookahead_tokens).min(self.max_model_len);
         if let Some(s) = slot {
-            self.frees_as(s);
+            self.set_free_tag_of_slot(s);
             let processed = total.saturating_sub(request.num_in_flight_tokens());
             self.coord
                 .remove_skipped_blocks(self.slots.tables_mut(s), processed)?;
@@ -430,7 +430,7 @@ impl KvCacheManager {
             Some(s) => s,
             None => {
                 let s = self.slots.insert(request);
-                self.tag_slot(request, s);
+                self.assign_free_tag(request, s);
                 s
             }
         };
@@ -495,7 +495,7 @@ impl KvCacheManager {
                     "num_new_computed_tokens > 0 needs the hit's new_computed_blocks".into(),
                 ))
             }
-            _ => return self.check_adopt(slot, args, None),
+            _ => return self.check_can_adopt(slot, args, None),
         };
         if !self.enable_caching {
             return Err(KvError::InvalidArgument(
@@ -521,7 +521,7 @@ impl KvCacheManager {
                 ));
             }
         }
-        self.check_adopt(slot, args, Some(hits))
+        self.check_can_adopt(slot, args, Some(hits))
     }
 
     /// A prefix hit (the argument `what`) gives one block list per group.
@@ -538,7 +538,7 @@ impl KvCacheManager {
 
     /// A hit or external tokens are adopted only by a request no group knows yet, whose
     /// tables are empty.
-    fn check_adopt<'a>(
+    fn check_can_adopt<'a>(
         &self,
         slot: Option<usize>,
         args: &AllocateArgs<'_>,
@@ -569,7 +569,7 @@ impl KvCacheManager {
         let Some(s) = self.slots.release(request_id) else {
             return Ok(());
         };
-        self.frees_as(s);
+        self.set_free_tag_of_slot(s);
         self.coord.free(self.slots.tables_mut(s))
     }
 
@@ -819,7 +819,7 @@ impl KvCacheManager {
         let Some(s) = self.slots.get(request_id) else {
             return Ok(());
         };
-        self.frees_as(s);
+        self.set_free_tag_of_slot(s);
         self.coord
             .remove_skipped_blocks(self.slots.tables_mut(s), processed_computed_tokens)
     }

@@ -1,6 +1,6 @@
 //! Caching in one group: which full blocks a request caches
-//! ([`SingleTypeManager::cache_blocks`]) and the prefix-cache retention policy
-//! ([`Retention`]).
+//! ([`SingleTypeManager::cache_blocks`]) and vLLM's sparse prefix caching
+//! ([`SparseCaching`]).
 
 use super::{full, RequestBlocks, RequestView, SingleTypeManager};
 use crate::error::Result;
@@ -19,7 +19,7 @@ impl SingleTypeManager {
         rb: &mut RequestBlocks,
         request: &R,
         num_tokens: usize,
-        retention: Retention,
+        sparse_caching: SparseCaching,
         replay_boundaries: &[usize],
         pool: &mut BlockPool,
     ) -> Result<()> {
@@ -35,7 +35,8 @@ impl SingleTypeManager {
             let start = num_cached.min(end);
             if start < end {
                 let kind = &self.params.kind;
-                let mask = kind.cache_mask(self, request, start, end, retention, replay_boundaries);
+                let mask =
+                    kind.cache_mask(self, request, start, end, sparse_caching, replay_boundaries);
                 pool.cache_full_blocks(
                     hashes,
                     &rb.table,
@@ -57,9 +58,11 @@ impl SingleTypeManager {
     }
 }
 
-/// The prefix-cache retention policy (`KVCacheConfig.prefix_cache_retention_interval`).
+/// vLLM's sparse prefix caching of sliding-window groups, set by
+/// `KVCacheConfig.prefix_cache_retention_interval` (vLLM calls it "retention"; it has
+/// nothing to do with kvblocks' eviction policies of `pool/retention.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Retention {
+pub enum SparseCaching {
     /// `None`: dense, every reachable full block is cached.
     #[default]
     Dense,

@@ -7,7 +7,7 @@
 use rustc_hash::FxHashSet;
 
 use super::{chunked_local, cross_attention, full, mamba, sliding_window};
-use super::{HitQuery, RequestBlocks, RequestView, Retention, SingleTypeManager};
+use super::{HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching};
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
 use crate::pool::{BlockPool, HashKey};
@@ -362,7 +362,7 @@ impl AttentionKind {
         request: &R,
         start: usize,
         end: usize,
-        retention: Retention,
+        sparse_caching: SparseCaching,
         replay_boundaries: &[usize],
     ) -> Option<Vec<bool>> {
         match *self {
@@ -372,7 +372,7 @@ impl AttentionKind {
                 start,
                 end,
                 sliding_window,
-                retention,
+                sparse_caching,
                 replay_boundaries,
             ),
             _ => None,

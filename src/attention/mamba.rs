@@ -2,7 +2,7 @@
 //! per request plus the speculative blocks, through the common code. Mode `"align"`
 //! (prefix caching on), for the subset kvblocks supports: the Mamba block size equals
 //! the hash block size (no fine-grained partial hits, no copy-on-write), no speculative
-//! or prefill-checkpoint blocks, dense retention. The table is position-indexed: entry `i`
+//! or prefill-checkpoint blocks, dense caching. The table is position-indexed: entry `i`
 //! is the state after token `(i + 1) * bs`; only the live state (and the previous step's,
 //! which the kernel copies from) is real, the rest are nulls.
 

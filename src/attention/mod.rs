@@ -11,7 +11,7 @@
 //! The shared code is split by job: the kind and its dispatch (`kind.rs`), the group
 //! parameters (`params.rs`), the request interface (`request_view.rs`), a request's
 //! table (`request_blocks.rs`), hit lookups (`hit_query.rs`), allocation
-//! (`allocate.rs`), caching and retention (`caching.rs`) and freeing (`free.rs`). This
+//! (`allocate.rs`), caching and sparse caching (`caching.rs`) and freeing (`free.rs`). This
 //! file holds [`SingleTypeManager`] itself: its fields, construction and accessors.
 
 pub mod chunked_local;
@@ -29,7 +29,7 @@ mod params;
 mod request_blocks;
 mod request_view;
 
-pub use caching::Retention;
+pub use caching::SparseCaching;
 pub use hit_query::HitQuery;
 pub(crate) use kind::UNKNOWN_SPEC_KIND;
 pub use kind::{AttentionKind, SPEC_KINDS};

@@ -1,7 +1,7 @@
 //! Sliding-window attention: blocks before the window are nulled and
 //! freed, and a hit needs `cdiv(sw - 1, bs)` contiguous cached blocks ending at the hit.
 
-use super::{AttentionKind, HitQuery, RequestView, Retention, SingleTypeManager};
+use super::{AttentionKind, HitQuery, RequestView, SingleTypeManager, SparseCaching};
 use crate::arith::cdiv;
 use crate::pool::BlockPool;
 use crate::spec::SlidingWindowSpec;
@@ -129,7 +129,7 @@ pub(crate) fn cache_mask<R: RequestView>(
     start: usize,
     end: usize,
     sliding_window: usize,
-    retention: Retention,
+    sparse_caching: SparseCaching,
     replay_boundaries: &[usize],
 ) -> Option<Vec<bool>> {
     let bs = mgr.block_size();
@@ -148,7 +148,7 @@ pub(crate) fn cache_mask<R: RequestView>(
         sliding_window,
         bs,
         mgr.use_eagle,
-        retention,
+        sparse_caching,
         &boundaries[..n],
     )
 }
@@ -180,7 +180,7 @@ fn reachable_boundaries(
 
 /// Which of the blocks `start..end` get cached (vLLM 0.33's `reachable_block_mask`);
 /// `None` caches them all. `boundaries` are the replay boundaries (used only under
-/// sparse retention).
+/// sparse caching).
 #[allow(clippy::too_many_arguments)]
 fn reachable_block_mask(
     start: usize,
@@ -189,7 +189,7 @@ fn reachable_block_mask(
     sliding_window: usize,
     bs: usize,
     use_eagle: bool,
-    retention: Retention,
+    sparse_caching: SparseCaching,
     boundaries: &[usize],
 ) -> Option<Vec<bool>> {
     if !alignment.is_multiple_of(bs) {
@@ -198,10 +198,10 @@ fn reachable_block_mask(
     let need = contiguous_blocks_for_hit(sliding_window, bs, use_eagle);
     let shift = usize::from(use_eagle);
     let mut mask = vec![false; end - start];
-    let segment = match retention {
-        Retention::Dense => Some(alignment),
-        Retention::Interval(0) => None,
-        Retention::Interval(n) => Some(n),
+    let segment = match sparse_caching {
+        SparseCaching::Dense => Some(alignment),
+        SparseCaching::Interval(0) => None,
+        SparseCaching::Interval(n) => Some(n),
     };
     if let Some(segment) = segment {
         let per_segment = segment / bs;
@@ -214,7 +214,7 @@ fn reachable_block_mask(
             }
         }
     }
-    if retention != Retention::Dense {
+    if sparse_caching != SparseCaching::Dense {
         for &b in boundaries {
             let e = (b / alignment * alignment) / bs + shift;
             for j in start.max(e.saturating_sub(need))..end.min(e) {

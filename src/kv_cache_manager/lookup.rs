@@ -13,7 +13,7 @@ pub struct Lookup {
     pub blocks: Vec<Vec<BlockId>>,
     /// Tokens hit.
     pub num_hit_tokens: usize,
-    /// The end of a shared prefix a sparse-retention group has not cached yet, or 0.
+    /// The end of a shared prefix a sparse-caching group has not cached yet, or 0.
     pub shared_prefix_boundary: usize,
 }
 
@@ -55,7 +55,7 @@ impl KvCacheManager {
     }
 
     /// vLLM 0.33's `get_computed_blocks`: the hit, and the block-aligned end of a shared
-    /// prefix that a sparse-retention group has not cached yet (0 if none).
+    /// prefix that a sparse-caching group has not cached yet (0 if none).
     pub fn lookup<R: RequestView>(
         &self,
         request: &R,

@@ -24,7 +24,7 @@ impl KvCacheManager {
     }
 
     /// The request's tag, read from it when it first gets a slot.
-    pub(super) fn tag_slot<R: RequestView>(&mut self, request: &R, slot: usize) {
+    pub(super) fn assign_free_tag<R: RequestView>(&mut self, request: &R, slot: usize) {
         if !self.retention_on {
             return;
         }
@@ -41,7 +41,7 @@ impl KvCacheManager {
 
     /// Makes the pool's next frees carry the tag of the request in `slot`.
     #[inline]
-    pub(super) fn frees_as(&mut self, slot: usize) {
+    pub(super) fn set_free_tag_of_slot(&mut self, slot: usize) {
         if self.retention_on {
             let tag = self.slot_tag[slot];
             self.coord.pool_mut().set_free_tag(tag);

@@ -546,7 +546,7 @@ impl PyKVCacheManager {
             status: has_scheduled_reqs && this.inner.watermark_blocks() > 0,
             lookup: false,
             retention: this.inner.retention_policy().is_some(),
-            junction: this.inner.coordinator().sparse_retention(),
+            junction: this.inner.coordinator().sparse_caching(),
         };
         this.added.clear();
         let this = &mut *this;
@@ -759,7 +759,7 @@ impl PyKVCacheManager {
     ) -> PyResult<()> {
         let reads = Reads {
             events: self.inner.pool().events_enabled(),
-            junction: self.inner.coordinator().sparse_retention(),
+            junction: self.inner.coordinator().sparse_caching(),
             ..Reads::default()
         };
         self.with_request(request, reads, |mgr, req| {
