@@ -594,7 +594,7 @@ impl KvCacheManager {
 
     /// The request's block ids covering `num_computed_tokens` per group (vLLM's
     /// `get_block_ids_for_computed_tokens`): each type decides which
-    /// (`AttentionKind::computed_token_blocks`); empty lists for an unknown request.
+    /// (each kind's `computed_token_blocks`); empty lists for an unknown request.
     pub fn block_ids_for_computed_tokens(
         &self,
         request_id: &str,
