@@ -5,6 +5,7 @@
 //! Groups are ordered: a group's index is the `group_id` baked into block hashes. All
 //! groups draw block ids from one pool of `num_blocks` blocks, the null block included.
 
+use crate::arith::{gcd, lcm};
 use crate::error::{KvError, Result};
 use crate::spec::{KvCacheSpec, MambaCacheMode};
 
@@ -77,12 +78,12 @@ fn dcp_block_size(spec: &KvCacheSpec, dcp_world_size: usize) -> Result<usize> {
         .ok_or_else(|| KvError::InvalidSpec("block_size * dcp_world_size overflows".into()))
 }
 
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
+/// The scheduler block size of groups with block sizes `sizes`: their lcm (vLLM's
+/// `resolve_kv_cache_block_sizes`; 1 for none). `InvalidSpec` on overflow.
+pub fn scheduler_block_size(sizes: &[usize]) -> Result<usize> {
+    sizes.iter().try_fold(1usize, |acc, &bs| {
+        lcm(acc, bs).ok_or_else(|| KvError::InvalidSpec("scheduler block size overflows".into()))
+    })
 }
 
 fn invalid<T>(msg: String) -> Result<T> {
@@ -150,12 +151,7 @@ impl KvCacheConfig {
                 _ => Ok((bs, bs)),
             };
         }
-        let mut scheduler = 1usize;
-        for &bs in &sizes {
-            scheduler = (scheduler / gcd(scheduler, bs))
-                .checked_mul(bs)
-                .ok_or_else(|| KvError::InvalidSpec("scheduler block size overflows".into()))?;
-        }
+        let scheduler = scheduler_block_size(&sizes)?;
         let mamba_not_aligned = self.kv_cache_groups.iter().any(|g| {
             layer_specs(&g.kv_cache_spec).any(|s| {
                 matches!(s, KvCacheSpec::Mamba(m) if m.mamba_cache_mode != MambaCacheMode::Align)

@@ -6,9 +6,9 @@
 //! The coordinator keeps no request map: callers pass the request's per-group
 //! [`RequestBlocks`] (one per group, in group order).
 
+use crate::arith::cdiv;
 use crate::attention::{
-    cdiv, mamba, AttentionKind, HitQuery, ManagerParams, RequestBlocks, RequestView, Retention,
-    SingleTypeManager,
+    HitQuery, ManagerParams, RequestBlocks, RequestView, SingleTypeManager, SparseCaching,
 };
 use crate::error::{KvError, Result};
 use crate::pool::BlockPool;
@@ -31,7 +31,8 @@ pub enum CoordinatorKind {
 struct SpecGroup {
     group_ids: Vec<GroupId>,
     is_full: bool,
-    is_mamba: bool,
+    /// Whether an EAGLE lookup searches one block past the limit.
+    extends_eagle_lookup: bool,
     use_eagle: bool,
 }
 
@@ -87,87 +88,16 @@ pub struct Coordinator {
     drop_eagle: Vec<bool>,
     /// Hybrid only: spec groups, full attention first.
     spec_groups: Vec<SpecGroup>,
-    retention: Retention,
+    sparse_caching: SparseCaching,
     zeroing: ZeroingLog,
 }
 
 impl Coordinator {
-    /// Builds the pool and the managers (in group order) and checks the block sizes as
-    /// vLLM does. Configurations vLLM 0.33 cannot run with prefix caching on (Mamba
-    /// without "align", cross-attention) are rejected here.
+    /// Builds the pool and the managers (in group order) after checking the groups
+    /// against the options ([`validate`]).
     pub fn new(groups: Vec<ManagerParams>, opts: CoordinatorOptions) -> Result<Self> {
-        let sbs = opts.scheduler_block_size;
-        let hbs = opts.hash_block_size;
-        if sbs == 0 || hbs == 0 || !sbs.is_multiple_of(hbs) {
-            return Err(KvError::InvalidArgument(format!(
-                "scheduler_block_size {sbs} must be a positive multiple of hash_block_size {hbs}"
-            )));
-        }
-        if let Some(g) = groups
-            .iter()
-            .find(|g| g.block_size == 0 || !sbs.is_multiple_of(g.block_size))
-        {
-            return Err(KvError::InvalidArgument(format!(
-                "every group's block_size must divide scheduler_block_size {sbs}, got {}",
-                g.block_size
-            )));
-        }
-        let kind = if !opts.enable_caching {
-            CoordinatorKind::NoPrefixCache
-        } else if groups.len() == 1 {
-            CoordinatorKind::Unitary
-        } else {
-            CoordinatorKind::Hybrid
-        };
-        if kind == CoordinatorKind::Hybrid && groups.is_empty() {
-            return Err(KvError::InvalidSpec(
-                "prefix caching needs at least one KV cache group".into(),
-            ));
-        }
-        if opts.enable_caching {
-            for g in &groups {
-                match g.kind {
-                    AttentionKind::Mamba { align: true, .. }
-                        if g.block_size != hbs || opts.retention_interval.is_some() =>
-                    {
-                        return Err(mamba::unsupported(
-                            "\"align\" mode with a block size other than hash_block_size \
-                             (fine-grained hits) or with sparse retention",
-                        ));
-                    }
-                    AttentionKind::Mamba { align: true, .. } => {}
-                    // vLLM 0.33 asserts this away; 0.32 builds a manager for it, which
-                    // kvblocks does not have (unsupported, so kvblocks.vllm falls back).
-                    AttentionKind::Mamba { .. } => {
-                        return Err(mamba::unsupported(
-                            "prefix caching requires mamba_cache_mode='align'; \
-                             use enable_caching=False",
-                        ))
-                    }
-                    AttentionKind::CrossAttention => {
-                        return Err(KvError::InvalidSpec(
-                            "cross-attention groups have no prefix cache; \
-                             use enable_caching=False"
-                                .into(),
-                        ))
-                    }
-                    _ => {}
-                }
-                if g.block_size % hbs != 0 {
-                    return Err(KvError::InvalidArgument(format!(
-                        "block_size {} is not divisible by hash_block_size {hbs}",
-                        g.block_size
-                    )));
-                }
-            }
-            if kind == CoordinatorKind::Unitary && groups[0].block_size != hbs {
-                return Err(KvError::InvalidArgument(format!(
-                    "a single-group model needs hash_block_size == block_size ({} != {hbs})",
-                    groups[0].block_size
-                )));
-            }
-        }
-        let retention = validate_retention(opts.retention_interval, sbs, &groups)?;
+        let (kind, sparse_caching) = validate(&groups, &opts)?;
+        let (sbs, hbs) = (opts.scheduler_block_size, opts.hash_block_size);
         let mut pool = BlockPool::new(
             opts.num_blocks,
             opts.enable_caching,
@@ -175,11 +105,7 @@ impl Coordinator {
             opts.enable_kv_cache_events,
         )?;
         pool.set_count_null_block_refs(opts.count_null_block_refs);
-        let mut eagle: Vec<bool> = groups.iter().map(|g| g.is_eagle_group).collect();
-        if opts.use_eagle && !eagle.iter().any(|&e| e) {
-            eagle.iter_mut().for_each(|e| *e = true);
-        }
-        let drop_eagle: Vec<bool> = eagle.iter().map(|&e| e && opts.use_eagle).collect();
+        let drop_eagle = drop_eagle_groups(&groups, opts.use_eagle);
         let mut managers = Vec::with_capacity(groups.len());
         for (i, params) in groups.into_iter().enumerate() {
             managers.push(SingleTypeManager::new(
@@ -192,9 +118,11 @@ impl Coordinator {
                 &mut pool,
             )?);
         }
-        let zeroing = ZeroingLog::new(managers.iter().map(|m| {
-            opts.record_new_block_ids && !matches!(m.params().kind, AttentionKind::Mamba { .. })
-        }));
+        let zeroing = ZeroingLog::new(
+            managers
+                .iter()
+                .map(|m| opts.record_new_block_ids && m.params().kind.zeroes_new_blocks()),
+        );
         let mut me = Self {
             zeroing,
             kind,
@@ -205,7 +133,7 @@ impl Coordinator {
             any_drop_eagle: drop_eagle.iter().any(|&d| d),
             drop_eagle,
             spec_groups: Vec::new(),
-            retention,
+            sparse_caching,
         };
         match kind {
             CoordinatorKind::Unitary => me.managers[0].use_eagle = me.drop_eagle[0],
@@ -231,7 +159,7 @@ impl Coordinator {
                     SpecGroup {
                         group_ids: vec![i as GroupId],
                         is_full: p.kind.is_full_attention(),
-                        is_mamba: matches!(p.kind, AttentionKind::Mamba { .. }),
+                        extends_eagle_lookup: p.kind.extends_eagle_lookup(),
                         use_eagle,
                     },
                 ));
@@ -273,10 +201,10 @@ impl Coordinator {
         &self.managers
     }
 
-    /// Whether sparse prefix-cache retention is on (`prefix_cache_retention_interval`
+    /// Whether sparse prefix caching is on (`prefix_cache_retention_interval`
     /// set): only then does caching read a request's shared-prefix junction.
-    pub fn sparse_retention(&self) -> bool {
-        self.retention != Retention::Dense
+    pub fn sparse_caching(&self) -> bool {
+        self.sparse_caching != SparseCaching::Dense
     }
 
     /// The scheduler block size.
@@ -343,7 +271,7 @@ impl Coordinator {
         let mut lengths = vec![0usize; n];
         for sg in &self.spec_groups {
             let m = &self.managers[sg.group_ids[0] as usize];
-            let limit = if sg.use_eagle && !sg.is_mamba {
+            let limit = if sg.use_eagle && sg.extends_eagle_lookup {
                 (max_length + m.block_size()).min(hashes.len() * self.hash_block_size)
             } else {
                 max_length
@@ -404,7 +332,7 @@ impl Coordinator {
                 }
                 let m = &self.managers[first];
                 let drop = sg.use_eagle && !verified[idx];
-                let limit = if drop && !sg.is_mamba {
+                let limit = if drop && sg.extends_eagle_lookup {
                     (curr + m.block_size()).min(hashes.len() * self.hash_block_size)
                 } else {
                     curr
@@ -473,7 +401,7 @@ impl Coordinator {
             .zip(rbs)
             .enumerate()
             .map(|(i, (m, rb))| {
-                if matches!(m.params().kind, AttentionKind::CrossAttention) {
+                if m.params().kind.counts_encoder_tokens() {
                     m.get_num_blocks_to_allocate(
                         rb,
                         num_encoder_tokens,
@@ -569,8 +497,9 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Extends every group's table to `num_tokens` slots (cross-attention:
-    /// `num_encoder_tokens`; align-mode Mamba: `num_tokens_main_model`), group by group.
+    /// Extends every group's table to `num_tokens` slots (a group that counts encoder
+    /// tokens: `num_encoder_tokens`; align-mode Mamba: `num_tokens_main_model`), group by
+    /// group.
     pub fn allocate_new_blocks(
         &mut self,
         rbs: &mut [RequestBlocks],
@@ -579,7 +508,7 @@ impl Coordinator {
         num_encoder_tokens: usize,
     ) -> Result<()> {
         for (g, (m, rb)) in self.managers.iter().zip(rbs.iter_mut()).enumerate() {
-            let n = if matches!(m.params().kind, AttentionKind::CrossAttention) {
+            let n = if m.params().kind.counts_encoder_tokens() {
                 num_encoder_tokens
             } else {
                 num_tokens
@@ -625,7 +554,7 @@ impl Coordinator {
                     rb,
                     request,
                     n,
-                    self.retention,
+                    self.sparse_caching,
                     &boundaries[..nb],
                     &mut self.pool,
                 )?;
@@ -692,21 +621,92 @@ impl Coordinator {
     }
 }
 
+/// Checks the groups against the options as vLLM does and picks the coordinator:
+/// block sizes that divide the scheduler block size, the prefix-caching rules of each
+/// type (configurations vLLM 0.33 cannot run with prefix caching on, Mamba without
+/// "align" and cross-attention, are rejected), and the sparse-caching interval.
+fn validate(
+    groups: &[ManagerParams],
+    opts: &CoordinatorOptions,
+) -> Result<(CoordinatorKind, SparseCaching)> {
+    let sbs = opts.scheduler_block_size;
+    let hbs = opts.hash_block_size;
+    if sbs == 0 || hbs == 0 || !sbs.is_multiple_of(hbs) {
+        return Err(KvError::InvalidArgument(format!(
+            "scheduler_block_size {sbs} must be a positive multiple of hash_block_size {hbs}"
+        )));
+    }
+    if let Some(g) = groups
+        .iter()
+        .find(|g| g.block_size == 0 || !sbs.is_multiple_of(g.block_size))
+    {
+        return Err(KvError::InvalidArgument(format!(
+            "every group's block_size must divide scheduler_block_size {sbs}, got {}",
+            g.block_size
+        )));
+    }
+    let kind = if !opts.enable_caching {
+        CoordinatorKind::NoPrefixCache
+    } else if groups.len() == 1 {
+        CoordinatorKind::Unitary
+    } else {
+        CoordinatorKind::Hybrid
+    };
+    if kind == CoordinatorKind::Hybrid && groups.is_empty() {
+        return Err(KvError::InvalidSpec(
+            "prefix caching needs at least one KV cache group".into(),
+        ));
+    }
+    if opts.enable_caching {
+        validate_prefix_caching(groups, hbs, opts.retention_interval.is_some())?;
+    }
+    let sparse_caching = validate_sparse_caching(opts.retention_interval, sbs, groups)?;
+    Ok((kind, sparse_caching))
+}
+
+/// With prefix caching on: each type supports it for its group, every block size is a
+/// multiple of the hash block size, and a single group's equals it.
+fn validate_prefix_caching(groups: &[ManagerParams], hbs: usize, sparse: bool) -> Result<()> {
+    for g in groups {
+        g.kind.check_prefix_caching(g.block_size, hbs, sparse)?;
+        if g.block_size % hbs != 0 {
+            return Err(KvError::InvalidArgument(format!(
+                "block_size {} is not divisible by hash_block_size {hbs}",
+                g.block_size
+            )));
+        }
+    }
+    if let [g] = groups {
+        if g.block_size != hbs {
+            return Err(KvError::InvalidArgument(format!(
+                "a single-group model needs hash_block_size == block_size ({} != {hbs})",
+                g.block_size
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Per group, whether its hits drop the EAGLE block: the flagged groups with EAGLE on,
+/// or every group when none is flagged.
+fn drop_eagle_groups(groups: &[ManagerParams], use_eagle: bool) -> Vec<bool> {
+    let any_flagged = groups.iter().any(|g| g.is_eagle_group);
+    groups
+        .iter()
+        .map(|g| use_eagle && (g.is_eagle_group || !any_flagged))
+        .collect()
+}
+
 /// vLLM's `_validate_prefix_cache_retention_interval`.
-fn validate_retention(
+fn validate_sparse_caching(
     interval: Option<usize>,
     scheduler_block_size: usize,
     groups: &[ManagerParams],
-) -> Result<Retention> {
+) -> Result<SparseCaching> {
     let Some(n) = interval else {
-        return Ok(Retention::Dense);
+        return Ok(SparseCaching::Dense);
     };
-    let sparse = groups.iter().any(|g| {
-        matches!(
-            g.kind,
-            AttentionKind::SlidingWindow { .. } | AttentionKind::Mamba { .. }
-        )
-    });
+    let sparse = groups.iter().any(|g| g.kind.allows_sparse_caching());
     if !sparse && n != 0 {
         return Err(KvError::InvalidArgument(
             "prefix_cache_retention_interval is set but this model has no sliding-window or \
@@ -720,5 +720,5 @@ fn validate_retention(
              scheduler_block_size ({scheduler_block_size})"
         )));
     }
-    Ok(Retention::Interval(n))
+    Ok(SparseCaching::Interval(n))
 }

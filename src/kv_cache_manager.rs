@@ -28,16 +28,16 @@
 //! assert_eq!(new, vec![vec![1, 2, 3, 4]]);
 //! ```
 
-use rustc_hash::FxHashMap;
-
-use crate::attention::{AttentionKind, ManagerParams, RequestBlocks, RequestView};
+use crate::attention::{ManagerParams, RequestView};
+use crate::config;
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
-use crate::events::event::{EventExtraKeys, KvCacheEvent, StoredBlockSource};
-use crate::pool::{BlockPool, FreeTag, RetentionHints};
-use crate::request::Request;
-use crate::request::SlotHint;
-use crate::types::{BlockHash, BlockId};
+use crate::events::event::KvCacheEvent;
+use crate::pool::{BlockPool, FreeTag};
+use crate::types::BlockId;
+pub use lookup::Lookup;
+use slots::RequestSlots;
+pub use stats::PrefixCacheStats;
 
 /// Construction options (vLLM's `KVCacheManager.__init__` keywords).
 #[derive(Debug, Clone, Copy)]
@@ -46,7 +46,8 @@ pub struct ManagerOptions {
     pub max_model_len: usize,
     /// Tokens per request hash.
     pub hash_block_size: usize,
-    /// Hit alignment; `None` = lcm of the group block sizes.
+    /// Hit alignment; `None` = lcm of the group block sizes
+    /// ([`config::scheduler_block_size`]).
     pub scheduler_block_size: Option<usize>,
     /// Tokens in flight; `None` = `max_model_len`.
     pub max_in_flight_tokens: Option<usize>,
@@ -134,42 +135,6 @@ impl AllocateArgs<'_> {
     }
 }
 
-/// vLLM 0.33's `PrefixCacheStats` (without the connector's `hits_by_source`). The Python
-/// class is a copy made by the binding layer (`src/python/stats.rs`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PrefixCacheStats {
-    /// Whether `reset_prefix_cache` succeeded since the last snapshot.
-    pub reset: bool,
-    /// Requests recorded (not previously preempted).
-    pub requests: u64,
-    /// Tokens queried by those requests.
-    pub queries: u64,
-    /// Tokens hit by those requests.
-    pub hits: u64,
-    /// Previously preempted requests recorded.
-    pub preempted_requests: u64,
-    /// Tokens queried by preempted requests.
-    pub preempted_queries: u64,
-    /// Tokens hit by preempted requests.
-    pub preempted_hits: u64,
-}
-
-impl PrefixCacheStats {
-    /// Adds one request's lookup.
-    pub fn record(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
-        let (t, h) = (num_tokens as u64, num_hits as u64);
-        if preempted {
-            self.preempted_requests += 1;
-            self.preempted_queries += t;
-            self.preempted_hits += h;
-        } else {
-            self.requests += 1;
-            self.queries += t;
-            self.hits += h;
-        }
-    }
-}
-
 /// The blocks one allocation added: every group's ids back to back, in group order
 /// (reused from call to call).
 #[derive(Debug, Clone, Default)]
@@ -203,27 +168,6 @@ impl NewBlocks {
     }
 }
 
-/// A prefix-cache lookup of a request (vLLM's `get_computed_blocks` triple).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lookup {
-    /// The hit blocks, one list per group.
-    pub blocks: Vec<Vec<BlockId>>,
-    /// Tokens hit.
-    pub num_hit_tokens: usize,
-    /// The end of a shared prefix a sparse-retention group has not cached yet, or 0.
-    pub shared_prefix_boundary: usize,
-}
-
-impl Lookup {
-    fn none(num_groups: usize) -> Self {
-        Self {
-            blocks: vec![Vec::new(); num_groups],
-            num_hit_tokens: 0,
-            shared_prefix_boundary: 0,
-        }
-    }
-}
-
 /// vLLM 0.33's `KVCacheManager`.
 #[derive(Debug, Clone)]
 pub struct KvCacheManager {
@@ -233,31 +177,12 @@ pub struct KvCacheManager {
     log_stats: bool,
     watermark_blocks: usize,
     stats: PrefixCacheStats,
-    num_groups: usize,
-    /// Request id -> slot; a slot's tables are `slots[slot * num_groups..][..num_groups]`.
-    requests: FxHashMap<String, usize>,
-    slots: Vec<RequestBlocks>,
-    /// Per slot, the `SlotHint` token of the request it was last found for (0: free).
-    slot_tokens: Vec<u64>,
-    free_slots: Vec<usize>,
-    /// Empty tables standing in for a request without a slot.
-    empty: Vec<RequestBlocks>,
+    /// Each request's slot and its tables.
+    slots: RequestSlots,
     /// Whether a retention policy is set (`retention.rs`).
     retention_on: bool,
     /// Per slot, the free tag of its request (used only with a policy).
     slot_tag: Vec<FreeTag>,
-}
-
-/// Least common multiple.
-fn lcm(a: usize, b: usize) -> usize {
-    fn gcd(a: usize, b: usize) -> usize {
-        if b == 0 {
-            a
-        } else {
-            gcd(b, a % b)
-        }
-    }
-    a / gcd(a, b) * b
 }
 
 impl KvCacheManager {
@@ -279,12 +204,11 @@ impl KvCacheManager {
         }
         let scheduler_block_size = match opts.scheduler_block_size {
             Some(s) => s,
-            None => groups
-                .iter()
-                .fold(None, |acc: Option<usize>, g| {
-                    Some(acc.map_or(g.block_size, |a| lcm(a, g.block_size)))
-                })
-                .unwrap_or(opts.hash_block_size),
+            None if groups.is_empty() => opts.hash_block_size,
+            None => {
+                let sizes: Vec<usize> = groups.iter().map(|g| g.block_size).collect();
+                config::scheduler_block_size(&sizes)?
+            }
         };
         let num_groups = groups.len();
         let coord = Coordinator::new(
@@ -310,12 +234,7 @@ impl KvCacheManager {
             log_stats: opts.log_stats,
             watermark_blocks: opts.watermark_blocks,
             stats: PrefixCacheStats::default(),
-            num_groups,
-            requests: FxHashMap::default(),
-            slots: Vec::new(),
-            slot_tokens: Vec::new(),
-            free_slots: Vec::new(),
-            empty: vec![RequestBlocks::default(); num_groups],
+            slots: RequestSlots::new(num_groups),
             retention_on: false,
             slot_tag: Vec::new(),
         })
@@ -324,7 +243,7 @@ impl KvCacheManager {
     /// Number of KV cache groups.
     #[inline]
     pub fn num_groups(&self) -> usize {
-        self.num_groups
+        self.slots.num_groups()
     }
 
     /// Blocks kept free for admissions while others are scheduled.
@@ -357,61 +276,6 @@ impl KvCacheManager {
         self.coord.pool().usage()
     }
 
-    /// The tables of the request in `slot`.
-    #[inline]
-    fn tables(&self, slot: usize) -> &[RequestBlocks] {
-        &self.slots[slot * self.num_groups..(slot + 1) * self.num_groups]
-    }
-
-    /// The tables of the request in `slot`, or empty tables for a request without one.
-    #[inline]
-    fn tables_or_empty(&self, slot: Option<usize>) -> &[RequestBlocks] {
-        match slot {
-            Some(s) => self.tables(s),
-            None => &self.empty,
-        }
-    }
-
-    /// The slot of `request`, if it has one: from its hint when the hint is current,
-    /// else by id (then the hint is refreshed).
-    fn slot_of<R: RequestView>(&mut self, request: &R) -> Option<usize> {
-        if let Some(hint) = request.slot_hint() {
-            let s = hint.slot();
-            if s < self.slot_tokens.len() && self.slot_tokens[s] == hint.token() {
-                return Some(s);
-            }
-        }
-        let s = *self.requests.get(request.request_id())?;
-        self.remember(request, s);
-        Some(s)
-    }
-
-    /// Records that `request` is at slot `s`, in the slot and in the request's hint.
-    fn remember<R: RequestView>(&mut self, request: &R, s: usize) {
-        if let Some(hint) = request.slot_hint() {
-            self.slot_tokens[s] = hint.token();
-            hint.set_slot(s);
-        }
-    }
-
-    /// The slot of `request`, created (reusing a freed one) if absent.
-    fn slot_or_insert<R: RequestView>(&mut self, request: &R) -> usize {
-        if let Some(s) = self.slot_of(request) {
-            return s;
-        }
-        let s = self.free_slots.pop().unwrap_or_else(|| {
-            let s = self.slot_tokens.len();
-            self.slots
-                .resize_with(self.slots.len() + self.num_groups, RequestBlocks::default);
-            self.slot_tokens.push(0);
-            s
-        });
-        self.requests.insert(request.request_id().to_owned(), s);
-        self.remember(request, s);
-        self.tag_slot(request, s);
-        s
-    }
-
     /// With caching on, a request hashed at another block size than the manager's is
     /// an error (found by tests/test_bad_input.py: its hashes hit blocks holding other
     /// tokens).
@@ -426,107 +290,6 @@ impl KvCacheManager {
             }
             _ => Ok(()),
         }
-    }
-
-    /// Whether a prefix-cache lookup runs for this request.
-    fn lookup_enabled<R: RequestView>(&self, request: &R) -> bool {
-        self.enable_caching && !request.skip_reading_prefix_cache()
-    }
-
-    /// The request's prefix-cache hit: one block list per group (hit blocks, nulls for
-    /// skipped positions) and the hit length in tokens, at most `num_tokens - 1`. No
-    /// ref count changes.
-    pub fn get_computed_blocks<R: RequestView>(
-        &self,
-        request: &R,
-    ) -> Result<(Vec<Vec<BlockId>>, usize)> {
-        self.get_computed_blocks_capped(request, None)
-    }
-
-    /// [`get_computed_blocks`](Self::get_computed_blocks) with the hit capped at
-    /// `max_cache_hit_length` tokens (`None`: `num_tokens - 1`).
-    pub fn get_computed_blocks_capped<R: RequestView>(
-        &self,
-        request: &R,
-        max_cache_hit_length: Option<usize>,
-    ) -> Result<(Vec<Vec<BlockId>>, usize)> {
-        self.lookup(request, max_cache_hit_length)
-            .map(|l| (l.blocks, l.num_hit_tokens))
-    }
-
-    /// vLLM 0.33's `get_computed_blocks`: the hit, and the block-aligned end of a shared
-    /// prefix that a sparse-retention group has not cached yet (0 if none).
-    pub fn lookup<R: RequestView>(
-        &self,
-        request: &R,
-        max_cache_hit_length: Option<usize>,
-    ) -> Result<Lookup> {
-        self.check_hash_block_size(request)?;
-        if !self.lookup_enabled(request) {
-            return Ok(Lookup::none(self.num_groups));
-        }
-        let max = max_cache_hit_length.unwrap_or(request.num_tokens().saturating_sub(1));
-        let hit = self.coord.find_cache_hit(request.block_hashes(), max)?;
-        let boundary = if hit.num_uncached > 0 {
-            hit.hit_length + hit.num_uncached
-        } else {
-            0
-        };
-        Ok(Lookup {
-            blocks: hit.blocks,
-            num_hit_tokens: hit.hit_length,
-            shared_prefix_boundary: boundary,
-        })
-    }
-
-    /// vLLM 0.33's `get_computed_blocks_for_connector`: for a hybrid model with Mamba
-    /// layers and a full-attention group, that group's own hit is the local prefix (the
-    /// connector supplies the rest), unless another group hit deeper (its full-attention
-    /// blocks were evicted: then the reconciled `lookup`). The flag says whether a
-    /// lagging group stops short of the local prefix. Other models: `lookup`, `false`.
-    pub fn lookup_for_connector<R: RequestView>(
-        &self,
-        request: &R,
-        max_cache_hit_length: Option<usize>,
-    ) -> Result<(Lookup, bool)> {
-        let has_mamba = self
-            .coord
-            .managers()
-            .iter()
-            .any(|m| matches!(m.params().kind, AttentionKind::Mamba { .. }));
-        let fa = match self.coord.full_attention_group_id() {
-            Some(fa) if has_mamba => fa,
-            _ => return Ok((self.lookup(request, max_cache_hit_length)?, false)),
-        };
-        self.check_hash_block_size(request)?;
-        if !self.lookup_enabled(request) {
-            return Ok((Lookup::none(self.num_groups), false));
-        }
-        let max = max_cache_hit_length.unwrap_or(request.num_tokens().saturating_sub(1));
-        let (blocks, hits) = self
-            .coord
-            .find_cache_hit_per_group(request.block_hashes(), max)?;
-        if hits.iter().any(|&h| h > hits[fa]) {
-            return Ok((self.lookup(request, max_cache_hit_length)?, false));
-        }
-        let diverged = hits.iter().any(|&h| h < hits[fa]);
-        let lookup = Lookup {
-            blocks,
-            num_hit_tokens: hits[fa],
-            shared_prefix_boundary: 0,
-        };
-        Ok((lookup, diverged))
-    }
-
-    /// Each spec group's own longest hit of `hashes` (vLLM's
-    /// `coordinator.find_longest_cache_hit_per_group`).
-    pub fn find_cache_hit_per_group(
-        &self,
-        hashes: &[BlockHash],
-        max_cache_hit_length: usize,
-    ) -> Result<(Vec<Vec<BlockId>>, Vec<usize>)> {
-        self.coord
-            .find_cache_hit_per_group(hashes, max_cache_hit_length)
     }
 
     /// Rejects a request longer than the model's context (`max_model_len`): kvblocks'
@@ -553,7 +316,7 @@ impl KvCacheManager {
         request: &R,
         args: &AllocateArgs<'_>,
     ) -> Result<Option<Vec<Vec<BlockId>>>> {
-        let mut new_blocks = Vec::with_capacity(self.num_groups);
+        let mut new_blocks = Vec::with_capacity(self.num_groups());
         let fitted = self.allocate_slots_with(request, args, |_, ids| {
             new_blocks.push(ids.to_vec());
         })?;
@@ -615,10 +378,10 @@ impl KvCacheManager {
         mut new_blocks: impl FnMut(usize, &[BlockId]),
     ) -> Result<bool> {
         self.check_hash_block_size(request)?;
-        let slot = self.slot_of(request);
+        let slot = self.slots.find(request);
         let local = request.num_computed_tokens() + args.num_new_computed_tokens;
         let hits = self.validate_allocate(slot, local, args)?;
-        let g = self.num_groups;
+        let g = self.num_groups();
         let total = (local + args.num_external_computed_tokens).min(self.max_model_len);
         let watermark = if args.has_scheduled_reqs && request.awaiting_admission() {
             self.watermark_blocks as isize
@@ -629,7 +392,7 @@ impl KvCacheManager {
         if args.full_sequence_must_fit {
             let full = request.num_tokens().min(self.max_model_len);
             let need = self.coord.get_num_blocks_to_allocate(
-                self.tables_or_empty(slot),
+                self.slots.tables_or_empty(slot),
                 full,
                 full,
                 hits,
@@ -644,13 +407,13 @@ impl KvCacheManager {
         let main = total + args.num_new_tokens;
         let need_slots = (main + args.num_lookahead_tokens).min(self.max_model_len);
         if let Some(s) = slot {
-            self.frees_as(s);
+            self.set_free_tag_of_slot(s);
             let processed = total.saturating_sub(request.num_in_flight_tokens());
             self.coord
-                .remove_skipped_blocks(&mut self.slots[s * g..(s + 1) * g], processed)?;
+                .remove_skipped_blocks(self.slots.tables_mut(s), processed)?;
         }
         let need = self.coord.get_num_blocks_to_allocate(
-            self.tables_or_empty(slot),
+            self.slots.tables_or_empty(slot),
             need_slots,
             main,
             hits,
@@ -665,9 +428,13 @@ impl KvCacheManager {
         }
         let s = match slot {
             Some(s) => s,
-            None => self.slot_or_insert(request),
+            None => {
+                let s = self.slots.insert(request);
+                self.assign_free_tag(request, s);
+                s
+            }
         };
-        let rbs = &mut self.slots[s * g..(s + 1) * g];
+        let rbs = self.slots.tables_mut(s);
         if hits.is_some() || args.num_external_computed_tokens > 0 {
             self.coord.allocate_new_computed_blocks(
                 rbs,
@@ -717,7 +484,7 @@ impl KvCacheManager {
                     .into(),
             ));
         }
-        self.check_hit_groups(args.new_computed_blocks)?;
+        self.check_hit_groups("new_computed_blocks", args.new_computed_blocks)?;
         let hits = match args.new_computed_blocks {
             Some(h) if h.iter().any(|g| !g.is_empty()) => h,
             // Hit tokens without hit blocks (vLLM's scheduler never passes them) made the
@@ -728,7 +495,7 @@ impl KvCacheManager {
                     "num_new_computed_tokens > 0 needs the hit's new_computed_blocks".into(),
                 ))
             }
-            _ => return self.check_adopt(slot, args, None),
+            _ => return self.check_can_adopt(slot, args, None),
         };
         if !self.enable_caching {
             return Err(KvError::InvalidArgument(
@@ -748,22 +515,22 @@ impl KvCacheManager {
                     "prefix hits ending inside a block (0.33 partial-hit copy-on-write)".into(),
                 ));
             }
-            if matches!(m.params().kind, AttentionKind::CrossAttention) && !h.is_empty() {
+            if !m.params().kind.caches_prefix() && !h.is_empty() {
                 return Err(KvError::InvalidArgument(
                     "cross-attention groups have no prefix hits".into(),
                 ));
             }
         }
-        self.check_adopt(slot, args, Some(hits))
+        self.check_can_adopt(slot, args, Some(hits))
     }
 
-    /// A prefix hit gives one block list per group.
-    fn check_hit_groups(&self, hits: Option<&[Vec<BlockId>]>) -> Result<()> {
+    /// A prefix hit (the argument `what`) gives one block list per group.
+    fn check_hit_groups(&self, what: &str, hits: Option<&[Vec<BlockId>]>) -> Result<()> {
         match hits {
-            Some(h) if h.len() != self.num_groups => Err(KvError::InvalidArgument(format!(
-                "new_computed_blocks has {} groups, the manager has {}",
+            Some(h) if h.len() != self.num_groups() => Err(KvError::InvalidArgument(format!(
+                "{what} has {} groups, the manager has {}",
                 h.len(),
-                self.num_groups
+                self.num_groups()
             ))),
             _ => Ok(()),
         }
@@ -771,7 +538,7 @@ impl KvCacheManager {
 
     /// A hit or external tokens are adopted only by a request no group knows yet, whose
     /// tables are empty.
-    fn check_adopt<'a>(
+    fn check_can_adopt<'a>(
         &self,
         slot: Option<usize>,
         args: &AllocateArgs<'_>,
@@ -780,7 +547,7 @@ impl KvCacheManager {
         let Some(s) = slot else {
             return Ok(hits);
         };
-        let tables = self.tables(s);
+        let tables = self.slots.tables(s);
         let known = tables.iter().any(|rb| rb.num_cached.is_some());
         if hits.is_some() && known {
             return Err(KvError::InvalidArgument(
@@ -799,21 +566,11 @@ impl KvCacheManager {
     /// Frees the request's blocks in every group (tail first). Unknown requests and
     /// repeated frees are no-ops.
     pub fn free(&mut self, request_id: &str) -> Result<()> {
-        let Some(s) = self.release_slot(request_id) else {
+        let Some(s) = self.slots.release(request_id) else {
             return Ok(());
         };
-        let g = self.num_groups;
-        self.frees_as(s);
-        self.coord.free(&mut self.slots[s * g..(s + 1) * g])
-    }
-
-    /// Removes the request from the slot table and returns its slot, whose tables the
-    /// caller empties before anything else can reuse it.
-    fn release_slot(&mut self, request_id: &str) -> Option<usize> {
-        let s = self.requests.remove(request_id)?;
-        self.slot_tokens[s] = 0;
-        self.free_slots.push(s);
-        Some(s)
+        self.set_free_tag_of_slot(s);
+        self.coord.free(self.slots.tables_mut(s))
     }
 
     /// Forgets the request and returns its blocks without freeing them: group after
@@ -821,51 +578,69 @@ impl KvCacheManager {
     /// `pop_blocks_for_free`). The caller frees them later, in reverse order. Empty for
     /// an unknown request.
     pub fn pop_blocks_for_free(&mut self, request_id: &str) -> Vec<BlockId> {
-        let Some(s) = self.release_slot(request_id) else {
+        let Some(s) = self.slots.release(request_id) else {
             return Vec::new();
         };
-        let g = self.num_groups;
-        self.coord
-            .pop_blocks_for_free(&mut self.slots[s * g..(s + 1) * g])
-    }
-
-    /// The prefix tokens of the request that its cached blocks cover (vLLM's
-    /// `estimate_cached_tokens`): per prefix-cached group the most tokens a block's
-    /// cache key covers, the least of those over the groups. Cross-attention groups
-    /// are not prefix cached; 0 for an unknown request.
-    pub fn estimate_cached_tokens(&self, request_id: &str) -> usize {
-        let Some(&s) = self.requests.get(request_id) else {
-            return 0;
-        };
-        let pool = self.coord.pool();
-        self.coord
-            .managers()
-            .iter()
-            .zip(self.tables(s))
-            .filter(|(m, _)| !matches!(m.params().kind, AttentionKind::CrossAttention))
-            .map(|(_, rb)| {
-                rb.table
-                    .iter()
-                    .filter_map(|&b| pool.block_hash_num_tokens(b).ok().flatten())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .min()
-            .unwrap_or(0)
+        self.coord.pop_blocks_for_free(self.slots.tables_mut(s))
     }
 
     /// The request's block table per group (empty lists for an unknown request).
     pub fn get_block_ids(&self, request_id: &str) -> Vec<Vec<BlockId>> {
-        match self.requests.get(request_id) {
-            Some(&s) => self.tables(s).iter().map(|rb| rb.table.clone()).collect(),
-            None => vec![Vec::new(); self.num_groups],
+        match self.slots.tables_of(request_id) {
+            Some(tables) => tables.iter().map(|rb| rb.table.clone()).collect(),
+            None => vec![Vec::new(); self.num_groups()],
         }
+    }
+
+    /// The request's block ids covering `num_computed_tokens` per group (vLLM's
+    /// `get_block_ids_for_computed_tokens`): each type decides which
+    /// (each kind's `computed_token_blocks`); empty lists for an unknown request.
+    pub fn block_ids_for_computed_tokens(
+        &self,
+        request_id: &str,
+        num_computed_tokens: usize,
+    ) -> Vec<Vec<BlockId>> {
+        self.coord
+            .managers()
+            .iter()
+            .enumerate()
+            .map(|(g, m)| {
+                m.params()
+                    .kind
+                    .computed_token_blocks(
+                        self.block_table(request_id, g),
+                        num_computed_tokens,
+                        m.block_size(),
+                    )
+                    .to_vec()
+            })
+            .collect()
+    }
+
+    /// A lookup's hit `blocks` (one list per group) cut at `num_computed_tokens` (vLLM's
+    /// `truncate_computed_blocks`): `num_computed_tokens / block_size` blocks per group,
+    /// or all of a shorter list. vLLM allows a shorter list only for Mamba (an external
+    /// hit may supply its last state) and asserts otherwise; kvblocks cuts every type
+    /// alike and checks nothing beyond one list per group. No ref count changes.
+    pub fn truncate_computed_blocks(
+        &self,
+        blocks: &[Vec<BlockId>],
+        num_computed_tokens: usize,
+    ) -> Result<Vec<Vec<BlockId>>> {
+        self.check_hit_groups("blocks", Some(blocks))?;
+        Ok(self
+            .coord
+            .managers()
+            .iter()
+            .zip(blocks)
+            .map(|(m, ids)| ids[..(num_computed_tokens / m.block_size()).min(ids.len())].to_vec())
+            .collect())
     }
 
     /// The request's table in `group`, borrowed (empty for an unknown request).
     pub fn block_table(&self, request_id: &str, group: usize) -> &[BlockId] {
-        match self.requests.get(request_id) {
-            Some(&s) if group < self.num_groups => &self.tables(s)[group].table,
+        match self.slots.tables_of(request_id) {
+            Some(tables) if group < tables.len() => &tables[group].table,
             _ => &[],
         }
     }
@@ -882,10 +657,10 @@ impl KvCacheManager {
         group: usize,
         out: &mut Vec<i32>,
     ) -> Result<usize> {
-        if group >= self.num_groups {
+        if group >= self.num_groups() {
             return Err(KvError::InvalidArgument(format!(
                 "group id {group} out of range for {} groups",
-                self.num_groups
+                self.num_groups()
             )));
         }
         let rows = request_ids
@@ -918,12 +693,11 @@ impl KvCacheManager {
             return Ok(());
         }
         self.check_hash_block_size(request)?;
-        let g = self.num_groups;
-        let Some(s) = self.slot_of(request) else {
+        let Some(s) = self.slots.find(request) else {
             let hashes = request.block_hashes().len();
             let hash_bs = self.coord.pool().hash_block_size();
             let would_cache = self.coord.managers().iter().any(|m| {
-                !matches!(m.params().kind, AttentionKind::CrossAttention)
+                m.params().kind.caches_prefix()
                     && m.num_full_blocks(num_computed_tokens, hashes, hash_bs) > 0
             });
             return if would_cache {
@@ -932,11 +706,8 @@ impl KvCacheManager {
                 Ok(())
             };
         };
-        self.coord.cache_blocks(
-            &mut self.slots[s * g..(s + 1) * g],
-            request,
-            num_computed_tokens,
-        )
+        self.coord
+            .cache_blocks(self.slots.tables_mut(s), request, num_computed_tokens)
     }
 
     /// The blocks allocated since the last call that the worker must zero (vLLM's
@@ -953,12 +724,11 @@ impl KvCacheManager {
         request_id: &str,
         start_token: usize,
     ) -> Result<()> {
-        let Some(&s) = self.requests.get(request_id) else {
+        let Some(s) = self.slots.get(request_id) else {
             return Ok(());
         };
-        let g = self.num_groups;
         self.coord
-            .record_blocks_for_zeroing(&self.slots[s * g..(s + 1) * g], start_token)
+            .record_blocks_for_zeroing(self.slots.tables(s), start_token)
     }
 
     /// Per-step hook (align-mode Mamba defers hits on blocks cached during a step).
@@ -982,7 +752,7 @@ impl KvCacheManager {
 
     /// vLLM 0.33: cascade attention is gone; zeros per group.
     pub fn get_num_common_prefix_blocks(&self, _request_id: &str) -> Vec<usize> {
-        vec![0; self.num_groups]
+        vec![0; self.num_groups()]
     }
 
     /// The pool's events, each `BlockStored` annotated with its group's spec kind and
@@ -1000,36 +770,17 @@ impl KvCacheManager {
         events
     }
 
-    /// Records a lookup in the prefix-cache stats (if `log_stats` and the request did
-    /// look the cache up).
-    pub fn record_prefix_cache_stats<R: RequestView>(&mut self, request: &R, num_hits: usize) {
-        if !self.log_stats || !self.lookup_enabled(request) {
-            return;
-        }
-        self.stats.record(
-            request.num_tokens(),
-            num_hits,
-            request.num_preemptions() > 0,
-        );
-    }
-
-    /// Returns the stats since the last call and starts new ones (`None` without
-    /// `log_stats`).
-    pub fn make_prefix_cache_stats(&mut self) -> Option<PrefixCacheStats> {
-        self.log_stats.then(|| std::mem::take(&mut self.stats))
-    }
-
     /// The ids of the requests holding a slot (in no particular order).
     pub fn request_ids(&self) -> impl Iterator<Item = &str> + '_ {
-        self.requests.keys().map(String::as_str)
+        self.slots.ids()
     }
 
     /// Leading cached entries of the request's table in `group` (vLLM's
     /// `num_cached_block[request_id]`), or `None` if the group does not know the
     /// request yet.
     pub fn num_cached_blocks(&self, request_id: &str, group: usize) -> Option<usize> {
-        let &s = self.requests.get(request_id)?;
-        self.tables(s).get(group)?.num_cached
+        let s = self.slots.get(request_id)?;
+        self.slots.tables(s).get(group)?.num_cached
     }
 
     /// The blocks an allocation would take from the pool (vLLM's
@@ -1045,10 +796,10 @@ impl KvCacheManager {
         total_computed_tokens: usize,
         apply_admission_cap: bool,
     ) -> Result<isize> {
-        self.check_hit_groups(hits)?;
-        let slot = self.requests.get(request_id).copied();
+        self.check_hit_groups("new_computed_blocks", hits)?;
+        let slot = self.slots.get(request_id);
         Ok(self.coord.get_num_blocks_to_allocate(
-            self.tables_or_empty(slot),
+            self.slots.tables_or_empty(slot),
             num_tokens,
             num_tokens_main_model,
             hits,
@@ -1065,89 +816,23 @@ impl KvCacheManager {
         request_id: &str,
         processed_computed_tokens: usize,
     ) -> Result<()> {
-        let Some(&s) = self.requests.get(request_id) else {
+        let Some(s) = self.slots.get(request_id) else {
             return Ok(());
         };
-        let g = self.num_groups;
-        self.frees_as(s);
-        self.coord.remove_skipped_blocks(
-            &mut self.slots[s * g..(s + 1) * g],
-            processed_computed_tokens,
-        )
-    }
-
-    /// The stats recorded since the last `make_prefix_cache_stats` (`None` without
-    /// `log_stats`).
-    pub fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
-        self.log_stats.then_some(self.stats)
+        self.set_free_tag_of_slot(s);
+        self.coord
+            .remove_skipped_blocks(self.slots.tables_mut(s), processed_computed_tokens)
     }
 
     /// Number of requests holding a slot.
     pub fn num_requests(&self) -> usize {
-        self.requests.len()
+        self.slots.len()
     }
 }
 
-/// The events of a request's blocks: its tokens, untagged extra keys and LoRA.
-impl StoredBlockSource for Request {
-    fn token_ids(&self) -> &[u32] {
-        self.all_token_ids()
-    }
-    fn event_extra_keys(&self, start: usize, end: usize) -> EventExtraKeys {
-        Request::event_extra_keys(self, start, end)
-    }
-    fn lora_id(&self) -> Option<i64> {
-        self.lora().and_then(|l| l.id).map(i64::from)
-    }
-    fn lora_name(&self) -> Option<&str> {
-        self.lora().map(|l| l.name.as_str())
-    }
-}
-
-/// The manager's view of the crate's request type.
-impl RequestView for Request {
-    fn request_id(&self) -> &str {
-        Request::request_id(self)
-    }
-    fn num_tokens(&self) -> usize {
-        Request::num_tokens(self)
-    }
-    fn num_prompt_tokens(&self) -> usize {
-        Request::num_prompt_tokens(self)
-    }
-    fn num_computed_tokens(&self) -> usize {
-        self.num_computed_tokens
-    }
-    fn block_hashes(&self) -> &[BlockHash] {
-        Request::block_hashes(self)
-    }
-    fn skip_reading_prefix_cache(&self) -> bool {
-        self.skip_reading_prefix_cache
-    }
-    fn num_preemptions(&self) -> usize {
-        self.num_preemptions as usize
-    }
-    fn num_in_flight_tokens(&self) -> usize {
-        self.num_in_flight_tokens
-    }
-    fn hash_block_size(&self) -> Option<usize> {
-        self.hasher().map(|h| h.hash_block_size())
-    }
-    fn slot_hint(&self) -> Option<&SlotHint> {
-        Some(Request::slot_hint(self))
-    }
-    fn retention_hints(&self) -> RetentionHints {
-        RetentionHints {
-            priority: self.priority,
-            session: self.session_id.is_some(),
-            tenant: self
-                .cache_salt()
-                .or_else(|| self.lora().map(|l| l.name.as_str()))
-                .map(str::to_owned),
-        }
-    }
-}
-
+mod lookup;
 mod retention;
+mod slots;
+mod stats;
 #[cfg(test)]
 mod tests;

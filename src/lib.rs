@@ -7,6 +7,7 @@
 //! (block hash, group id) to block ids. Python bindings live in `src/python/` behind the
 //! `python` feature and only convert; every rule of behaviour lives here.
 
+mod arith;
 pub mod attention;
 pub mod ceilings;
 pub mod config;

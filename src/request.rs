@@ -8,11 +8,14 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use crate::attention::RequestView;
 use crate::error::{KvError, Result};
+use crate::events::event::{EventExtraKeys, StoredBlockSource};
 use crate::hashing::{
     effective_parent, mm_resume_index, to_event_extra_keys, BlockHashView, BlockHasher, KeySources,
     LoraRequest, MmFeature, PromptEmbeds,
 };
+use crate::pool::RetentionHints;
 use crate::types::{BlockHash, KeyValue};
 
 /// Optional per-request inputs that enter the block hashes as extra keys.
@@ -285,6 +288,66 @@ impl Request {
                 Ok(keys) => keys,
                 Err(_) => unreachable!("generated keys are always (tag, value, ...) tuples"),
             })
+    }
+}
+
+/// The events of a request's blocks: its tokens, untagged extra keys and LoRA.
+impl StoredBlockSource for Request {
+    fn token_ids(&self) -> &[u32] {
+        self.all_token_ids()
+    }
+    fn event_extra_keys(&self, start: usize, end: usize) -> EventExtraKeys {
+        Request::event_extra_keys(self, start, end)
+    }
+    fn lora_id(&self) -> Option<i64> {
+        self.lora().and_then(|l| l.id).map(i64::from)
+    }
+    fn lora_name(&self) -> Option<&str> {
+        self.lora().map(|l| l.name.as_str())
+    }
+}
+
+/// The manager's view of the crate's request type.
+impl RequestView for Request {
+    fn request_id(&self) -> &str {
+        Request::request_id(self)
+    }
+    fn num_tokens(&self) -> usize {
+        Request::num_tokens(self)
+    }
+    fn num_prompt_tokens(&self) -> usize {
+        Request::num_prompt_tokens(self)
+    }
+    fn num_computed_tokens(&self) -> usize {
+        self.num_computed_tokens
+    }
+    fn block_hashes(&self) -> &[BlockHash] {
+        Request::block_hashes(self)
+    }
+    fn skip_reading_prefix_cache(&self) -> bool {
+        self.skip_reading_prefix_cache
+    }
+    fn num_preemptions(&self) -> usize {
+        self.num_preemptions as usize
+    }
+    fn num_in_flight_tokens(&self) -> usize {
+        self.num_in_flight_tokens
+    }
+    fn hash_block_size(&self) -> Option<usize> {
+        self.hasher().map(|h| h.hash_block_size())
+    }
+    fn slot_hint(&self) -> Option<&SlotHint> {
+        Some(Request::slot_hint(self))
+    }
+    fn retention_hints(&self) -> RetentionHints {
+        RetentionHints {
+            priority: self.priority,
+            session: self.session_id.is_some(),
+            tenant: self
+                .cache_salt()
+                .or_else(|| self.lora().map(|l| l.name.as_str()))
+                .map(str::to_owned),
+        }
     }
 }
 

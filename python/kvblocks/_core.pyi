@@ -570,6 +570,15 @@ class KVCacheManager:
     def estimate_cached_tokens(self, request: Any) -> int: ...
     def get_blocks(self, request_id: str) -> KVCacheBlocks: ...
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]: ...
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        """Block ids covering the computed tokens, per group (each attention type decides:
+        cross-attention and Mamba groups whole)."""
+    def truncate_computed_blocks(
+        self, blocks: KVCacheBlocks, num_computed_tokens: int
+    ) -> KVCacheBlocks:
+        """The lookup result cut at `num_computed_tokens` (no ref count changes)."""
     def block_table(self, request_ids: Sequence[str], group_id: int = 0) -> memoryview:
         """The tables of `request_ids` in group `group_id` as one C-contiguous int32 buffer
         of shape `(len(request_ids), max_blocks)`, rows padded with the null block 0;

@@ -2,30 +2,19 @@
 //! ([`SingleTypeManager::get_num_blocks_to_allocate`], capped by the type's admission
 //! cap), adding hit and external blocks, and extending the table with new blocks.
 
-use super::{cdiv, mamba, AttentionKind, RequestBlocks, SingleTypeManager};
+use super::{RequestBlocks, SingleTypeManager};
+use crate::arith::cdiv;
 use crate::error::Result;
 use crate::pool::BlockPool;
 use crate::types::{BlockId, NULL_BLOCK_ID};
 
 impl SingleTypeManager {
-    /// Slots the table must cover for `num_tokens` tokens (Mamba adds its speculative
-    /// state blocks).
-    #[inline]
-    fn slot_tokens(&self, num_tokens: usize) -> usize {
-        match self.params.kind {
-            AttentionKind::Mamba {
-                num_speculative_blocks,
-                ..
-            } => num_tokens + self.params.block_size * num_speculative_blocks,
-            _ => num_tokens,
-        }
-    }
-
     /// Blocks that allocating for `num_tokens` (`num_tokens_main_model` without the
     /// lookahead) would take off the free queue (vLLM 0.33's
-    /// `get_num_blocks_to_allocate`, hits that are still free included). Align-mode
-    /// Mamba may return a negative count, and `num_blocks + 1` to defer a request whose
-    /// hit was cached during this step.
+    /// `get_num_blocks_to_allocate`, hits that are still free included), or the type's
+    /// own count (`kind.rs`, `own_num_blocks_to_allocate`: align-mode Mamba may
+    /// return a negative count, and `num_blocks + 1` to defer a request whose hit was
+    /// cached during this step).
     #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
         &self,
@@ -37,22 +26,14 @@ impl SingleTypeManager {
         apply_admission_cap: bool,
         pool: &BlockPool,
     ) -> isize {
-        if let AttentionKind::Mamba { align, .. } = self.params.kind {
-            if let Some(&last) = new_computed.last() {
-                let key = pool.block_hash(last).ok().flatten();
-                if key.is_some_and(|k| self.cached_this_step.contains(&k)) {
-                    return pool.num_blocks() as isize + 1;
-                }
-            }
-            if align {
-                return mamba::num_blocks_to_allocate(
-                    self,
-                    rb,
-                    num_tokens_main_model,
-                    new_computed,
-                    pool,
-                );
-            }
+        if let Some(n) = self.params.kind.own_num_blocks_to_allocate(
+            self,
+            rb,
+            num_tokens_main_model,
+            new_computed,
+            pool,
+        ) {
+            return n;
         }
         self.blocks_to_allocate(
             rb,
@@ -75,7 +56,7 @@ impl SingleTypeManager {
         pool: &BlockPool,
     ) -> usize {
         let bs = self.params.block_size;
-        let mut required = cdiv(self.slot_tokens(num_tokens), bs);
+        let mut required = cdiv(self.params.kind.slot_tokens(num_tokens, bs), bs);
         if apply_admission_cap {
             if let Some(cap) = self.max_admission_blocks {
                 required = required.min(cap);
@@ -97,6 +78,7 @@ impl SingleTypeManager {
 
     /// Adds a new request's prefix-cache hit blocks to its (empty) table: out-of-window
     /// hits become nulls, the rest are touched (vLLM 0.33's `add_local_computed_blocks`).
+    /// A table that counts encoder tokens takes none.
     pub fn add_local_computed_blocks(
         &self,
         rb: &mut RequestBlocks,
@@ -105,7 +87,7 @@ impl SingleTypeManager {
         num_external_computed: usize,
         pool: &mut BlockPool,
     ) -> Result<()> {
-        if matches!(self.params.kind, AttentionKind::CrossAttention) {
+        if self.params.kind.counts_encoder_tokens() {
             return Ok(());
         }
         debug_assert!(rb.table.is_empty());
@@ -122,7 +104,7 @@ impl SingleTypeManager {
     }
 
     /// Allocates blocks for KV-connector tokens inside the window (after every group's
-    /// hits were touched).
+    /// hits were touched); none for a table that counts encoder tokens.
     pub fn allocate_external_computed_blocks(
         &self,
         rb: &mut RequestBlocks,
@@ -130,7 +112,7 @@ impl SingleTypeManager {
         num_external_computed: usize,
         pool: &mut BlockPool,
     ) -> Result<()> {
-        if matches!(self.params.kind, AttentionKind::CrossAttention) {
+        if self.params.kind.counts_encoder_tokens() {
             return Ok(());
         }
         let total = num_local_computed + num_external_computed;
@@ -156,10 +138,20 @@ impl SingleTypeManager {
         num_tokens_main_model: usize,
         pool: &mut BlockPool,
     ) -> Result<()> {
-        if let AttentionKind::Mamba { align: true, .. } = self.params.kind {
-            return mamba::allocate_new_blocks(self, rb, num_tokens_main_model, pool);
-        }
-        let required = cdiv(self.slot_tokens(num_tokens), self.block_size());
+        self.params
+            .kind
+            .allocate_new_blocks(self, rb, num_tokens, num_tokens_main_model, pool)
+    }
+
+    /// The common `allocate_new_blocks`: new blocks up to the slots of `num_tokens`.
+    pub(super) fn extend_table(
+        &self,
+        rb: &mut RequestBlocks,
+        num_tokens: usize,
+        pool: &mut BlockPool,
+    ) -> Result<()> {
+        let bs = self.block_size();
+        let required = cdiv(self.params.kind.slot_tokens(num_tokens, bs), bs);
         if required > rb.table.len() {
             pool.get_new_blocks_into(required - rb.table.len(), &mut rb.table)?;
         }

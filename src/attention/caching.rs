@@ -1,11 +1,10 @@
 //! Caching in one group: which full blocks a request caches
-//! ([`SingleTypeManager::cache_blocks`]) and the prefix-cache retention policy
-//! ([`Retention`]).
+//! ([`SingleTypeManager::cache_blocks`]) and vLLM's sparse prefix caching
+//! ([`SparseCaching`]).
 
-use super::{full, sliding_window, AttentionKind, RequestBlocks, RequestView, SingleTypeManager};
+use super::{full, RequestBlocks, RequestView, SingleTypeManager};
 use crate::error::Result;
 use crate::pool::BlockPool;
-use crate::types::NULL_BLOCK_ID;
 
 impl SingleTypeManager {
     /// The number of full blocks `cache_blocks(request, num_tokens)` would reach.
@@ -20,7 +19,7 @@ impl SingleTypeManager {
         rb: &mut RequestBlocks,
         request: &R,
         num_tokens: usize,
-        retention: Retention,
+        sparse_caching: SparseCaching,
         replay_boundaries: &[usize],
         pool: &mut BlockPool,
     ) -> Result<()> {
@@ -35,29 +34,9 @@ impl SingleTypeManager {
             let end = num_full.min(rb.table.len());
             let start = num_cached.min(end);
             if start < end {
-                let mask = match self.params.kind {
-                    AttentionKind::SlidingWindow { sliding_window, .. } => {
-                        let mut boundaries = [0usize; 4];
-                        let n = reachable_boundaries(
-                            replay_boundaries,
-                            request.shared_prefix_boundary(),
-                            bs,
-                            self.use_eagle,
-                            &mut boundaries,
-                        );
-                        sliding_window::reachable_block_mask(
-                            start,
-                            end,
-                            self.alignment_tokens,
-                            sliding_window,
-                            bs,
-                            self.use_eagle,
-                            retention,
-                            &boundaries[..n],
-                        )
-                    }
-                    _ => None,
-                };
+                let kind = &self.params.kind;
+                let mask =
+                    kind.cache_mask(self, request, start, end, sparse_caching, replay_boundaries);
                 pool.cache_full_blocks(
                     hashes,
                     &rb.table,
@@ -68,13 +47,7 @@ impl SingleTypeManager {
                     mask.as_deref(),
                     request,
                 )?;
-                if let AttentionKind::Mamba { align: true, .. } = self.params.kind {
-                    for &b in &rb.table[start..end] {
-                        if let Some(key) = pool.block_hash(b)?.filter(|_| b != NULL_BLOCK_ID) {
-                            self.cached_this_step.insert(key);
-                        }
-                    }
-                }
+                kind.note_cached_blocks(&rb.table[start..end], &mut self.cached_this_step, pool)?;
             }
             rb.num_cached = Some(num_full);
         }
@@ -85,34 +58,11 @@ impl SingleTypeManager {
     }
 }
 
-/// vLLM's `reachable_boundaries` in `cache_blocks`: the replay boundaries (at most 2),
-/// then the request's shared-prefix junction, if any, and with EAGLE the block before it
-/// (a sibling diverging right after the junction cannot use the block past it as the
-/// EAGLE peek, so its hit lands one block lower; vLLM 0.33). Written into `out`; returns
-/// how many.
-fn reachable_boundaries(
-    replay: &[usize],
-    junction: usize,
-    bs: usize,
-    use_eagle: bool,
-    out: &mut [usize; 4],
-) -> usize {
-    let mut n = replay.len();
-    out[..n].copy_from_slice(replay);
-    if junction > 0 {
-        out[n] = junction;
-        n += 1;
-        if use_eagle {
-            out[n] = junction.saturating_sub(bs);
-            n += 1;
-        }
-    }
-    n
-}
-
-/// The prefix-cache retention policy (`KVCacheConfig.prefix_cache_retention_interval`).
+/// vLLM's sparse prefix caching of sliding-window groups, set by
+/// `KVCacheConfig.prefix_cache_retention_interval` (vLLM calls it "retention"; it has
+/// nothing to do with kvblocks' eviction policies of `pool/retention.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Retention {
+pub enum SparseCaching {
     /// `None`: dense, every reachable full block is cached.
     #[default]
     Dense,

@@ -1,7 +1,8 @@
 //! Chunked local attention: only the current chunk is attended; blocks
 //! of earlier chunks are nulled, and count as hits without a lookup.
 
-use super::{cdiv, AttentionKind, HitQuery};
+use super::{AttentionKind, HitQuery};
+use crate::arith::cdiv;
 use crate::error::{KvError, Result};
 use crate::pool::BlockPool;
 use crate::spec::ChunkedLocalAttentionSpec;

@@ -1,7 +1,7 @@
 //! Freeing in one group: a finished request's table (tail first), and the blocks that
 //! fell out of the attention window (replaced with nulls).
 
-use super::{mamba, AttentionKind, RequestBlocks, SingleTypeManager};
+use super::{RequestBlocks, SingleTypeManager};
 use crate::error::Result;
 use crate::pool::BlockPool;
 use crate::types::{BlockId, NULL_BLOCK_ID};
@@ -43,16 +43,26 @@ impl SingleTypeManager {
     }
 
     /// Frees the blocks whose tokens the next token no longer attends to, replacing them
-    /// with nulls; the freed blocks go back to the pool highest position first.
+    /// with nulls (by the type's rule: `kind.rs`, `remove_skipped_blocks`).
     pub fn remove_skipped_blocks(
         &self,
         rb: &mut RequestBlocks,
         num_computed_tokens: usize,
         pool: &mut BlockPool,
     ) -> Result<()> {
-        if let AttentionKind::Mamba { align: true, .. } = self.params.kind {
-            return mamba::remove_skipped_blocks(self, rb, num_computed_tokens, pool);
-        }
+        self.params
+            .kind
+            .remove_skipped_blocks(self, rb, num_computed_tokens, pool)
+    }
+
+    /// The common `remove_skipped_blocks`: the blocks before the window of the next
+    /// token become nulls; the freed blocks go back to the pool highest position first.
+    pub(super) fn free_out_of_window(
+        &self,
+        rb: &mut RequestBlocks,
+        num_computed_tokens: usize,
+        pool: &mut BlockPool,
+    ) -> Result<()> {
         let skipped = self.num_skipped_tokens(num_computed_tokens);
         if skipped == 0 {
             return Ok(());

@@ -1,7 +1,8 @@
 //! Full attention (also MLA and sink): every block stays until the request ends, hits
 //! are the longest run of cached blocks from the start.
 
-use super::{cdiv, AttentionKind, HitQuery, RequestBlocks, RequestView, SingleTypeManager};
+use super::{AttentionKind, HitQuery, RequestBlocks, RequestView, SingleTypeManager};
+use crate::arith::cdiv;
 use crate::error::{KvError, Result};
 use crate::pool::BlockPool;
 use crate::spec::SinkFullAttentionSpec;
@@ -60,10 +61,10 @@ pub(crate) fn find_longest_cache_hit(
     let mut n = 0;
     if let [single] = out {
         // One group (the common case): no all-groups bookkeeping per block.
-        let (k, g) = (bs / q.hash_block_size, q.groups[0]);
+        let (view, g) = (q.view(bs), q.groups[0]);
         single.reserve(max_blocks);
         while n < max_blocks {
-            match pool.cached_block(&q.hashes[(n + 1) * k - 1], g) {
+            match pool.cached_block(view.at(n), g) {
                 Some(b) => single.push(b),
                 None => break,
             }

@@ -1,9 +1,10 @@
-//! Prefix-cache hits: the lookup every attention type shares ([`HitQuery`]) and the
-//! dispatch of [`SingleTypeManager::find_longest_cache_hit`] to the type's own search.
+//! Prefix-cache hits: the lookup every attention type shares ([`HitQuery`]) and
+//! [`SingleTypeManager::find_longest_cache_hit`], which the kind hands to the type's own
+//! search (`kind.rs`).
 
-use super::{chunked_local, cross_attention, full, mamba, sliding_window};
-use super::{AttentionKind, SingleTypeManager};
+use super::SingleTypeManager;
 use crate::error::Result;
+use crate::hashing::BlockHashView;
 use crate::pool::BlockPool;
 use crate::types::{BlockHash, BlockId, GroupId};
 
@@ -24,19 +25,24 @@ pub struct HitQuery<'a> {
     pub alignment: usize,
 }
 
-impl HitQuery<'_> {
+impl<'a> HitQuery<'a> {
+    /// The hashes seen by a group of block size `bs` (a multiple of the hash block size).
+    #[inline]
+    pub(crate) fn view(&self, bs: usize) -> BlockHashView<'a> {
+        BlockHashView::scaled(self.hashes, bs / self.hash_block_size)
+    }
+
     /// The hash of the group block `i` for block size `bs` (0.33: the last hash inside
     /// the block).
     #[inline]
-    pub(crate) fn hash(&self, bs: usize, i: usize) -> &BlockHash {
-        let k = bs / self.hash_block_size;
-        &self.hashes[(i + 1) * k - 1]
+    pub(crate) fn hash(&self, bs: usize, i: usize) -> &'a BlockHash {
+        self.view(bs).at(i)
     }
 
     /// Number of full group blocks the hashes cover.
     #[inline]
     pub(crate) fn num_hashed_blocks(&self, bs: usize) -> usize {
-        self.hashes.len() / (bs / self.hash_block_size)
+        self.view(bs).len()
     }
 
     /// Group blocks a hit may cover: within `max_length` and the hashes.
@@ -83,24 +89,8 @@ impl SingleTypeManager {
         for o in out.iter_mut() {
             o.clear();
         }
-        let bs = self.block_size();
-        match self.params.kind {
-            AttentionKind::FullAttention | AttentionKind::SinkFullAttention { .. } => {
-                Ok(full::find_longest_cache_hit(query, bs, pool, out))
-            }
-            AttentionKind::SlidingWindow { sliding_window, .. } => Ok(
-                sliding_window::find_longest_cache_hit(query, bs, sliding_window, pool, out),
-            ),
-            AttentionKind::ChunkedLocal {
-                attention_chunk_size,
-            } => chunked_local::find_longest_cache_hit(query, bs, attention_chunk_size, pool, out),
-            AttentionKind::Mamba { align: true, .. } => {
-                Ok(mamba::find_longest_cache_hit(query, bs, pool, out))
-            }
-            AttentionKind::Mamba { .. } => {
-                Err(mamba::unsupported("prefix caching in mode \"none\""))
-            }
-            AttentionKind::CrossAttention => Err(cross_attention::unsupported_lookup()),
-        }
+        self.params
+            .kind
+            .find_longest_cache_hit(query, self.block_size(), pool, out)
     }
 }

@@ -1,9 +1,18 @@
 //! The attention-type axis: [`AttentionKind`] and the dispatch from a kind to its
-//! type's file (spec to kind, event spec-kind string, admission cap, skipped tokens).
+//! type's file. Every rule that differs by attention type is asked of the kind here
+//! (spec to kind, event spec-kind string, admission cap, skipped tokens, prefix caching,
+//! token counting, zeroing, hits, allocation and freeing overrides); the code outside
+//! `src/attention/<type>.rs` and this file never matches on a kind.
+
+use rustc_hash::FxHashSet;
 
 use super::{chunked_local, cross_attention, full, mamba, sliding_window};
+use super::{HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching};
+use crate::arith::cdiv;
 use crate::error::{KvError, Result};
+use crate::pool::{BlockPool, HashKey};
 use crate::spec::KvCacheSpec;
+use crate::types::BlockId;
 
 /// The attention type of a KV cache group, with the fields its manager needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,6 +153,245 @@ impl AttentionKind {
             } => chunked_local::num_skipped_tokens(n, attention_chunk_size),
             Self::Mamba { .. } => mamba::num_skipped_tokens(n),
             _ => 0,
+        }
+    }
+}
+
+/// What each type decides for the code shared by all types: asked by the coordinator,
+/// the manager facade and the generic files of `src/attention/`.
+impl AttentionKind {
+    /// Whether the group's blocks are prefix cached at all: every type but
+    /// cross-attention, whose blocks hold encoder tokens (Mamba without "align" is
+    /// refused with caching on, see [`check_prefix_caching`](Self::check_prefix_caching)).
+    #[inline]
+    pub fn caches_prefix(&self) -> bool {
+        !matches!(self, Self::CrossAttention)
+    }
+
+    /// Whether the group's table follows the request's encoder tokens instead of its
+    /// decoder tokens (cross-attention): its slots are counted from
+    /// `num_encoder_tokens`, and decoder hits and connector tokens never touch it.
+    #[inline]
+    pub fn counts_encoder_tokens(&self) -> bool {
+        matches!(self, Self::CrossAttention)
+    }
+
+    /// Whether the group's new blocks are recorded for worker-side zeroing (vLLM's
+    /// `needs_kv_cache_zeroing`): every type but Mamba, whose state is overwritten whole.
+    #[inline]
+    pub fn zeroes_new_blocks(&self) -> bool {
+        !matches!(self, Self::Mamba { .. })
+    }
+
+    /// Whether the group keeps a recurrent state rather than per-token KV (Mamba): a KV
+    /// connector then supplies the state past a full-attention group's local hit.
+    #[inline]
+    pub fn keeps_recurrent_state(&self) -> bool {
+        matches!(self, Self::Mamba { .. })
+    }
+
+    /// Whether an EAGLE lookup of this type searches one block past the limit (the block
+    /// it then drops); a Mamba hit is one state position, so it does not.
+    #[inline]
+    pub fn extends_eagle_lookup(&self) -> bool {
+        !matches!(self, Self::Mamba { .. })
+    }
+
+    /// Whether sparse prefix caching (`prefix_cache_retention_interval`) applies to the
+    /// type: sliding window and Mamba, whose hits need only the blocks near a boundary.
+    #[inline]
+    pub fn allows_sparse_caching(&self) -> bool {
+        matches!(self, Self::SlidingWindow { .. } | Self::Mamba { .. })
+    }
+
+    /// Whether the type's prefix caching is supported for a group of `block_size` under
+    /// a pool hashed at `hash_block_size`, `sparse` saying whether sparse caching is on.
+    pub fn check_prefix_caching(
+        &self,
+        block_size: usize,
+        hash_block_size: usize,
+        sparse: bool,
+    ) -> Result<()> {
+        match *self {
+            Self::Mamba { align, .. } => {
+                mamba::check_prefix_caching(align, block_size, hash_block_size, sparse)
+            }
+            Self::CrossAttention => Err(cross_attention::no_prefix_caching()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The blocks of `table` that cover `num_computed_tokens` (vLLM's
+    /// `get_block_ids_for_computed_tokens`): the first `cdiv(n, bs)`, or the whole table
+    /// for the types whose table does not follow computed tokens (cross-attention:
+    /// encoder tokens; Mamba: state positions).
+    pub fn computed_token_blocks<'a>(
+        &self,
+        table: &'a [BlockId],
+        num_computed_tokens: usize,
+        bs: usize,
+    ) -> &'a [BlockId] {
+        match self {
+            Self::CrossAttention | Self::Mamba { .. } => table,
+            _ => &table[..cdiv(num_computed_tokens, bs).min(table.len())],
+        }
+    }
+
+    /// Slots a table needs for `num_tokens` tokens in blocks of `bs` (Mamba adds its
+    /// speculative state blocks).
+    #[inline]
+    pub(super) fn slot_tokens(&self, num_tokens: usize, bs: usize) -> usize {
+        match *self {
+            Self::Mamba {
+                num_speculative_blocks,
+                ..
+            } => mamba::slot_tokens(num_tokens, bs, num_speculative_blocks),
+            _ => num_tokens,
+        }
+    }
+
+    /// Blocks the group takes at construction, for blocks of `bs` tokens (sink groups:
+    /// their sink blocks).
+    pub(super) fn num_construction_blocks(&self, bs: usize) -> Result<usize> {
+        match *self {
+            Self::SinkFullAttention { sink_len } => full::num_sink_blocks(sink_len, bs),
+            _ => Ok(0),
+        }
+    }
+
+    /// The sliding window, in tokens, of a sliding-window type (its events carry it).
+    #[inline]
+    pub fn sliding_window(&self) -> Option<usize> {
+        match *self {
+            Self::SlidingWindow { sliding_window, .. } => Some(sliding_window),
+            _ => None,
+        }
+    }
+
+    /// The longest prefix hit of `query` by the type's own search, for blocks of `bs`.
+    pub(super) fn find_longest_cache_hit(
+        &self,
+        query: &HitQuery<'_>,
+        bs: usize,
+        pool: &BlockPool,
+        out: &mut [Vec<BlockId>],
+    ) -> Result<usize> {
+        match *self {
+            Self::FullAttention | Self::SinkFullAttention { .. } => {
+                Ok(full::find_longest_cache_hit(query, bs, pool, out))
+            }
+            Self::SlidingWindow { sliding_window, .. } => Ok(
+                sliding_window::find_longest_cache_hit(query, bs, sliding_window, pool, out),
+            ),
+            Self::ChunkedLocal {
+                attention_chunk_size,
+            } => chunked_local::find_longest_cache_hit(query, bs, attention_chunk_size, pool, out),
+            Self::Mamba { align: true, .. } => {
+                Ok(mamba::find_longest_cache_hit(query, bs, pool, out))
+            }
+            Self::Mamba { .. } => Err(mamba::unsupported("prefix caching in mode \"none\"")),
+            Self::CrossAttention => Err(cross_attention::unsupported_lookup()),
+        }
+    }
+
+    /// The type's own `get_num_blocks_to_allocate`, where the common count does not
+    /// apply (Mamba: a hit cached during this step defers the request; "align" mode
+    /// counts state blocks); `None` for the common count.
+    pub(super) fn own_num_blocks_to_allocate(
+        &self,
+        mgr: &SingleTypeManager,
+        rb: &RequestBlocks,
+        num_tokens_main_model: usize,
+        new_computed: &[BlockId],
+        pool: &BlockPool,
+    ) -> Option<isize> {
+        match *self {
+            Self::Mamba { align, .. } => mamba::own_num_blocks_to_allocate(
+                mgr,
+                rb,
+                align,
+                num_tokens_main_model,
+                new_computed,
+                pool,
+            ),
+            _ => None,
+        }
+    }
+
+    /// Extends the table with new blocks: to `num_tokens` slots, or by the type's own
+    /// rule (align-mode Mamba: one state block for `num_tokens_main_model`).
+    pub(super) fn allocate_new_blocks(
+        &self,
+        mgr: &SingleTypeManager,
+        rb: &mut RequestBlocks,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        pool: &mut BlockPool,
+    ) -> Result<()> {
+        match *self {
+            Self::Mamba { align: true, .. } => {
+                mamba::allocate_new_blocks(mgr, rb, num_tokens_main_model, pool)
+            }
+            _ => mgr.extend_table(rb, num_tokens, pool),
+        }
+    }
+
+    /// Frees the blocks outside the attention window of the next token: the window's
+    /// common rule, or the type's own (align-mode Mamba retires old states).
+    pub(super) fn remove_skipped_blocks(
+        &self,
+        mgr: &SingleTypeManager,
+        rb: &mut RequestBlocks,
+        num_computed_tokens: usize,
+        pool: &mut BlockPool,
+    ) -> Result<()> {
+        match *self {
+            Self::Mamba { align: true, .. } => {
+                mamba::remove_skipped_blocks(mgr, rb, num_computed_tokens, pool)
+            }
+            _ => mgr.free_out_of_window(rb, num_computed_tokens, pool),
+        }
+    }
+
+    /// Which of the table's blocks `start..end` get cached (`None`: all of them); only
+    /// sliding windows cache some (vLLM's `reachable_block_mask`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn cache_mask<R: RequestView>(
+        &self,
+        mgr: &SingleTypeManager,
+        request: &R,
+        start: usize,
+        end: usize,
+        sparse_caching: SparseCaching,
+        replay_boundaries: &[usize],
+    ) -> Option<Vec<bool>> {
+        match *self {
+            Self::SlidingWindow { sliding_window, .. } => sliding_window::cache_mask(
+                mgr,
+                request,
+                start,
+                end,
+                sliding_window,
+                sparse_caching,
+                replay_boundaries,
+            ),
+            _ => None,
+        }
+    }
+
+    /// After `blocks` were cached: align-mode Mamba remembers their keys in
+    /// `cached_this_step` (other requests may not hit them until the next step).
+    pub(super) fn note_cached_blocks(
+        &self,
+        blocks: &[BlockId],
+        cached_this_step: &mut FxHashSet<HashKey>,
+        pool: &BlockPool,
+    ) -> Result<()> {
+        match *self {
+            Self::Mamba { align: true, .. } => {
+                mamba::note_cached_blocks(blocks, cached_this_step, pool)
+            }
+            _ => Ok(()),
         }
     }
 }

@@ -2,13 +2,16 @@
 //! per request plus the speculative blocks, through the common code. Mode `"align"`
 //! (prefix caching on), for the subset kvblocks supports: the Mamba block size equals
 //! the hash block size (no fine-grained partial hits, no copy-on-write), no speculative
-//! or prefill-checkpoint blocks, dense retention. The table is position-indexed: entry `i`
+//! or prefill-checkpoint blocks, dense caching. The table is position-indexed: entry `i`
 //! is the state after token `(i + 1) * bs`; only the live state (and the previous step's,
 //! which the kernel copies from) is real, the rest are nulls.
 
-use super::{cdiv, AttentionKind, HitQuery, RequestBlocks, SingleTypeManager};
+use rustc_hash::FxHashSet;
+
+use super::{AttentionKind, HitQuery, RequestBlocks, SingleTypeManager};
+use crate::arith::cdiv;
 use crate::error::{KvError, Result};
-use crate::pool::BlockPool;
+use crate::pool::{BlockPool, HashKey};
 use crate::spec::{MambaCacheMode, MambaSpec};
 use crate::types::{BlockId, NULL_BLOCK_ID};
 
@@ -40,6 +43,36 @@ pub(crate) fn max_blocks_per_request(m: &MambaSpec) -> Option<usize> {
             .checked_add(m.num_prefill_checkpoint_blocks),
         MambaCacheMode::None => m.num_speculative_blocks.checked_add(1),
     }
+}
+
+/// Prefix caching needs "align" mode, with the hash block size as the block size (no
+/// fine-grained hits) and dense caching (`sparse` off).
+pub(crate) fn check_prefix_caching(
+    align: bool,
+    block_size: usize,
+    hash_block_size: usize,
+    sparse: bool,
+) -> Result<()> {
+    if !align {
+        // vLLM 0.33 asserts this away; 0.32 builds a manager for it, which kvblocks does
+        // not have (unsupported, so kvblocks.vllm falls back).
+        return Err(unsupported(
+            "prefix caching requires mamba_cache_mode='align'; use enable_caching=False",
+        ));
+    }
+    if block_size != hash_block_size || sparse {
+        return Err(unsupported(
+            "\"align\" mode with a block size other than hash_block_size (fine-grained hits) \
+             or with sparse retention",
+        ));
+    }
+    Ok(())
+}
+
+/// Slots for `num_tokens` tokens: the speculative state blocks come on top.
+#[inline]
+pub(crate) fn slot_tokens(num_tokens: usize, bs: usize, num_speculative_blocks: usize) -> usize {
+    num_tokens + bs * num_speculative_blocks
 }
 
 /// Per-request state of an align-mode Mamba group.
@@ -91,9 +124,29 @@ pub(crate) fn find_longest_cache_hit(
     0
 }
 
+/// Mamba's `get_num_blocks_to_allocate`: `num_blocks + 1` (never fits) when the hit's
+/// last block was cached during this step, so the request waits a step; the "align"
+/// count below; `None` (the common count) otherwise.
+pub(crate) fn own_num_blocks_to_allocate(
+    mgr: &SingleTypeManager,
+    rb: &RequestBlocks,
+    align: bool,
+    num_tokens_main_model: usize,
+    hits: &[BlockId],
+    pool: &BlockPool,
+) -> Option<isize> {
+    if let Some(&last) = hits.last() {
+        let key = pool.block_hash(last).ok().flatten();
+        if key.is_some_and(|k| mgr.cached_this_step.contains(&k)) {
+            return Some(pool.num_blocks() as isize + 1);
+        }
+    }
+    align.then(|| num_blocks_to_allocate(mgr, rb, num_tokens_main_model, hits, pool))
+}
+
 /// Align mode `get_num_blocks_to_allocate`: at most one new state block per step, plus
 /// the hits still in the free queue. May be negative (over-allocated drafts), as vLLM.
-pub(crate) fn num_blocks_to_allocate(
+fn num_blocks_to_allocate(
     mgr: &SingleTypeManager,
     rb: &RequestBlocks,
     num_tokens_main_model: usize,
@@ -168,6 +221,21 @@ pub(crate) fn remove_skipped_blocks(
         if idx + 1 < cdiv(num_computed_tokens, bs) && rb.table[idx] != NULL_BLOCK_ID {
             pool.free_blocks([rb.table[idx]])?;
             rb.table[idx] = NULL_BLOCK_ID;
+        }
+    }
+    Ok(())
+}
+
+/// Align mode: remembers the keys of the newly cached `blocks` (nulls skipped), which
+/// other requests may not hit until the next step.
+pub(crate) fn note_cached_blocks(
+    blocks: &[BlockId],
+    cached_this_step: &mut FxHashSet<HashKey>,
+    pool: &BlockPool,
+) -> Result<()> {
+    for &b in blocks {
+        if let Some(key) = pool.block_hash(b)?.filter(|_| b != NULL_BLOCK_ID) {
+            cached_this_step.insert(key);
         }
     }
     Ok(())

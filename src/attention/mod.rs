@@ -4,13 +4,14 @@
 //! One [`SingleTypeManager`] per KV cache group. It holds no per-request state itself:
 //! each request's table for the group is a [`RequestBlocks`] owned by the coordinator, so
 //! a request id is resolved once per call, not once per group. Behaviour that differs by
-//! attention type lives in one file per type and is selected by a `match` on
-//! [`AttentionKind`] (no dynamic dispatch on the hot path).
+//! attention type lives in one file per type; the shared code asks the kind
+//! ([`AttentionKind`]'s methods, each a `match` in `kind.rs` that hands over to the type's
+//! file: no dynamic dispatch on the hot path).
 //!
 //! The shared code is split by job: the kind and its dispatch (`kind.rs`), the group
 //! parameters (`params.rs`), the request interface (`request_view.rs`), a request's
 //! table (`request_blocks.rs`), hit lookups (`hit_query.rs`), allocation
-//! (`allocate.rs`), caching and retention (`caching.rs`) and freeing (`free.rs`). This
+//! (`allocate.rs`), caching and sparse caching (`caching.rs`) and freeing (`free.rs`). This
 //! file holds [`SingleTypeManager`] itself: its fields, construction and accessors.
 
 pub mod chunked_local;
@@ -28,7 +29,7 @@ mod params;
 mod request_blocks;
 mod request_view;
 
-pub use caching::Retention;
+pub use caching::SparseCaching;
 pub use hit_query::HitQuery;
 pub(crate) use kind::UNKNOWN_SPEC_KIND;
 pub use kind::{AttentionKind, SPEC_KINDS};
@@ -41,12 +42,6 @@ use rustc_hash::FxHashSet;
 use crate::error::{KvError, Result};
 use crate::pool::{BlockPool, HashKey};
 use crate::types::{BlockId, GroupId};
-
-/// Ceiling division.
-#[inline]
-pub(crate) fn cdiv(a: usize, b: usize) -> usize {
-    a.div_ceil(b)
-}
 
 /// The manager of one KV cache group.
 #[derive(Debug, Clone)]
@@ -86,11 +81,9 @@ impl SingleTypeManager {
             params
                 .kind
                 .max_admission_blocks(bs, max_in_flight_tokens, max_model_len);
-        let sink_blocks = match params.kind {
-            AttentionKind::SinkFullAttention { sink_len } => {
-                pool.get_new_blocks(full::num_sink_blocks(sink_len, bs)?)?
-            }
-            _ => Vec::new(),
+        let sink_blocks = match params.kind.num_construction_blocks(bs)? {
+            0 => Vec::new(),
+            n => pool.get_new_blocks(n)?,
         };
         Ok(Self {
             params,

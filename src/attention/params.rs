@@ -26,12 +26,7 @@ pub struct ManagerParams {
 impl ManagerParams {
     /// Parameters of a group with default annotations and its own spec class.
     pub fn new(kind: AttentionKind, block_size: usize, spec_class: usize) -> Self {
-        let window = match kind {
-            AttentionKind::SlidingWindow { sliding_window, .. } => {
-                u32::try_from(sliding_window).ok()
-            }
-            _ => None,
-        };
+        let window = kind.sliding_window().and_then(|w| u32::try_from(w).ok());
         Self {
             spec_kind: kind.spec_kind(),
             kind,

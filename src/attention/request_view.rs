@@ -31,7 +31,7 @@ pub trait RequestView: StoredBlockSource {
         0
     }
     /// vLLM's `shared_prefix_boundary`: the junction `get_computed_blocks` reported, which
-    /// vLLM's scheduler stores on the request. Under sparse retention a sliding-window
+    /// vLLM's scheduler stores on the request. Under sparse caching a sliding-window
     /// group keeps the blocks ending on it, so a sibling request sharing the prefix hits
     /// (0: none).
     fn shared_prefix_boundary(&self) -> usize {

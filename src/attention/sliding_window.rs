@@ -1,7 +1,8 @@
 //! Sliding-window attention: blocks before the window are nulled and
 //! freed, and a hit needs `cdiv(sw - 1, bs)` contiguous cached blocks ending at the hit.
 
-use super::{cdiv, AttentionKind, HitQuery, Retention};
+use super::{AttentionKind, HitQuery, RequestView, SingleTypeManager, SparseCaching};
+use crate::arith::cdiv;
 use crate::pool::BlockPool;
 use crate::spec::SlidingWindowSpec;
 use crate::types::{BlockId, NULL_BLOCK_ID};
@@ -119,18 +120,76 @@ pub(crate) fn find_longest_cache_hit(
     out[0].len() * bs
 }
 
+/// Which of the request's blocks `start..end` get cached: the reachable blocks of the
+/// replay boundaries and of the request's shared-prefix junction
+/// ([`reachable_boundaries`], [`reachable_block_mask`]).
+pub(crate) fn cache_mask<R: RequestView>(
+    mgr: &SingleTypeManager,
+    request: &R,
+    start: usize,
+    end: usize,
+    sliding_window: usize,
+    sparse_caching: SparseCaching,
+    replay_boundaries: &[usize],
+) -> Option<Vec<bool>> {
+    let bs = mgr.block_size();
+    let mut boundaries = [0usize; 4];
+    let n = reachable_boundaries(
+        replay_boundaries,
+        request.shared_prefix_boundary(),
+        bs,
+        mgr.use_eagle,
+        &mut boundaries,
+    );
+    reachable_block_mask(
+        start,
+        end,
+        mgr.alignment_tokens,
+        sliding_window,
+        bs,
+        mgr.use_eagle,
+        sparse_caching,
+        &boundaries[..n],
+    )
+}
+
+/// vLLM's `reachable_boundaries` in `cache_blocks`: the replay boundaries (at most 2),
+/// then the request's shared-prefix junction, if any, and with EAGLE the block before it
+/// (a sibling diverging right after the junction cannot use the block past it as the
+/// EAGLE peek, so its hit lands one block lower; vLLM 0.33). Written into `out`; returns
+/// how many.
+fn reachable_boundaries(
+    replay: &[usize],
+    junction: usize,
+    bs: usize,
+    use_eagle: bool,
+    out: &mut [usize; 4],
+) -> usize {
+    let mut n = replay.len();
+    out[..n].copy_from_slice(replay);
+    if junction > 0 {
+        out[n] = junction;
+        n += 1;
+        if use_eagle {
+            out[n] = junction.saturating_sub(bs);
+            n += 1;
+        }
+    }
+    n
+}
+
 /// Which of the blocks `start..end` get cached (vLLM 0.33's `reachable_block_mask`);
 /// `None` caches them all. `boundaries` are the replay boundaries (used only under
-/// sparse retention).
+/// sparse caching).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn reachable_block_mask(
+fn reachable_block_mask(
     start: usize,
     end: usize,
     alignment: usize,
     sliding_window: usize,
     bs: usize,
     use_eagle: bool,
-    retention: Retention,
+    sparse_caching: SparseCaching,
     boundaries: &[usize],
 ) -> Option<Vec<bool>> {
     if !alignment.is_multiple_of(bs) {
@@ -139,10 +198,10 @@ pub(crate) fn reachable_block_mask(
     let need = contiguous_blocks_for_hit(sliding_window, bs, use_eagle);
     let shift = usize::from(use_eagle);
     let mut mask = vec![false; end - start];
-    let segment = match retention {
-        Retention::Dense => Some(alignment),
-        Retention::Interval(0) => None,
-        Retention::Interval(n) => Some(n),
+    let segment = match sparse_caching {
+        SparseCaching::Dense => Some(alignment),
+        SparseCaching::Interval(0) => None,
+        SparseCaching::Interval(n) => Some(n),
     };
     if let Some(segment) = segment {
         let per_segment = segment / bs;
@@ -155,7 +214,7 @@ pub(crate) fn reachable_block_mask(
             }
         }
     }
-    if retention != Retention::Dense {
+    if sparse_caching != SparseCaching::Dense {
         for &b in boundaries {
             let e = (b / alignment * alignment) / bs + shift;
             for j in start.max(e.saturating_sub(need))..end.min(e) {

@@ -40,6 +40,14 @@ impl<'a> BlockHashView<'a> {
         })
     }
 
+    /// A view with `scale` hashes per big block, for callers that checked the block
+    /// sizes already (a group of a built manager); `scale` must be positive.
+    #[inline]
+    pub(crate) fn scaled(hashes: &'a [BlockHash], scale: usize) -> Self {
+        debug_assert!(scale > 0);
+        Self { hashes, scale }
+    }
+
     /// The identity view (block size == hash block size).
     pub fn identity(hashes: &'a [BlockHash]) -> Self {
         Self { hashes, scale: 1 }
@@ -62,16 +70,20 @@ impl<'a> BlockHashView<'a> {
 
     /// The hash of big block `i`, if it is full.
     pub fn get(&self, i: usize) -> Option<&'a BlockHash> {
-        if i >= self.len() {
-            return None;
-        }
-        self.hashes.get((i + 1) * self.scale - 1)
+        (i < self.len()).then(|| self.at(i))
+    }
+
+    /// The hash of big block `i`, which must be full (`i < len()`): the one place the
+    /// index `hashes[(i + 1) * k - 1]` is written. Panics past the hashes, as indexing.
+    #[inline]
+    pub fn at(&self, i: usize) -> &'a BlockHash {
+        &self.hashes[(i + 1) * self.scale - 1]
     }
 
     /// The hashes of all full big blocks, in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &'a BlockHash> + 'a {
-        let (hashes, scale) = (self.hashes, self.scale);
-        (0..self.len()).map(move |i| &hashes[(i + 1) * scale - 1])
+        let view = *self;
+        (0..self.len()).map(move |i| view.at(i))
     }
 }
 

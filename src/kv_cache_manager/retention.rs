@@ -3,8 +3,9 @@
 //! pool's (`pool/retention.rs`, `pool/pins.rs`).
 
 use super::KvCacheManager;
-use crate::attention::{AttentionKind, RequestView};
+use crate::attention::RequestView;
 use crate::error::Result;
+use crate::hashing::BlockHashView;
 use crate::pool::{HashKey, RetentionPolicy};
 use crate::types::BlockHash;
 
@@ -23,7 +24,7 @@ impl KvCacheManager {
     }
 
     /// The request's tag, read from it when it first gets a slot.
-    pub(super) fn tag_slot<R: RequestView>(&mut self, request: &R, slot: usize) {
+    pub(super) fn assign_free_tag<R: RequestView>(&mut self, request: &R, slot: usize) {
         if !self.retention_on {
             return;
         }
@@ -40,7 +41,7 @@ impl KvCacheManager {
 
     /// Makes the pool's next frees carry the tag of the request in `slot`.
     #[inline]
-    pub(super) fn frees_as(&mut self, slot: usize) {
+    pub(super) fn set_free_tag_of_slot(&mut self, slot: usize) {
         if self.retention_on {
             let tag = self.slot_tag[slot];
             self.coord.pool_mut().set_free_tag(tag);
@@ -53,13 +54,13 @@ impl KvCacheManager {
         let hash_block_size = self.coord.pool().hash_block_size();
         let mut keys = Vec::new();
         for m in self.coord.managers() {
-            if matches!(m.params().kind, AttentionKind::CrossAttention) {
+            if !m.params().kind.caches_prefix() {
                 continue;
             }
-            let k = m.block_size() / hash_block_size;
-            let full = (num_tokens / m.block_size()).min(hashes.len() / k);
-            keys.extend((0..full).map(|i| HashKey {
-                hash: hashes[(i + 1) * k - 1],
+            let view = BlockHashView::scaled(hashes, m.block_size() / hash_block_size);
+            let full = (num_tokens / m.block_size()).min(view.len());
+            keys.extend(view.iter().take(full).map(|&hash| HashKey {
+                hash,
                 group: m.group(),
             }));
         }

@@ -5,6 +5,7 @@
 use super::*;
 use crate::attention::{AttentionKind as K, ManagerParams, RequestView};
 use crate::events::event::{EventExtraKeys, StoredBlockSource};
+use crate::request::Request;
 use crate::types::{BlockHash, NULL_BLOCK_ID};
 
 /// A request with a toy hash chain (equal prefixes give equal hashes).
@@ -225,7 +226,7 @@ fn sliding_window_end_to_end() {
     let mut b = TestReq::new("b", [toks(0, 20), toks(500, 3)].concat(), 4);
     let (hits, hit) = m.get_computed_blocks(&b).unwrap();
     assert_eq!((hits[0].clone(), hit), (vec![0, 0, 0, 4, 5], 20));
-    let rbs = m.tables_or_empty(None);
+    let rbs = m.slots.tables_or_empty(None);
     let need = m
         .coordinator()
         .get_num_blocks_to_allocate(rbs, 23, 23, Some(&hits), 0, 20, false);

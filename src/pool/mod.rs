@@ -24,6 +24,7 @@ use crate::error::{KvError, Result};
 use crate::events::event::{
     BlockRemoved, BlockStored, KvCacheEvent, StoredBlockSource, MEDIUM_GPU,
 };
+use crate::hashing::BlockHashView;
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 use free_queue::FreeQueue;
 use id_set::IdSet;
@@ -458,7 +459,8 @@ impl BlockPool {
                 "block {b} is listed twice; a block is cached once"
             )));
         }
-        let hash_at = |i: usize| request_hashes[(i + 1) * k - 1];
+        let view = BlockHashView::scaled(request_hashes, k);
+        let hash_at = |i: usize| *view.at(i);
         let mut stored = Vec::new();
         for (i, &b) in blocks.iter().enumerate().take(num_full).skip(num_cached) {
             if b == NULL_BLOCK_ID || !keep(i) {

@@ -546,7 +546,7 @@ impl PyKVCacheManager {
             status: has_scheduled_reqs && this.inner.watermark_blocks() > 0,
             lookup: false,
             retention: this.inner.retention_policy().is_some(),
-            junction: this.inner.coordinator().sparse_retention(),
+            junction: this.inner.coordinator().sparse_caching(),
         };
         this.added.clear();
         let this = &mut *this;
@@ -705,6 +705,34 @@ impl PyKVCacheManager {
         PyTuple::new(py, lists)
     }
 
+    /// The request's block ids covering `num_computed_tokens`, per group (vLLM's
+    /// `get_block_ids_for_computed_tokens`; empty lists for an unknown request).
+    fn get_block_ids_for_computed_tokens<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &str,
+        num_computed_tokens: usize,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let ids = self
+            .inner
+            .block_ids_for_computed_tokens(request_id, num_computed_tokens);
+        PyTuple::new(py, ids)
+    }
+
+    /// A lookup result cut at `num_computed_tokens` (vLLM's `truncate_computed_blocks`;
+    /// no ref count changes).
+    fn truncate_computed_blocks(
+        slf: &Bound<'_, Self>,
+        blocks: PyRef<'_, PyKVCacheBlocks>,
+        num_computed_tokens: usize,
+    ) -> PyResult<Py<PyKVCacheBlocks>> {
+        let cut = slf
+            .borrow()
+            .inner
+            .truncate_computed_blocks(&blocks.blocks, num_computed_tokens)?;
+        Self::blocks_of(slf, cut)
+    }
+
     /// The block tables of `request_ids` in group `group_id` as one C-contiguous int32
     /// buffer of shape `(len(request_ids), max_blocks)`, rows padded with the null block
     /// 0 (a `memoryview` over a new `bytearray`: numpy and torch view it without a copy).
@@ -731,7 +759,7 @@ impl PyKVCacheManager {
     ) -> PyResult<()> {
         let reads = Reads {
             events: self.inner.pool().events_enabled(),
-            junction: self.inner.coordinator().sparse_retention(),
+            junction: self.inner.coordinator().sparse_caching(),
             ..Reads::default()
         };
         self.with_request(request, reads, |mgr, req| {

@@ -3,7 +3,8 @@
 //! that recycle blocks. The rules are the attention types' (`src/attention/`); this file
 //! applies them to a spec.
 
-use super::{cdiv, overflow, KvCacheSpec};
+use super::{overflow, KvCacheSpec};
+use crate::arith::cdiv;
 use crate::attention::{cross_attention, full, mamba, AttentionKind};
 use crate::error::{KvError, Result};
 

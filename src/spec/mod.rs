@@ -41,11 +41,6 @@ pub use uniform::{is_uniform_type, LayerSpecs, UniformTypeSpecs};
 
 use crate::error::{KvError, Result};
 
-/// Ceiling division.
-fn cdiv(a: usize, b: usize) -> usize {
-    a.div_ceil(b)
-}
-
 fn invalid<T>(msg: impl Into<String>) -> Result<T> {
     Err(KvError::InvalidSpec(msg.into()))
 }

@@ -337,6 +337,8 @@ def calls() -> list[Call]:
         ("allocate_slots_batch", [[fresh_request()], [1]]),
         ("free", [fresh_request()]),
         ("get_block_ids", ["r"]),
+        ("get_block_ids_for_computed_tokens", ["r", 16]),
+        ("truncate_computed_blocks", [fresh_manager().kv_cache_blocks([[1, 2], [3]]), 16]),
         ("block_table", [["r", "x"], 0]),
         ("cache_blocks", [fresh_request(), 8]),
         ("new_step_starts", []),

@@ -120,6 +120,27 @@ def test_same_answers_as_vllm_call_by_call() -> None:
     assert ours.usage == stock.usage
 
 
+def test_computed_token_blocks_and_cut_lookups_as_vllm() -> None:
+    """`get_block_ids_for_computed_tokens` and `truncate_computed_blocks` of a hybrid
+    model: the core decides per attention type, no vLLM class name is read."""
+    window = SlidingWindowSpec(
+        block_size=BS, num_kv_heads=2, head_size=8, dtype=torch.float16, sliding_window=32
+    )
+    stock, ours = managers(config(spec(), window))
+    prompt = list(range(100, 180))
+    for mgr in (stock, ours):
+        assert mgr.allocate_slots(request("a", prompt), len(prompt)) is not None
+    for n in (0, 1, 16, 17, 40, 80):
+        got = ours.get_block_ids_for_computed_tokens("a", n)
+        assert got == stock.get_block_ids_for_computed_tokens("a", n), n
+    want_hit = stock.get_computed_blocks(request("b", [*prompt, 1]))
+    got_hit = ours.get_computed_blocks(request("b", [*prompt, 1]))
+    assert got_hit[1] == want_hit[1] == 80
+    for n in (0, 16, 48, 80):
+        got = ours.truncate_computed_blocks(got_hit[0], n).get_block_ids()
+        assert got == stock.truncate_computed_blocks(want_hit[0], n).get_block_ids(), n
+
+
 @pytest.mark.parametrize("use_eagle", [False, True])
 def test_a_flagged_eagle_group_drops_as_the_installed_vllm(use_eagle: bool) -> None:
     """A group flagged `is_eagle_group`: vLLM 0.32 drops its last hit block (the EAGLE

@@ -412,37 +412,8 @@ class KVCacheManager(kb.KVCacheManager):
             return []
         return _to_vllm_events(super().take_events())
 
-    def get_block_ids_for_computed_tokens(
-        self, request_id: str, num_computed_tokens: int
-    ) -> tuple[list[int], ...]:
-        """Block ids covering the computed tokens (cross-attention groups whole)."""
-        out = []
-        for group, ids in zip(
-            self.kv_cache_config.kv_cache_groups, self.get_block_ids(request_id), strict=True
-        ):
-            spec = group.kv_cache_spec
-            if type(spec).__name__ in ("CrossAttentionSpec", "MambaSpec"):
-                out.append(ids)
-            else:
-                out.append(ids[: -(-num_computed_tokens // spec.block_size)])
-        return tuple(out)
-
     def create_kv_cache_blocks(self, blocks: Sequence[Sequence[Any]]) -> kb.KVCacheBlocks:
         return self.kv_cache_blocks([_block_ids(g) for g in blocks])
-
-    def truncate_computed_blocks(
-        self, blocks: kb.KVCacheBlocks, num_computed_tokens: int
-    ) -> kb.KVCacheBlocks:
-        """The lookup result cut at an aligned token end (no ref count changes)."""
-        out = []
-        for ids, mgr in zip(
-            blocks.get_block_ids(), self.coordinator.single_type_managers, strict=True
-        ):
-            n = num_computed_tokens // mgr.block_size
-            if type(mgr.kv_cache_spec).__name__ == "MambaSpec":
-                n = min(n, len(ids))
-            out.append(ids[:n])
-        return self.kv_cache_blocks(out)
 
     # Per-step hand-overs of features kvblocks does not have: nothing to hand over.
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
