@@ -18,6 +18,7 @@ pub mod kv_cache_manager;
 pub mod pool;
 pub mod request;
 pub mod spec;
+pub mod stats;
 pub mod types;
 pub mod zeroing;
 

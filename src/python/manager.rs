@@ -5,7 +5,7 @@ use crate::python::errors::{invalid_argument, invalid_type};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
-use pyo3::{intern, PyTraverseError, PyVisit};
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::attention::{ManagerParams, RequestView};
 use crate::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions, NewBlocks};
@@ -15,7 +15,7 @@ use crate::python::ids::{extract_u32s, IdObjects};
 use crate::python::pool::PyBlockPool;
 use crate::python::request::{request_list, PyRequest};
 use crate::python::retention::PyRetentionPolicy;
-use crate::python::stats::PyPrefixCacheStats;
+use crate::python::stats::{set_stats_attributes, PyPrefixCacheStats};
 use crate::python::vllm_request::{request_id, AnyRequest, Reads, RequestMemos, VllmRequest};
 use crate::request::Request;
 use crate::types::{BlockHash, BlockId};
@@ -801,8 +801,7 @@ impl PyKVCacheManager {
         self.mirror_stats(request.py())
     }
 
-    /// An object whose `reset`, `requests`, `queries`, `hits`, `preempted_requests`,
-    /// `preempted_queries` and `preempted_hits` attributes are kept equal to the stats
+    /// An object whose attributes named as the stats' fields are kept equal to the stats
     /// being recorded (vLLM's live `PrefixCacheStats`, which its callers hold on to).
     #[getter]
     fn get_stats_mirror(&self, py: Python<'_>) -> Option<Py<PyAny>> {
@@ -1029,18 +1028,10 @@ impl PyKVCacheManager {
 
     /// Copies the recorded stats into `stats_mirror`, if one is set.
     fn mirror_stats(&self, py: Python<'_>) -> PyResult<()> {
-        let (Some(mirror), Some(stats)) = (&self.stats_mirror, self.inner.prefix_cache_stats())
-        else {
-            return Ok(());
-        };
-        let m = mirror.bind(py);
-        m.setattr(intern!(py, "reset"), stats.reset)?;
-        m.setattr(intern!(py, "requests"), stats.requests)?;
-        m.setattr(intern!(py, "queries"), stats.queries)?;
-        m.setattr(intern!(py, "hits"), stats.hits)?;
-        m.setattr(intern!(py, "preempted_requests"), stats.preempted_requests)?;
-        m.setattr(intern!(py, "preempted_queries"), stats.preempted_queries)?;
-        m.setattr(intern!(py, "preempted_hits"), stats.preempted_hits)
+        match (&self.stats_mirror, self.inner.prefix_cache_stats()) {
+            (Some(mirror), Some(stats)) => set_stats_attributes(mirror.bind(py), &stats),
+            _ => Ok(()),
+        }
     }
 
     /// The manager's pool.
