@@ -30,6 +30,7 @@
 
 use rustc_hash::FxHashMap;
 
+use crate::admission;
 use crate::attention::{AttentionKind, ManagerParams, RequestBlocks, RequestView};
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
@@ -494,11 +495,11 @@ impl KvCacheManager {
             .find_cache_hit_per_group(hashes, max_cache_hit_length)
     }
 
-    /// Rejects a request longer than the model's context (`max_model_len`): kvblocks'
-    /// own API checks it before `allocate_slots`; vLLM's scheduler never sends one, and
-    /// vLLM's manager clamps silently, so `kvblocks.vllm` does not.
+    /// Rejects a request longer than the model's context (`max_model_len`), unless the
+    /// request is one the manager clamps silently (`RequestView::clamps_to_max_model_len`:
+    /// vLLM's). kvblocks' own API checks it before `allocate_slots`.
     pub fn check_length<R: RequestView>(&self, request: &R) -> Result<()> {
-        if request.num_tokens() > self.max_model_len {
+        if request.num_tokens() > self.max_model_len && !request.clamps_to_max_model_len() {
             return Err(KvError::InvalidArgument(format!(
                 "request {:?} has {} tokens, more than max_model_len {}",
                 request.request_id(),
@@ -585,11 +586,11 @@ impl KvCacheManager {
         let hits = self.validate_allocate(slot, local, args)?;
         let g = self.num_groups;
         let total = (local + args.num_external_computed_tokens).min(self.max_model_len);
-        let watermark = if args.has_scheduled_reqs && request.awaiting_admission() {
-            self.watermark_blocks as isize
-        } else {
-            0
-        };
+        let watermark = admission::blocks_kept_free(
+            self.watermark_blocks,
+            args.has_scheduled_reqs,
+            request.awaiting_admission(),
+        ) as isize;
         let free = self.coord.pool().num_free_blocks() as isize;
         if args.full_sequence_must_fit {
             let full = request.num_tokens().min(self.max_model_len);
@@ -1102,14 +1103,12 @@ impl RequestView for Request {
         Some(Request::slot_hint(self))
     }
     fn retention_hints(&self) -> RetentionHints {
-        RetentionHints {
-            priority: self.priority,
-            session: self.session_id.is_some(),
-            tenant: self
-                .cache_salt()
-                .or_else(|| self.lora().map(|l| l.name.as_str()))
-                .map(str::to_owned),
-        }
+        RetentionHints::new(
+            self.priority,
+            self.session_id.is_some(),
+            self.cache_salt(),
+            self.lora().map(|l| l.name.as_str()),
+        )
     }
 }
 

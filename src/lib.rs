@@ -7,6 +7,7 @@
 //! (block hash, group id) to block ids. Python bindings live in `src/python/` behind the
 //! `python` feature and only convert; every rule of behaviour lives here.
 
+pub mod admission;
 pub mod attention;
 pub mod ceilings;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod hashing;
 pub mod kv_cache_manager;
 pub mod pool;
 pub mod request;
+pub mod request_fields;
 pub mod spec;
 pub mod stats;
 pub mod types;

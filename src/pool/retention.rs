@@ -130,6 +130,23 @@ pub struct RetentionHints {
     pub tenant: Option<String>,
 }
 
+impl RetentionHints {
+    /// The hints of a request with this priority, session (or none), cache salt and
+    /// LoRA adapter name: the tenant is the cache salt, else the LoRA name.
+    pub fn new(
+        priority: i64,
+        session: bool,
+        cache_salt: Option<&str>,
+        lora_name: Option<&str>,
+    ) -> Self {
+        Self {
+            priority,
+            session,
+            tenant: cache_salt.or(lora_name).map(str::to_owned),
+        }
+    }
+}
+
 /// How a free treats the blocks it frees: their class, whether they are a session's,
 /// and the tenant whose quota they count against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
