@@ -127,6 +127,8 @@ class UnknownLayerError(KVBlocksError, KeyError):
 class RetentionPolicy:
     """A retention policy for the prefix cache (docs/retention.md); frozen."""
 
+    FIELDS: ClassVar[tuple[str, ...]]
+    """The fields' names, in order: the constructor's keywords and the attributes."""
     def __new__(
         cls,
         *,
@@ -521,6 +523,12 @@ class KVCacheManager:
     def find_longest_cache_hit_per_group(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
     ) -> tuple[list[list[int]], list[int]]: ...
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool: ...
+    @property
+    def coordinator_kind(self) -> str:
+        """vLLM's coordinator class name for this manager's coordinator."""
+    @property
+    def group_block_sizes(self) -> list[int]: ...
     @property
     def full_attention_group_id(self) -> int | None: ...
     def allocate_slots(
@@ -609,6 +617,8 @@ class KVCacheManager:
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None: ...
     @property
     def usage(self) -> float: ...
+    @property
+    def watermark_blocks(self) -> int: ...
     @property
     def num_kv_cache_groups(self) -> int: ...
     @property

@@ -59,6 +59,18 @@ impl Default for RetentionPolicy {
 }
 
 impl RetentionPolicy {
+    /// The fields' names, in declaration order: the one list the Python class's repr,
+    /// `kvblocks.retention_spec` and the docs are derived from or checked against.
+    pub const FIELDS: [&'static str; 7] = [
+        "classes",
+        "default_class",
+        "priority_classes",
+        "ttl_s",
+        "session_s",
+        "tenant_quotas",
+        "default_tenant_quota",
+    ];
+
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(KvError::InvalidArgument(msg));

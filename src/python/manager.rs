@@ -5,10 +5,11 @@ use crate::python::errors::{invalid_argument, invalid_type};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
-use pyo3::{PyTraverseError, PyVisit};
+use pyo3::{intern, PyTraverseError, PyVisit};
 
 use crate::admission;
 use crate::attention::{ManagerParams, RequestView};
+use crate::coordinator::CoordinatorKind;
 use crate::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions, NewBlocks};
 use crate::python::config::PyKVCacheConfig;
 use crate::python::events::events_to_py;
@@ -17,6 +18,7 @@ use crate::python::pool::PyBlockPool;
 use crate::python::request::{request_list, PyRequest};
 use crate::python::retention::PyRetentionPolicy;
 use crate::python::stats::{set_stats_attributes, PyPrefixCacheStats};
+use crate::python::vllm_reads::request as attr;
 use crate::python::vllm_request::{request_id, AnyRequest, RequestMemos, VllmRequest};
 use crate::request::Request;
 use crate::request_fields::RequestFields;
@@ -471,6 +473,38 @@ impl PyKVCacheManager {
         Ok(self
             .inner
             .find_cache_hit_per_group(&hashes, max_cache_hit_length)?)
+    }
+
+    /// Whether a prefix-cache lookup runs for `request` (vLLM's
+    /// `prefix_cache_lookup_enabled`: caching on, and the request does not skip it).
+    fn prefix_cache_lookup_enabled(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let skip = request
+            .getattr(intern!(request.py(), attr::SKIP_READING_PREFIX_CACHE))?
+            .is_truthy()?;
+        Ok(self.inner.lookup_enabled_for(skip))
+    }
+
+    /// The name of vLLM's coordinator class that does what this manager's does:
+    /// `KVCacheCoordinatorNoPrefixCache`, `UnitaryKVCacheCoordinator` or
+    /// `HybridKVCacheCoordinator`.
+    #[getter]
+    fn coordinator_kind(&self) -> &'static str {
+        match self.inner.coordinator().kind() {
+            CoordinatorKind::NoPrefixCache => "KVCacheCoordinatorNoPrefixCache",
+            CoordinatorKind::Unitary => "UnitaryKVCacheCoordinator",
+            CoordinatorKind::Hybrid => "HybridKVCacheCoordinator",
+        }
+    }
+
+    /// Each group's block size in tokens, in group order.
+    #[getter]
+    fn group_block_sizes(&self) -> Vec<usize> {
+        self.inner
+            .coordinator()
+            .managers()
+            .iter()
+            .map(|m| m.block_size())
+            .collect()
     }
 
     /// The first group of the first spec group, if that is full attention (hybrid

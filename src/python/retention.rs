@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyFloat, PySequence};
+use pyo3::types::{PyFloat, PySequence, PyTuple};
 
 use super::errors::invalid_argument;
 use super::spec::Count;
@@ -111,17 +111,16 @@ impl PyRetentionPolicy {
         self.inner.default_tenant_quota
     }
 
+    /// The fields' names, in order (the core's `RetentionPolicy::FIELDS`): the
+    /// constructor's keywords and the attributes.
+    #[classattr]
+    #[pyo3(name = "FIELDS")]
+    fn fields(py: Python<'_>) -> PyResult<Py<PyTuple>> {
+        PyTuple::new(py, RetentionPolicy::FIELDS).map(Bound::unbind)
+    }
+
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
-        let fields = [
-            "classes",
-            "default_class",
-            "priority_classes",
-            "ttl_s",
-            "session_s",
-            "tenant_quotas",
-            "default_tenant_quota",
-        ];
-        let parts = fields
+        let parts = RetentionPolicy::FIELDS
             .iter()
             .map(|f| Ok(format!("{f}={}", slf.getattr(*f)?.repr()?)))
             .collect::<PyResult<Vec<_>>>()?;
