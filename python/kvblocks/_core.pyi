@@ -14,6 +14,7 @@ _DtypeLike: TypeAlias = object
 __all__ = [
     "VLLM_ATTRIBUTES_READ",
     "VLLM_REQUEST_STATUSES",
+    "HASH_ALGORITHMS",
     "AllBlocksCleared",
     "AttentionSpec",
     "BlockHasher",
@@ -72,6 +73,9 @@ them (`Request`, `LoRARequest`, `MultiModalFeatureSpec`, `PlaceholderRange`): wh
 
 VLLM_REQUEST_STATUSES: tuple[tuple[str, int], ...]
 """The `RequestStatus` members kvblocks compares with, and the values it expects."""
+
+HASH_ALGORITHMS: tuple[str, ...]
+"""The names of the hash algorithms kvblocks hashes with (vLLM's), in vLLM's order."""
 
 # --- Errors (src/python/errors.rs) ---------------------------------------------------
 # One class per `KvError` variant, then four for input the binding layer and
