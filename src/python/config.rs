@@ -216,8 +216,8 @@ impl PyKVCacheConfig {
 
     /// `(scheduler_block_size, hash_block_size)` as vLLM's `resolve_kv_cache_block_sizes`.
     #[pyo3(signature = (
-        *, enable_prefix_caching = true, connector_enabled = false, dcp_world_size = NonNegativeInt(1),
-        prefix_match_unit = None,
+        *, enable_prefix_caching = true, connector_enabled = false,
+        dcp_world_size = NonNegativeInt(1), prefix_match_unit = None,
     ), text_signature = "(self, *, enable_prefix_caching=True, connector_enabled=False, \
         dcp_world_size=1, prefix_match_unit=None)")]
     fn resolve_block_sizes(

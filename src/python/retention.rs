@@ -38,8 +38,9 @@ fn ttl_of(ttl_s: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Option<f64>>> {
 #[pymethods]
 impl PyRetentionPolicy {
     #[new]
-    #[pyo3(signature = (*, classes=NonNegativeInt(1), default_class=NonNegativeInt(0), priority_classes=None, ttl_s=None,
-                        session_s=None, tenant_quotas=None, default_tenant_quota=None))]
+    #[pyo3(signature = (*, classes=NonNegativeInt(1), default_class=NonNegativeInt(0),
+                        priority_classes=None, ttl_s=None, session_s=None, tenant_quotas=None,
+                        default_tenant_quota=None))]
     #[pyo3(
         text_signature = "(*, classes=1, default_class=0, priority_classes=None, \
                              ttl_s=None, session_s=None, tenant_quotas=None, \
