@@ -12,9 +12,9 @@ _DtypeLike: TypeAlias = object
 
 # What the extension module exports (PyO3 writes its `__all__`; stubtest checks the names).
 __all__ = [
+    "HASH_ALGORITHMS",
     "VLLM_ATTRIBUTES_READ",
     "VLLM_REQUEST_STATUSES",
-    "HASH_ALGORITHMS",
     "AllBlocksCleared",
     "AttentionSpec",
     "BlockHasher",
