@@ -18,6 +18,7 @@ pub enum RequestStatus {
 impl RequestStatus {
     /// Whether a request in this status is awaiting admission, and so keeps the
     /// watermark free.
+    #[inline]
     pub fn awaiting_admission(self) -> bool {
         matches!(self, Self::Waiting | Self::Preempted)
     }
@@ -39,12 +40,14 @@ pub fn watermark_blocks(watermark: f64, num_blocks: usize) -> Result<usize> {
 
 /// Whether an allocation's watermark depends on the request's status: only when others
 /// are scheduled and the watermark is not 0. Otherwise the status need not be read.
+#[inline]
 pub fn status_matters(watermark_blocks: usize, has_scheduled_reqs: bool) -> bool {
     has_scheduled_reqs && watermark_blocks > 0
 }
 
 /// The blocks this allocation must leave free: the watermark for a request awaiting
 /// admission while others are scheduled, else none.
+#[inline]
 pub fn blocks_kept_free(
     watermark_blocks: usize,
     has_scheduled_reqs: bool,
