@@ -28,6 +28,7 @@
 //! assert_eq!(new, vec![vec![1, 2, 3, 4]]);
 //! ```
 
+use crate::admission;
 use crate::attention::{ManagerParams, RequestView};
 use crate::config;
 use crate::coordinator::{Coordinator, CoordinatorOptions};
@@ -37,7 +38,7 @@ use crate::pool::{BlockPool, FreeTag};
 use crate::types::BlockId;
 pub use lookup::Lookup;
 use slots::RequestSlots;
-pub use stats::PrefixCacheStats;
+pub use crate::stats::PrefixCacheStats;
 
 /// Construction options (vLLM's `KVCacheManager.__init__` keywords).
 #[derive(Debug, Clone, Copy)]
@@ -292,11 +293,11 @@ impl KvCacheManager {
         }
     }
 
-    /// Rejects a request longer than the model's context (`max_model_len`): kvblocks'
-    /// own API checks it before `allocate_slots`; vLLM's scheduler never sends one, and
-    /// vLLM's manager clamps silently, so `kvblocks.vllm` does not.
+    /// Rejects a request longer than the model's context (`max_model_len`), unless the
+    /// request is one the manager clamps silently (`RequestView::clamps_to_max_model_len`:
+    /// vLLM's). kvblocks' own API checks it before `allocate_slots`.
     pub fn check_length<R: RequestView>(&self, request: &R) -> Result<()> {
-        if request.num_tokens() > self.max_model_len {
+        if request.num_tokens() > self.max_model_len && !request.clamps_to_max_model_len() {
             return Err(KvError::InvalidArgument(format!(
                 "request {:?} has {} tokens, more than max_model_len {}",
                 request.request_id(),
@@ -383,11 +384,11 @@ impl KvCacheManager {
         let hits = self.validate_allocate(slot, local, args)?;
         let g = self.num_groups();
         let total = (local + args.num_external_computed_tokens).min(self.max_model_len);
-        let watermark = if args.has_scheduled_reqs && request.awaiting_admission() {
-            self.watermark_blocks as isize
-        } else {
-            0
-        };
+        let watermark = admission::blocks_kept_free(
+            self.watermark_blocks,
+            args.has_scheduled_reqs,
+            request.awaiting_admission(),
+        ) as isize;
         let free = self.coord.pool().num_free_blocks() as isize;
         if args.full_sequence_must_fit {
             let full = request.num_tokens().min(self.max_model_len);

@@ -7,6 +7,7 @@
 //! (block hash, group id) to block ids. Python bindings live in `src/python/` behind the
 //! `python` feature and only convert; every rule of behaviour lives here.
 
+pub mod admission;
 mod arith;
 pub mod attention;
 pub mod ceilings;
@@ -18,7 +19,9 @@ pub mod hashing;
 pub mod kv_cache_manager;
 pub mod pool;
 pub mod request;
+pub mod request_fields;
 pub mod spec;
+pub mod stats;
 pub mod types;
 pub mod zeroing;
 

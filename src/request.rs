@@ -340,14 +340,12 @@ impl RequestView for Request {
         Some(Request::slot_hint(self))
     }
     fn retention_hints(&self) -> RetentionHints {
-        RetentionHints {
-            priority: self.priority,
-            session: self.session_id.is_some(),
-            tenant: self
-                .cache_salt()
-                .or_else(|| self.lora().map(|l| l.name.as_str()))
-                .map(str::to_owned),
-        }
+        RetentionHints::new(
+            self.priority,
+            self.session_id.is_some(),
+            self.cache_salt(),
+            self.lora().map(|l| l.name.as_str()),
+        )
     }
 }
 

@@ -12,6 +12,7 @@ _DtypeLike: TypeAlias = object
 
 # What the extension module exports (PyO3 writes its `__all__`; stubtest checks the names).
 __all__ = [
+    "HASH_ALGORITHMS",
     "VLLM_ATTRIBUTES_READ",
     "VLLM_REQUEST_STATUSES",
     "AllBlocksCleared",
@@ -74,6 +75,9 @@ them (`Request`, `LoRARequest`, `MultiModalFeatureSpec`, `PlaceholderRange`): wh
 VLLM_REQUEST_STATUSES: tuple[tuple[str, int], ...]
 """The `RequestStatus` members kvblocks compares with, and the values it expects."""
 
+HASH_ALGORITHMS: tuple[str, ...]
+"""The names of the hash algorithms kvblocks hashes with (vLLM's), in vLLM's order."""
+
 # --- Errors (src/python/errors.rs) ---------------------------------------------------
 # One class per `KvError` variant, then four for input the binding layer and
 # kvblocks.device check themselves. Each also derives from the builtin exception kvblocks
@@ -128,6 +132,8 @@ class UnknownLayerError(KVBlocksError, KeyError):
 class RetentionPolicy:
     """A retention policy for the prefix cache (docs/retention.md); frozen."""
 
+    FIELDS: ClassVar[tuple[str, ...]]
+    """The fields' names, in order: the constructor's keywords and the attributes."""
     def __new__(
         cls,
         *,
@@ -522,6 +528,12 @@ class KVCacheManager:
     def find_longest_cache_hit_per_group(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
     ) -> tuple[list[list[int]], list[int]]: ...
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool: ...
+    @property
+    def coordinator_kind(self) -> str:
+        """vLLM's coordinator class name for this manager's coordinator."""
+    @property
+    def group_block_sizes(self) -> list[int]: ...
     @property
     def full_attention_group_id(self) -> int | None: ...
     def allocate_slots(
@@ -619,6 +631,8 @@ class KVCacheManager:
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None: ...
     @property
     def usage(self) -> float: ...
+    @property
+    def watermark_blocks(self) -> int: ...
     @property
     def num_kv_cache_groups(self) -> int: ...
     @property

@@ -1,7 +1,8 @@
 """A retention policy for the prefix cache as one line of text: ``kvblocks simulate
 --retention SPEC`` and ``KVBLOCKS_VLLM_RETENTION=SPEC`` for ``kvblocks.vllm``.
 
-The rules are ``docs/retention.md``'s; this module only reads and writes the spec::
+The rules are ``docs/retention.md``'s; this module only reads and writes the spec, and
+leaves every check of the values to the core (``kvblocks.RetentionPolicy``)::
 
     SPEC  := "lru" | ITEM (SEP ITEM)*            SEP := "," | ";" | "+"
     ITEM  := "session=" SECONDS                  blocks of a session kept SECONDS after a turn
@@ -25,9 +26,8 @@ still continues the one before, and the items of one policy are joined with ``+`
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 __all__ = ["RetentionSpec", "SpecError", "parse_retention", "split_sweep"]
@@ -45,8 +45,9 @@ class SpecError(ValueError):
 class RetentionSpec:
     """A parsed ``--retention`` spec; all defaults = ``lru`` (no policy).
 
-    Attributes mirror ``kvblocks.RetentionPolicy``'s arguments (``docs/retention.md``);
-    ``ttl_s`` is None, one float for every class, or one entry per class.
+    Attributes are ``kvblocks.RetentionPolicy.FIELDS``, in that order (a test checks it),
+    with tuples for its lists and sorted item tuples for its dicts; ``ttl_s`` is None, one
+    float for every class, or one entry per class.
     """
 
     classes: int = 1
@@ -75,7 +76,8 @@ class RetentionSpec:
         if self.priority_classes:
             items.append("priority=" + ",".join(f"{p}:{c}" for p, c in self.priority_classes))
         if isinstance(self.ttl_s, tuple):
-            items.append("ttl=" + ",".join(f"{c}:{_num(t)}" for c, t in enumerate(self.ttl_s) if t))
+            ttl = [f"{c}:{_num(t)}" for c, t in enumerate(self.ttl_s) if t is not None]
+            items.append("ttl=" + ",".join(ttl))
         elif self.ttl_s is not None:
             items.append(f"ttl={_num(self.ttl_s)}")
         if self.session_s is not None:
@@ -94,16 +96,7 @@ class RetentionSpec:
         Raises:
             SpecError: The policy has no spec that builds it back identically.
         """
-        ttl = tuple(policy.ttl_s)
-        spec = cls(
-            policy.classes,
-            policy.default_class,
-            tuple(sorted(policy.priority_classes.items())),
-            ttl if any(t is not None for t in ttl) else None,
-            policy.session_s,
-            tuple(sorted(policy.tenant_quotas.items())),
-            policy.default_tenant_quota,
-        )
+        spec = cls(**{f.name: _spec_value(getattr(policy, f.name)) for f in fields(cls)})
         text = spec.spec
         if parse_retention(text).build() != policy:
             raise SpecError(f"no retention spec builds {policy!r} back identically ({text!r})")
@@ -111,17 +104,7 @@ class RetentionSpec:
 
     def policy_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``kvblocks.RetentionPolicy``."""
-        ttl: float | list[float | None] | None
-        ttl = list(self.ttl_s) if isinstance(self.ttl_s, tuple) else self.ttl_s
-        return {
-            "classes": self.classes,
-            "default_class": self.default_class,
-            "priority_classes": dict(self.priority_classes),
-            "ttl_s": ttl,
-            "session_s": self.session_s,
-            "tenant_quotas": dict(self.tenant_quotas),
-            "default_tenant_quota": self.default_tenant_quota,
-        }
+        return {f.name: _policy_value(getattr(self, f.name)) for f in fields(self)}
 
     def as_json(self) -> dict[str, Any]:
         """``{"spec": str, "policy": {...} | null}`` (``runs[i].retention`` in the JSON)."""
@@ -147,6 +130,24 @@ class RetentionSpec:
             raise SpecError(f"retention {self.spec!r}: {e}") from None
 
 
+def _policy_value(value: Any) -> Any:
+    """A spec attribute as ``kvblocks.RetentionPolicy`` takes it: item tuples as a dict,
+    other tuples as a list."""
+    if isinstance(value, tuple):
+        return dict(value) if all(isinstance(v, tuple) for v in value) else list(value)
+    return value
+
+
+def _spec_value(value: Any) -> Any:
+    """A ``kvblocks.RetentionPolicy`` attribute as a spec holds it: a dict as its sorted
+    items, a list as a tuple (None if it holds no value: ``ttl_s`` without a TTL)."""
+    if isinstance(value, dict):
+        return tuple(sorted(value.items()))
+    if isinstance(value, list):
+        return tuple(value) if any(v is not None for v in value) else None
+    return value
+
+
 def _num(x: float) -> str:
     """Short when that is exact (``30``), else every digit (``0.1234567``)."""
     short = f"{x:g}"
@@ -155,22 +156,16 @@ def _num(x: float) -> str:
 
 def _seconds(key: str, text: str) -> float:
     try:
-        v = float(text)
+        return float(text)
     except ValueError:
         raise SpecError(f"{key}: expected seconds, got {text!r}") from None
-    if not v > 0 or not math.isfinite(v):
-        raise SpecError(f"{key}: seconds must be > 0, got {text!r}")
-    return v
 
 
-def _int(key: str, text: str, lo: int | None) -> int:
+def _int(key: str, text: str) -> int:
     try:
-        v = int(text)
+        return int(text)
     except ValueError:
         raise SpecError(f"{key}: expected an integer, got {text!r}") from None
-    if lo is not None and v < lo:
-        raise SpecError(f"{key}: must be >= {lo}, got {text!r}")
-    return v
 
 
 def _pair(key: str, text: str) -> tuple[str, str]:
@@ -181,10 +176,11 @@ def _pair(key: str, text: str) -> tuple[str, str]:
 
 
 def parse_retention(text: str) -> RetentionSpec:
-    """Reads a ``--retention`` spec (grammar in the module docs).
+    """Reads a ``--retention`` spec (grammar in the module docs); the core checks the
+    values (``RetentionSpec.build``).
 
     Raises:
-        SpecError: A one-line message naming the bad piece.
+        SpecError: A one-line message naming the bad piece, or the core's refusal.
     """
     items: list[tuple[str, list[str]]] = []
     for raw in re.split(r"[,;+]", text):
@@ -214,18 +210,16 @@ def parse_retention(text: str) -> RetentionSpec:
     got = dict(items)
     classes: int | None = None
     if "classes" in got:
-        classes = _int("classes", got["classes"][0], 1)
-    default_class = (
-        _int("default-class", got["default-class"][0], 0) if "default-class" in got else 0
-    )
+        classes = _int("classes", got["classes"][0])
+    default_class = _int("default-class", got["default-class"][0]) if "default-class" in got else 0
     named = [default_class]
     prio: dict[int, int] = {}
     for entry in got.get("priority", []):
         p, c = _pair("priority", entry)
-        pv = _int("priority", p, None)
+        pv = _int("priority", p)
         if pv in prio:
             raise SpecError(f"priority: {pv} mapped twice")
-        prio[pv] = _int("priority", c, 0)
+        prio[pv] = _int("priority", c)
         named.append(prio[pv])
     ttl_one: float | None = None
     ttl_per: dict[int, float | None] = {}
@@ -238,19 +232,17 @@ def parse_retention(text: str) -> RetentionSpec:
             ttl_one = _seconds("ttl", entry)
             continue
         c, t = _pair("ttl", entry)
-        cv = _int("ttl", c, 0)
+        cv = _int("ttl", c)
         if cv in ttl_per:
             raise SpecError(f"ttl: class {cv} given twice")
         ttl_per[cv] = None if t.lower() == "none" else _seconds("ttl", t)
         named.append(cv)
-    need = 1 + max(named)
+    named_classes = 1 + max(named)
     if classes is None:
-        classes = need
-    elif need > classes:
-        raise SpecError(f"class {need - 1} is named but classes={classes} (classes count from 0)")
+        classes = named_classes
     ttl: float | tuple[float | None, ...] | None = ttl_one
     if any(t is not None for t in ttl_per.values()):
-        ttl = tuple(ttl_per.get(c) for c in range(classes))
+        ttl = tuple(ttl_per.get(c) for c in range(max(classes, named_classes)))
     session = _seconds("session", got["session"][0]) if "session" in got else None
     quotas: dict[str, int] = {}
     default_quota: int | None = None
@@ -258,13 +250,13 @@ def parse_retention(text: str) -> RetentionSpec:
         if ":" not in entry:
             if default_quota is not None:
                 raise SpecError(f"quota: two default quotas in {text!r}")
-            default_quota = _int("quota", entry, 0)
+            default_quota = _int("quota", entry)
             continue
         t, q = _pair("quota", entry)
         if t in quotas:
             raise SpecError(f"quota: tenant {t!r} given twice")
-        quotas[t] = _int("quota", q, 0)
-    return RetentionSpec(
+        quotas[t] = _int("quota", q)
+    spec = RetentionSpec(
         classes,
         default_class,
         tuple(sorted(prio.items())),
@@ -273,6 +265,8 @@ def parse_retention(text: str) -> RetentionSpec:
         tuple(sorted(quotas.items())),
         default_quota,
     )
+    spec.build()
+    return spec
 
 
 def split_sweep(text: str) -> list[str]:

@@ -48,6 +48,12 @@ pub trait RequestView: StoredBlockSource {
     fn awaiting_admission(&self) -> bool {
         false
     }
+    /// Whether the manager clamps this request to `max_model_len` silently, as vLLM's
+    /// manager does for the requests of vLLM's scheduler (which never sends a longer
+    /// one), instead of rejecting a longer request (`check_length`).
+    fn clamps_to_max_model_len(&self) -> bool {
+        false
+    }
     /// The request's memo of its manager slot, if it keeps one: saves the manager a
     /// hash of the id and a table probe on every call.
     fn slot_hint(&self) -> Option<&SlotHint> {

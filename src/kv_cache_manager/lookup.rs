@@ -30,7 +30,13 @@ impl Lookup {
 impl KvCacheManager {
     /// Whether a prefix-cache lookup runs for this request.
     pub(super) fn lookup_enabled<R: RequestView>(&self, request: &R) -> bool {
-        self.enable_caching && !request.skip_reading_prefix_cache()
+        self.lookup_enabled_for(request.skip_reading_prefix_cache())
+    }
+
+    /// Whether a prefix-cache lookup runs for a request that skips reading the prefix
+    /// cache or not: only with caching on, for one that does not.
+    pub fn lookup_enabled_for(&self, skip_reading_prefix_cache: bool) -> bool {
+        self.enable_caching && !skip_reading_prefix_cache
     }
 
     /// The request's prefix-cache hit: one block list per group (hit blocks, nulls for

@@ -1,44 +1,9 @@
-//! Prefix-cache stats: vLLM 0.33's `PrefixCacheStats` and the manager's recording of
-//! them (with `log_stats`).
+//! The manager's recording of prefix-cache stats (with `log_stats`); the stats type and
+//! its field list are `src/stats.rs`.
 
 use super::KvCacheManager;
 use crate::attention::RequestView;
-
-/// vLLM 0.33's `PrefixCacheStats` (without the connector's `hits_by_source`). The Python
-/// class is a copy made by the binding layer (`src/python/stats.rs`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PrefixCacheStats {
-    /// Whether `reset_prefix_cache` succeeded since the last snapshot.
-    pub reset: bool,
-    /// Requests recorded (not previously preempted).
-    pub requests: u64,
-    /// Tokens queried by those requests.
-    pub queries: u64,
-    /// Tokens hit by those requests.
-    pub hits: u64,
-    /// Previously preempted requests recorded.
-    pub preempted_requests: u64,
-    /// Tokens queried by preempted requests.
-    pub preempted_queries: u64,
-    /// Tokens hit by preempted requests.
-    pub preempted_hits: u64,
-}
-
-impl PrefixCacheStats {
-    /// Adds one request's lookup.
-    pub fn record(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
-        let (t, h) = (num_tokens as u64, num_hits as u64);
-        if preempted {
-            self.preempted_requests += 1;
-            self.preempted_queries += t;
-            self.preempted_hits += h;
-        } else {
-            self.requests += 1;
-            self.queries += t;
-            self.hits += h;
-        }
-    }
-}
+use crate::stats::PrefixCacheStats;
 
 impl KvCacheManager {
     /// Records a lookup in the prefix-cache stats (if `log_stats` and the request did

@@ -17,6 +17,7 @@ pub mod null_block;
 pub mod pins;
 pub mod prefix_map;
 pub mod retention;
+mod unhashed;
 
 use rustc_hash::FxHashMap;
 

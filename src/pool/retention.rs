@@ -59,6 +59,18 @@ impl Default for RetentionPolicy {
 }
 
 impl RetentionPolicy {
+    /// The fields' names, in declaration order: the one list the Python class's repr,
+    /// `kvblocks.retention_spec` and the docs are derived from or checked against.
+    pub const FIELDS: [&'static str; 7] = [
+        "classes",
+        "default_class",
+        "priority_classes",
+        "ttl_s",
+        "session_s",
+        "tenant_quotas",
+        "default_tenant_quota",
+    ];
+
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(KvError::InvalidArgument(msg));
@@ -128,6 +140,23 @@ pub struct RetentionHints {
     pub session: bool,
     /// The request's tenant: its cache salt, else its LoRA name.
     pub tenant: Option<String>,
+}
+
+impl RetentionHints {
+    /// The hints of a request with this priority, session (or none), cache salt and
+    /// LoRA adapter name: the tenant is the cache salt, else the LoRA name.
+    pub fn new(
+        priority: i64,
+        session: bool,
+        cache_salt: Option<&str>,
+        lora_name: Option<&str>,
+    ) -> Self {
+        Self {
+            priority,
+            session,
+            tenant: cache_salt.or(lora_name).map(str::to_owned),
+        }
+    }
 }
 
 /// How a free treats the blocks it frees: their class, whether they are a session's,

@@ -444,3 +444,35 @@ fn null_block_refs_are_counted_only_when_asked() {
         p.check_invariants().unwrap();
     }
 }
+
+#[test]
+fn retention_policy_fields_name_the_struct_fields_in_order() {
+    let debug = format!("{:?}", crate::pool::RetentionPolicy::default());
+    let body = debug
+        .strip_prefix("RetentionPolicy { ")
+        .and_then(|b| b.strip_suffix(" }"))
+        .unwrap();
+    let names: Vec<&str> = body
+        .split(", ")
+        .map(|f| f.split(':').next().unwrap())
+        .collect();
+    assert_eq!(names, crate::pool::RetentionPolicy::FIELDS);
+}
+
+#[test]
+fn unhashed_block_ids_keep_nulls_for_one_group_and_drop_them_for_all() {
+    let mut p = BlockPool::new(6, true, 16, false).unwrap();
+    let blocks = p.get_new_blocks(3).unwrap();
+    p.cache_full_blocks(&[h(0)], &blocks[..1], 0, 1, 16, 0, None, &NO_TOKENS)
+        .unwrap();
+    let group = vec![NULL_BLOCK_ID, blocks[0], blocks[1], blocks[2]];
+    assert_eq!(
+        p.unhashed_block_ids(&group).unwrap(),
+        [NULL_BLOCK_ID, blocks[1], blocks[2]]
+    );
+    let all = p
+        .unhashed_block_ids_all_groups(&[group, vec![blocks[0]]])
+        .unwrap();
+    assert_eq!(all, [vec![blocks[1], blocks[2]], vec![]]);
+    assert!(p.unhashed_block_ids(&[99]).is_err());
+}

@@ -7,7 +7,8 @@ use pyo3::pyclass::CompareOp;
 use pyo3::types::PyList;
 use pyo3::IntoPyObjectExt;
 
-use super::spec::{spec_to_py, Count, PyKVCacheSpec};
+use super::non_negative::NonNegativeInt;
+use super::spec::{spec_to_py, PyKVCacheSpec};
 use crate::config::{BlockSizeParams, KvCacheConfig, KvCacheGroupSpec, KvCacheTensor};
 use crate::python::errors::{int_overflow, invalid_type};
 
@@ -44,7 +45,7 @@ impl PyKVCacheTensor {
     #[new]
     #[pyo3(signature = (size, shared_by = None, *, layers = None))]
     fn new(
-        size: Count,
+        size: NonNegativeInt,
         shared_by: Option<&Bound<'_, PyAny>>,
         layers: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
@@ -163,10 +164,10 @@ impl PyKVCacheConfig {
         num_blocks, kv_cache_tensors, kv_cache_groups, prefix_cache_retention_interval = None,
     ))]
     fn new(
-        num_blocks: Count,
+        num_blocks: NonNegativeInt,
         kv_cache_tensors: Vec<PyRef<'_, PyKVCacheTensor>>,
         kv_cache_groups: Vec<PyRef<'_, PyKVCacheGroupSpec>>,
-        prefix_cache_retention_interval: Option<Count>,
+        prefix_cache_retention_interval: Option<NonNegativeInt>,
     ) -> PyResult<Self> {
         let interval = prefix_cache_retention_interval
             .map(|c| u32::try_from(c.0))
@@ -215,16 +216,16 @@ impl PyKVCacheConfig {
 
     /// `(scheduler_block_size, hash_block_size)` as vLLM's `resolve_kv_cache_block_sizes`.
     #[pyo3(signature = (
-        *, enable_prefix_caching = true, connector_enabled = false, dcp_world_size = Count(1),
-        prefix_match_unit = None,
+        *, enable_prefix_caching = true, connector_enabled = false,
+        dcp_world_size = NonNegativeInt(1), prefix_match_unit = None,
     ), text_signature = "(self, *, enable_prefix_caching=True, connector_enabled=False, \
         dcp_world_size=1, prefix_match_unit=None)")]
     fn resolve_block_sizes(
         &self,
         enable_prefix_caching: bool,
         connector_enabled: bool,
-        dcp_world_size: Count,
-        prefix_match_unit: Option<Count>,
+        dcp_world_size: NonNegativeInt,
+        prefix_match_unit: Option<NonNegativeInt>,
     ) -> PyResult<(usize, usize)> {
         let params = BlockSizeParams {
             enable_prefix_caching,

@@ -105,5 +105,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(none_hash, m)?)?;
     m.add_function(wrap_pyfunction!(external_block_hashes, m)?)?;
     m.add_class::<PyBlockHasher>()?;
+    let names = HashAlgo::ALL.map(HashAlgo::name);
+    m.add("HASH_ALGORITHMS", PyTuple::new(m.py(), names)?)?;
     Ok(())
 }

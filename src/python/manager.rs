@@ -7,7 +7,9 @@ use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
 use pyo3::{intern, PyTraverseError, PyVisit};
 
+use crate::admission;
 use crate::attention::{ManagerParams, RequestView};
+use crate::coordinator::CoordinatorKind;
 use crate::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions, NewBlocks};
 use crate::python::config::PyKVCacheConfig;
 use crate::python::events::events_to_py;
@@ -15,9 +17,11 @@ use crate::python::ids::{extract_u32s, IdObjects};
 use crate::python::pool::PyBlockPool;
 use crate::python::request::{request_list, PyRequest};
 use crate::python::retention::PyRetentionPolicy;
-use crate::python::stats::PyPrefixCacheStats;
-use crate::python::vllm_request::{request_id, AnyRequest, Reads, RequestMemos, VllmRequest};
+use crate::python::stats::{set_stats_attributes, PyPrefixCacheStats};
+use crate::python::vllm_reads::request as attr;
+use crate::python::vllm_request::{request_id, AnyRequest, RequestMemos, VllmRequest};
 use crate::request::Request;
+use crate::request_fields::RequestFields;
 use crate::types::{BlockHash, BlockId};
 
 /// Prompts at least this long are looked up with the GIL released.
@@ -97,25 +101,19 @@ impl PyKVCacheBlocks {
         }
     }
 
-    /// Per group, the ids of blocks with no block hash, null blocks kept or dropped.
-    fn unhashed_block_ids(&self, py: Python<'_>, keep_null: bool) -> PyResult<Vec<Vec<BlockId>>> {
+    /// `f` of the owning manager's pool; with every group empty, `empty`, without
+    /// asking for an owner.
+    fn with_owner_pool<T>(
+        &self,
+        py: Python<'_>,
+        empty: T,
+        f: impl FnOnce(&crate::pool::BlockPool) -> crate::error::Result<T>,
+    ) -> PyResult<T> {
         if self.blocks.iter().all(Vec::is_empty) {
-            return Ok(vec![Vec::new(); self.blocks.len()]);
+            return Ok(empty);
         }
         let owner = self.owner(py)?.borrow();
-        let pool = owner.inner.pool();
-        self.blocks
-            .iter()
-            .map(|g| {
-                let mut out = Vec::new();
-                for &b in g.iter().filter(|&&b| keep_null || b != 0) {
-                    if pool.block_hash(b)?.is_none() {
-                        out.push(b);
-                    }
-                }
-                Ok(out)
-            })
-            .collect()
+        Ok(f(owner.inner.pool())?)
     }
 }
 
@@ -161,19 +159,20 @@ impl PyKVCacheBlocks {
         PyTuple::new(py, lists)
     }
 
-    /// Ids of group 0's blocks that are not cached (one group only), null blocks included,
-    /// as vLLM's (both releases keep them here and drop them in the all-groups form).
+    /// Ids of the blocks that are not cached, null blocks included (one group only).
     fn get_unhashed_block_ids(&self, py: Python<'_>) -> PyResult<Vec<BlockId>> {
-        if self.blocks.len() != 1 {
+        let [ids] = self.blocks.as_slice() else {
             return Err(invalid_argument("Only one group is supported"));
-        }
-        self.unhashed_block_ids(py, true)
-            .map(|mut g| g.pop().unwrap_or_default())
+        };
+        self.with_owner_pool(py, Vec::new(), |pool| pool.unhashed_block_ids(ids))
     }
 
     /// Per group, the ids of blocks that are not cached, without nulls.
     fn get_unhashed_block_ids_all_groups(&self, py: Python<'_>) -> PyResult<Vec<Vec<BlockId>>> {
-        self.unhashed_block_ids(py, false)
+        let empty = vec![Vec::new(); self.blocks.len()];
+        self.with_owner_pool(py, empty, |pool| {
+            pool.unhashed_block_ids_all_groups(&self.blocks)
+        })
     }
 
     /// A `KVCacheBlocks` with as many groups and no blocks.
@@ -352,11 +351,7 @@ impl PyKVCacheManager {
         retention: Option<PyRef<'_, PyRetentionPolicy>>,
     ) -> PyResult<Self> {
         let cfg = &kv_cache_config.inner;
-        if !(watermark >= 0.0 && watermark.is_finite()) {
-            return Err(invalid_argument(format!(
-                "watermark must be a finite number >= 0, got {watermark}"
-            )));
-        }
+        let watermark_blocks = admission::watermark_blocks(watermark, cfg.num_blocks)?;
         let groups = ManagerParams::from_config(cfg)?;
         let opts = ManagerOptions {
             max_model_len,
@@ -367,7 +362,7 @@ impl PyKVCacheManager {
             use_eagle,
             log_stats,
             enable_kv_cache_events,
-            watermark_blocks: (watermark * cfg.num_blocks as f64) as usize,
+            watermark_blocks,
             record_new_block_ids,
             count_null_block_refs,
         };
@@ -407,17 +402,17 @@ impl PyKVCacheManager {
         max_cache_hit_length: Option<usize>,
     ) -> PyResult<(Py<PyKVCacheBlocks>, usize)> {
         let py = slf.py();
-        let reads = Reads {
-            lookup: true,
-            ..Reads::default()
-        };
-        let (blocks, hit) = slf.borrow_mut().with_request(request, reads, |mgr, req| {
-            if req.block_hashes().len() >= RELEASE_GIL_HASHES {
-                py.allow_threads(|| mgr.get_computed_blocks_capped(req, max_cache_hit_length))
-            } else {
-                mgr.get_computed_blocks_capped(req, max_cache_hit_length)
-            }
-        })?;
+        let (blocks, hit) =
+            slf.borrow_mut()
+                .with_request(request, RequestFields::LOOKUP, |mgr, req| {
+                    if req.block_hashes().len() >= RELEASE_GIL_HASHES {
+                        py.allow_threads(|| {
+                            mgr.get_computed_blocks_capped(req, max_cache_hit_length)
+                        })
+                    } else {
+                        mgr.get_computed_blocks_capped(req, max_cache_hit_length)
+                    }
+                })?;
         Ok((Self::blocks_of(slf, blocks)?, hit))
     }
 
@@ -430,17 +425,15 @@ impl PyKVCacheManager {
         max_cache_hit_length: Option<usize>,
     ) -> PyResult<(Py<PyKVCacheBlocks>, usize, usize)> {
         let py = slf.py();
-        let reads = Reads {
-            lookup: true,
-            ..Reads::default()
-        };
-        let l = slf.borrow_mut().with_request(request, reads, |mgr, req| {
-            if req.block_hashes().len() >= RELEASE_GIL_HASHES {
-                py.allow_threads(|| mgr.lookup(req, max_cache_hit_length))
-            } else {
-                mgr.lookup(req, max_cache_hit_length)
-            }
-        })?;
+        let l = slf
+            .borrow_mut()
+            .with_request(request, RequestFields::LOOKUP, |mgr, req| {
+                if req.block_hashes().len() >= RELEASE_GIL_HASHES {
+                    py.allow_threads(|| mgr.lookup(req, max_cache_hit_length))
+                } else {
+                    mgr.lookup(req, max_cache_hit_length)
+                }
+            })?;
         Ok((
             Self::blocks_of(slf, l.blocks)?,
             l.num_hit_tokens,
@@ -456,13 +449,11 @@ impl PyKVCacheManager {
         request: &Bound<'_, PyAny>,
         max_cache_hit_length: Option<usize>,
     ) -> PyResult<(Py<PyKVCacheBlocks>, usize, usize, bool)> {
-        let reads = Reads {
-            lookup: true,
-            ..Reads::default()
-        };
-        let (l, diverged) = slf.borrow_mut().with_request(request, reads, |mgr, req| {
-            mgr.lookup_for_connector(req, max_cache_hit_length)
-        })?;
+        let (l, diverged) =
+            slf.borrow_mut()
+                .with_request(request, RequestFields::LOOKUP, |mgr, req| {
+                    mgr.lookup_for_connector(req, max_cache_hit_length)
+                })?;
         Ok((
             Self::blocks_of(slf, l.blocks)?,
             l.num_hit_tokens,
@@ -482,6 +473,38 @@ impl PyKVCacheManager {
         Ok(self
             .inner
             .find_cache_hit_per_group(&hashes, max_cache_hit_length)?)
+    }
+
+    /// Whether a prefix-cache lookup runs for `request` (vLLM's
+    /// `prefix_cache_lookup_enabled`: caching on, and the request does not skip it).
+    fn prefix_cache_lookup_enabled(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let skip = request
+            .getattr(intern!(request.py(), attr::SKIP_READING_PREFIX_CACHE))?
+            .is_truthy()?;
+        Ok(self.inner.lookup_enabled_for(skip))
+    }
+
+    /// The name of vLLM's coordinator class that does what this manager's does:
+    /// `KVCacheCoordinatorNoPrefixCache`, `UnitaryKVCacheCoordinator` or
+    /// `HybridKVCacheCoordinator`.
+    #[getter]
+    fn coordinator_kind(&self) -> &'static str {
+        match self.inner.coordinator().kind() {
+            CoordinatorKind::NoPrefixCache => "KVCacheCoordinatorNoPrefixCache",
+            CoordinatorKind::Unitary => "UnitaryKVCacheCoordinator",
+            CoordinatorKind::Hybrid => "HybridKVCacheCoordinator",
+        }
+    }
+
+    /// Each group's block size in tokens, in group order.
+    #[getter]
+    fn group_block_sizes(&self) -> Vec<usize> {
+        self.inner
+            .coordinator()
+            .managers()
+            .iter()
+            .map(|m| m.block_size())
+            .collect()
     }
 
     /// The first group of the first spec group, if that is full attention (hybrid
@@ -538,16 +561,7 @@ impl PyKVCacheManager {
             skip_zeroing_groups: &skip_zeroing_groups,
         };
         let mut this = slf.borrow_mut();
-        if let Ok(r) = request.downcast::<PyRequest>() {
-            this.inner.check_length(&r.borrow().inner)?;
-        }
-        let reads = Reads {
-            events: this.inner.pool().events_enabled(),
-            status: has_scheduled_reqs && this.inner.watermark_blocks() > 0,
-            lookup: false,
-            retention: this.inner.retention_policy().is_some(),
-            junction: this.inner.coordinator().sparse_caching(),
-        };
+        let fields = this.inner.fields_for_allocate(has_scheduled_reqs);
         this.added.clear();
         let this = &mut *this;
         let added = &mut this.added;
@@ -555,8 +569,11 @@ impl PyKVCacheManager {
             &mut this.inner,
             &mut this.memos,
             request,
-            reads,
-            |mgr, req| mgr.allocate_slots_with(req, &args, |_, ids| added.push(ids)),
+            fields,
+            |mgr, req| {
+                mgr.check_length(req)?;
+                mgr.allocate_slots_with(req, &args, |_, ids| added.push(ids))
+            },
         )?;
         if !fitted {
             return Ok(None);
@@ -637,7 +654,7 @@ impl PyKVCacheManager {
     /// Pins the cached blocks of the request's full prompt blocks, in every group, for
     /// as long as the pin holds; blocks cached later under them are pinned too.
     fn pin(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.with_request(request, Reads::default(), |mgr, req| {
+        self.with_request(request, RequestFields::NONE, |mgr, req| {
             mgr.pin(req);
             Ok(())
         })
@@ -645,7 +662,7 @@ impl PyKVCacheManager {
 
     /// Drops a pin `pin(request)` took; `KeyError` (and no change) if there is none.
     fn unpin(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.with_request(request, Reads::default(), |mgr, req| mgr.unpin(req))
+        self.with_request(request, RequestFields::NONE, |mgr, req| mgr.unpin(req))
     }
 
     /// `pin` for the prefix the hashes (at the hash block size) name.
@@ -757,12 +774,8 @@ impl PyKVCacheManager {
         request: &Bound<'_, PyAny>,
         num_computed_tokens: usize,
     ) -> PyResult<()> {
-        let reads = Reads {
-            events: self.inner.pool().events_enabled(),
-            junction: self.inner.coordinator().sparse_caching(),
-            ..Reads::default()
-        };
-        self.with_request(request, reads, |mgr, req| {
+        let fields = self.inner.fields_for_caching();
+        self.with_request(request, fields, |mgr, req| {
             mgr.cache_blocks(req, num_computed_tokens)
         })
     }
@@ -818,19 +831,14 @@ impl PyKVCacheManager {
         request: &Bound<'_, PyAny>,
         num_hits: usize,
     ) -> PyResult<()> {
-        let reads = Reads {
-            lookup: true,
-            ..Reads::default()
-        };
-        self.with_request(request, reads, |mgr, req| {
+        self.with_request(request, RequestFields::LOOKUP, |mgr, req| {
             mgr.record_prefix_cache_stats(req, num_hits);
             Ok(())
         })?;
         self.mirror_stats(request.py())
     }
 
-    /// An object whose `reset`, `requests`, `queries`, `hits`, `preempted_requests`,
-    /// `preempted_queries` and `preempted_hits` attributes are kept equal to the stats
+    /// An object whose attributes named as the stats' fields are kept equal to the stats
     /// being recorded (vLLM's live `PrefixCacheStats`, which its callers hold on to).
     #[getter]
     fn get_stats_mirror(&self, py: Python<'_>) -> Option<Py<PyAny>> {
@@ -852,6 +860,13 @@ impl PyKVCacheManager {
     #[getter]
     fn usage(&self) -> f64 {
         self.inner.usage()
+    }
+
+    /// Blocks an admission leaves free while others are scheduled (vLLM's
+    /// `watermark_blocks`: `int(watermark * num_blocks)`).
+    #[getter]
+    fn watermark_blocks(&self) -> usize {
+        self.inner.watermark_blocks()
     }
 
     /// Number of KV cache groups.
@@ -973,10 +988,10 @@ impl PyKVCacheManager {
     fn with_request<T>(
         &mut self,
         request: &Bound<'_, PyAny>,
-        reads: Reads,
+        fields: RequestFields,
         f: impl FnOnce(&mut KvCacheManager, &AnyRequest<'_>) -> crate::error::Result<T>,
     ) -> PyResult<T> {
-        Self::with_request_parts(&mut self.inner, &mut self.memos, request, reads, f)
+        Self::with_request_parts(&mut self.inner, &mut self.memos, request, fields, f)
     }
 
     /// [`with_request`](Self::with_request) on the manager's parts, so a caller can
@@ -985,14 +1000,14 @@ impl PyKVCacheManager {
         inner: &mut KvCacheManager,
         memos: &mut RequestMemos,
         request: &Bound<'_, PyAny>,
-        reads: Reads,
+        fields: RequestFields,
         f: impl FnOnce(&mut KvCacheManager, &AnyRequest<'_>) -> crate::error::Result<T>,
     ) -> PyResult<T> {
         if let Ok(r) = request.downcast::<PyRequest>() {
             let r = r.borrow();
             return Ok(f(inner, &AnyRequest::Own(&r.inner))?);
         }
-        let view = VllmRequest::read(request, memos, reads)?;
+        let view = VllmRequest::read(request, memos, fields)?;
         Ok(f(inner, &AnyRequest::Vllm(view))?)
     }
 
@@ -1057,18 +1072,10 @@ impl PyKVCacheManager {
 
     /// Copies the recorded stats into `stats_mirror`, if one is set.
     fn mirror_stats(&self, py: Python<'_>) -> PyResult<()> {
-        let (Some(mirror), Some(stats)) = (&self.stats_mirror, self.inner.prefix_cache_stats())
-        else {
-            return Ok(());
-        };
-        let m = mirror.bind(py);
-        m.setattr(intern!(py, "reset"), stats.reset)?;
-        m.setattr(intern!(py, "requests"), stats.requests)?;
-        m.setattr(intern!(py, "queries"), stats.queries)?;
-        m.setattr(intern!(py, "hits"), stats.hits)?;
-        m.setattr(intern!(py, "preempted_requests"), stats.preempted_requests)?;
-        m.setattr(intern!(py, "preempted_queries"), stats.preempted_queries)?;
-        m.setattr(intern!(py, "preempted_hits"), stats.preempted_hits)
+        match (&self.stats_mirror, self.inner.prefix_cache_stats()) {
+            (Some(mirror), Some(stats)) => set_stats_attributes(mirror.bind(py), &stats),
+            _ => Ok(()),
+        }
     }
 
     /// The manager's pool.

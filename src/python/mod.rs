@@ -10,6 +10,7 @@ mod events;
 mod hashing;
 mod ids;
 mod manager;
+mod non_negative;
 mod pool;
 mod publish;
 mod request;

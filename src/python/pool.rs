@@ -10,25 +10,26 @@ use pyo3::types::{PyBytes, PyList};
 
 use super::events::events_to_py;
 use super::manager::PyKVCacheManager;
+use super::non_negative::NonNegativeInt;
 use super::retention::PyRetentionPolicy;
-use super::spec::Count;
 use crate::events::event::TokensOnly;
 use crate::pool::{BlockPool, HashKey};
 use crate::types::{BlockHash, BlockId, GroupId};
 
-/// Where a `BlockPool` object's pool lives: its own, or a manager's (`block_pool`).
-enum Home {
+/// Who owns a `BlockPool` object's pool: the object itself, or a manager (the
+/// manager's `block_pool`).
+enum PoolOwner {
     Own(Box<BlockPool>),
     Manager(Py<PyKVCacheManager>),
 }
 
-/// A borrowed pool, from either home.
-enum PoolRef<'a, 'py> {
+/// The pool, borrowed from its owner for one call.
+enum BorrowedPool<'a, 'py> {
     Own(&'a mut BlockPool),
     Manager(PyRefMut<'py, PyKVCacheManager>),
 }
 
-impl Deref for PoolRef<'_, '_> {
+impl Deref for BorrowedPool<'_, '_> {
     type Target = BlockPool;
     fn deref(&self) -> &BlockPool {
         match self {
@@ -38,7 +39,7 @@ impl Deref for PoolRef<'_, '_> {
     }
 }
 
-impl DerefMut for PoolRef<'_, '_> {
+impl DerefMut for BorrowedPool<'_, '_> {
     fn deref_mut(&mut self) -> &mut BlockPool {
         match self {
             Self::Own(p) => p,
@@ -47,11 +48,11 @@ impl DerefMut for PoolRef<'_, '_> {
     }
 }
 
-impl Home {
-    fn pool<'a, 'py>(&'a mut self, py: Python<'py>) -> PyResult<PoolRef<'a, 'py>> {
+impl PoolOwner {
+    fn borrow<'a, 'py>(&'a mut self, py: Python<'py>) -> PyResult<BorrowedPool<'a, 'py>> {
         Ok(match self {
-            Self::Own(p) => PoolRef::Own(p),
-            Self::Manager(m) => PoolRef::Manager(m.bind(py).try_borrow_mut()?),
+            Self::Own(p) => BorrowedPool::Own(p),
+            Self::Manager(m) => BorrowedPool::Manager(m.bind(py).try_borrow_mut()?),
         })
     }
 }
@@ -60,7 +61,7 @@ impl Home {
 /// `block_pool` is one too, over the manager's own pool.
 #[pyclass(name = "BlockPool", module = "kvblocks._core")]
 pub(crate) struct PyBlockPool {
-    home: Home,
+    owner: PoolOwner,
     /// Reused output buffer of `get_new_blocks` (no allocation per call).
     scratch: Vec<BlockId>,
     /// Shared int objects for the ids handed out.
@@ -117,7 +118,7 @@ impl PyBlockPool {
             pool.set_retention(policy.inner.clone())?;
         }
         Ok(Self {
-            home: Home::Own(Box::new(pool)),
+            owner: PoolOwner::Own(Box::new(pool)),
             scratch: Vec::new(),
             id_objects: IdObjects::default(),
         })
@@ -126,7 +127,7 @@ impl PyBlockPool {
     /// The retention policy, if one is set.
     #[getter]
     fn retention(&mut self, py: Python<'_>) -> PyResult<Option<PyRetentionPolicy>> {
-        let pool = self.home.pool(py)?;
+        let pool = self.owner.borrow(py)?;
         Ok(pool
             .retention_policy()
             .map(|p| PyRetentionPolicy { inner: p.clone() }))
@@ -135,11 +136,11 @@ impl PyBlockPool {
     /// The pool's clock (`advance_time`).
     #[getter]
     fn now(&mut self, py: Python<'_>) -> PyResult<f64> {
-        Ok(self.home.pool(py)?.now())
+        Ok(self.owner.borrow(py)?.now())
     }
 
     fn advance_time(&mut self, py: Python<'_>, now: f64) -> PyResult<()> {
-        Ok(self.home.pool(py)?.advance_time(now)?)
+        Ok(self.owner.borrow(py)?.advance_time(now)?)
     }
 
     #[pyo3(signature = (block_hashes, group_ids=None))]
@@ -150,7 +151,7 @@ impl PyBlockPool {
         group_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let keys = keys_of(&block_hashes, group_ids)?;
-        self.home.pool(py)?.pin(&keys);
+        self.owner.borrow(py)?.pin(&keys);
         Ok(())
     }
 
@@ -162,12 +163,12 @@ impl PyBlockPool {
         group_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let keys = keys_of(&block_hashes, group_ids)?;
-        Ok(self.home.pool(py)?.unpin(&keys)?)
+        Ok(self.owner.borrow(py)?.unpin(&keys)?)
     }
 
     #[getter]
     fn num_pinned_blocks(&mut self, py: Python<'_>) -> PyResult<usize> {
-        Ok(self.home.pool(py)?.num_pinned_blocks())
+        Ok(self.owner.borrow(py)?.num_pinned_blocks())
     }
 
     /// Tenants with a quota and how many unheld cached blocks each keeps.
@@ -176,8 +177,8 @@ impl PyBlockPool {
         py: Python<'_>,
     ) -> PyResult<std::collections::BTreeMap<String, usize>> {
         Ok(self
-            .home
-            .pool(py)?
+            .owner
+            .borrow(py)?
             .tenant_cached_blocks()
             .into_iter()
             .collect())
@@ -186,31 +187,31 @@ impl PyBlockPool {
     /// Total blocks, null block included.
     #[getter]
     fn num_gpu_blocks(&mut self, py: Python<'_>) -> PyResult<usize> {
-        Ok(self.home.pool(py)?.num_blocks())
+        Ok(self.owner.borrow(py)?.num_blocks())
     }
 
     /// Whether prefix caching is on.
     #[getter]
     fn enable_caching(&mut self, py: Python<'_>) -> PyResult<bool> {
-        Ok(self.home.pool(py)?.enable_caching())
+        Ok(self.owner.borrow(py)?.enable_caching())
     }
 
     /// Tokens per hash block.
     #[getter]
     fn hash_block_size(&mut self, py: Python<'_>) -> PyResult<usize> {
-        Ok(self.home.pool(py)?.hash_block_size())
+        Ok(self.owner.borrow(py)?.hash_block_size())
     }
 
     /// Whether events are recorded.
     #[getter]
     fn enable_kv_cache_events(&mut self, py: Python<'_>) -> PyResult<bool> {
-        Ok(self.home.pool(py)?.events_enabled())
+        Ok(self.owner.borrow(py)?.events_enabled())
     }
 
     fn get_new_blocks<'py>(&mut self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyList>> {
         self.scratch.clear();
-        self.home
-            .pool(py)?
+        self.owner
+            .borrow(py)?
             .get_new_blocks_into(n, &mut self.scratch)?;
         self.id_objects.list(py, &self.scratch)
     }
@@ -220,12 +221,12 @@ impl PyBlockPool {
         &mut self,
         py: Python<'_>,
         block_ids: &Bound<'_, PyAny>,
-        priority_class: Option<Count>,
+        priority_class: Option<NonNegativeInt>,
         session: bool,
         tenant: Option<&str>,
     ) -> PyResult<()> {
         let ids = extract_u32s(block_ids, "block ids")?;
-        let mut pool = self.home.pool(py)?;
+        let mut pool = self.owner.borrow(py)?;
         let class = priority_class.map(|c| c.0);
         if let Some(tag) = pool.free_tag_with(class, session, tenant)? {
             pool.set_free_tag(tag);
@@ -235,8 +236,8 @@ impl PyBlockPool {
 
     fn touch(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         Ok(self
-            .home
-            .pool(py)?
+            .owner
+            .borrow(py)?
             .touch(&extract_u32s(block_ids, "block ids")?)?)
     }
 
@@ -260,10 +261,10 @@ impl PyBlockPool {
         let block_ids = extract_u32s(block_ids, "block ids")?;
         // Tokens feed only `BlockStored` events: not read when events are off.
         let tokens = match token_ids {
-            Some(t) if self.home.pool(py)?.events_enabled() => extract_u32s(t, "token ids")?,
+            Some(t) if self.owner.borrow(py)?.events_enabled() => extract_u32s(t, "token ids")?,
             _ => Vec::new(),
         };
-        Ok(self.home.pool(py)?.cache_full_blocks(
+        Ok(self.owner.borrow(py)?.cache_full_blocks(
             &hashes,
             &block_ids,
             num_cached_blocks,
@@ -283,7 +284,7 @@ impl PyBlockPool {
     ) -> PyResult<Option<Vec<BlockId>>> {
         let hash = extract_hash(block_hash)?;
         let groups: Vec<GroupId> = extract_u32s(kv_cache_group_ids, "group ids")?;
-        Ok(self.home.pool(py)?.get_cached_block(&hash, &groups))
+        Ok(self.owner.borrow(py)?.get_cached_block(&hash, &groups))
     }
 
     fn evict_blocks(&mut self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -291,27 +292,27 @@ impl PyBlockPool {
             .try_iter()?
             .map(|b| b?.extract::<BlockId>())
             .collect::<PyResult<Vec<_>>>()?;
-        Ok(self.home.pool(py)?.evict_blocks(&ids)?)
+        Ok(self.owner.borrow(py)?.evict_blocks(&ids)?)
     }
 
     fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
-        Ok(self.home.pool(py)?.reset_prefix_cache())
+        Ok(self.owner.borrow(py)?.reset_prefix_cache())
     }
 
     fn get_num_free_blocks(&mut self, py: Python<'_>) -> PyResult<usize> {
-        Ok(self.home.pool(py)?.num_free_blocks())
+        Ok(self.owner.borrow(py)?.num_free_blocks())
     }
 
     fn get_usage(&mut self, py: Python<'_>) -> PyResult<f64> {
-        Ok(self.home.pool(py)?.usage())
+        Ok(self.owner.borrow(py)?.usage())
     }
 
     fn get_free_block_ids(&mut self, py: Python<'_>) -> PyResult<Vec<BlockId>> {
-        Ok(self.home.pool(py)?.free_block_ids().collect())
+        Ok(self.owner.borrow(py)?.free_block_ids().collect())
     }
 
     fn get_ref_cnt(&mut self, py: Python<'_>, block_id: BlockId) -> PyResult<i64> {
-        Ok(self.home.pool(py)?.ref_cnt(block_id)?)
+        Ok(self.owner.borrow(py)?.ref_cnt(block_id)?)
     }
 
     fn get_block_hash<'py>(
@@ -320,26 +321,26 @@ impl PyBlockPool {
         block_id: BlockId,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         Ok(self
-            .home
-            .pool(py)?
+            .owner
+            .borrow(py)?
             .block_hash(block_id)?
             .map(|key| PyBytes::new(py, key.hash.as_bytes())))
     }
 
     /// Checks the core's structural invariants; `RuntimeError` names the first violation.
     fn check_invariants(&mut self, py: Python<'_>) -> PyResult<()> {
-        self.home
-            .pool(py)?
+        self.owner
+            .borrow(py)?
             .check_invariants()
             .map_err(pyo3::exceptions::PyRuntimeError::new_err)
     }
 
     fn take_events(&mut self, py: Python<'_>) -> PyResult<Vec<PyObject>> {
-        events_to_py(py, &self.home.pool(py)?.take_events())
+        events_to_py(py, &self.owner.borrow(py)?.take_events())
     }
 
     fn __repr__(&mut self, py: Python<'_>) -> PyResult<String> {
-        let p = self.home.pool(py)?;
+        let p = self.owner.borrow(py)?;
         Ok(format!(
             "BlockPool(num_gpu_blocks={}, enable_caching={}, hash_block_size={}, \
              enable_kv_cache_events={}, num_free_blocks={})",
@@ -358,13 +359,13 @@ impl PyBlockPool {
         &mut self,
         py: Python<'_>,
     ) -> PyResult<Vec<crate::events::event::KvCacheEvent>> {
-        Ok(self.home.pool(py)?.take_events())
+        Ok(self.owner.borrow(py)?.take_events())
     }
 
     /// The pool of `manager`, as a `BlockPool` object.
     pub(crate) fn of_manager(manager: Py<PyKVCacheManager>) -> Self {
         Self {
-            home: Home::Manager(manager),
+            owner: PoolOwner::Manager(manager),
             scratch: Vec::new(),
             id_objects: IdObjects::default(),
         }

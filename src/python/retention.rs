@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyFloat, PySequence};
+use pyo3::types::{PyFloat, PySequence, PyTuple};
 
 use super::errors::invalid_argument;
-use super::spec::Count;
+use super::non_negative::NonNegativeInt;
 use crate::pool::RetentionPolicy;
 
 /// A retention policy for the prefix cache (docs/retention.md); frozen.
@@ -38,21 +38,22 @@ fn ttl_of(ttl_s: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Option<f64>>> {
 #[pymethods]
 impl PyRetentionPolicy {
     #[new]
-    #[pyo3(signature = (*, classes=Count(1), default_class=Count(0), priority_classes=None, ttl_s=None,
-                        session_s=None, tenant_quotas=None, default_tenant_quota=None))]
+    #[pyo3(signature = (*, classes=NonNegativeInt(1), default_class=NonNegativeInt(0),
+                        priority_classes=None, ttl_s=None, session_s=None, tenant_quotas=None,
+                        default_tenant_quota=None))]
     #[pyo3(
         text_signature = "(*, classes=1, default_class=0, priority_classes=None, \
                              ttl_s=None, session_s=None, tenant_quotas=None, \
                              default_tenant_quota=None)"
     )]
     fn new(
-        classes: Count,
-        default_class: Count,
-        priority_classes: Option<BTreeMap<i64, Count>>,
+        classes: NonNegativeInt,
+        default_class: NonNegativeInt,
+        priority_classes: Option<BTreeMap<i64, NonNegativeInt>>,
         ttl_s: Option<&Bound<'_, PyAny>>,
         session_s: Option<f64>,
-        tenant_quotas: Option<BTreeMap<String, Count>>,
-        default_tenant_quota: Option<Count>,
+        tenant_quotas: Option<BTreeMap<String, NonNegativeInt>>,
+        default_tenant_quota: Option<NonNegativeInt>,
     ) -> PyResult<Self> {
         let inner = RetentionPolicy {
             classes: classes.0,
@@ -111,17 +112,16 @@ impl PyRetentionPolicy {
         self.inner.default_tenant_quota
     }
 
+    /// The fields' names, in order (the core's `RetentionPolicy::FIELDS`): the
+    /// constructor's keywords and the attributes.
+    #[classattr]
+    #[pyo3(name = "FIELDS")]
+    fn fields(py: Python<'_>) -> PyResult<Py<PyTuple>> {
+        PyTuple::new(py, RetentionPolicy::FIELDS).map(Bound::unbind)
+    }
+
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
-        let fields = [
-            "classes",
-            "default_class",
-            "priority_classes",
-            "ttl_s",
-            "session_s",
-            "tenant_quotas",
-            "default_tenant_quota",
-        ];
-        let parts = fields
+        let parts = RetentionPolicy::FIELDS
             .iter()
             .map(|f| Ok(format!("{f}={}", slf.getattr(*f)?.repr()?)))
             .collect::<PyResult<Vec<_>>>()?;

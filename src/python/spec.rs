@@ -2,11 +2,13 @@
 //! names, keywords and `isinstance` relations. Each object holds one core
 //! [`KvCacheSpec`]; other bindings read it through `PyRef<PyKVCacheSpec>::inner`.
 
-use crate::python::errors::{invalid_argument, invalid_type};
+use crate::python::errors::invalid_type;
 use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
 use pyo3::types::{PyDict, PyString, PyTuple, PyType};
 use pyo3::IntoPyObjectExt;
+
+use super::non_negative::NonNegativeInt;
 
 use crate::spec::{
     is_uniform_type, AttentionParams, ChunkedLocalAttentionSpec, CrossAttentionSpec, Dtype,
@@ -14,24 +16,7 @@ use crate::spec::{
     MlaAttentionSpec, SinkFullAttentionSpec, SlidingWindowSpec, SpecClass, UniformTypeSpecs,
 };
 
-/// A non-negative integer argument: negative values raise ValueError (not OverflowError).
-pub(crate) struct Count(pub(crate) usize);
-
-impl<'py> FromPyObject<'py> for Count {
-    fn extract_bound(ob: &Bound<'py, PyAny>) -> PyResult<Self> {
-        match ob.extract::<usize>() {
-            Ok(v) => Ok(Count(v)),
-            Err(e) => match ob.extract::<i64>() {
-                Ok(v) if v < 0 => Err(invalid_argument(format!(
-                    "expected a non-negative integer, got {v}"
-                ))),
-                _ => Err(e),
-            },
-        }
-    }
-}
-
-fn opt(v: Option<Count>) -> Option<usize> {
+fn opt(v: Option<NonNegativeInt>) -> Option<usize> {
     v.map(|c| c.0)
 }
 
@@ -56,12 +41,12 @@ impl<'py> FromPyObject<'py> for PyDtype {
 }
 
 fn attention_params(
-    block_size: Count,
-    num_kv_heads: Count,
-    head_size: Count,
+    block_size: NonNegativeInt,
+    num_kv_heads: NonNegativeInt,
+    head_size: NonNegativeInt,
     dtype: PyDtype,
-    head_size_v: Option<Count>,
-    page_size_padded: Option<Count>,
+    head_size_v: Option<NonNegativeInt>,
+    page_size_padded: Option<NonNegativeInt>,
     dcp_sharded: bool,
 ) -> AttentionParams {
     let mut attn = AttentionParams::new(block_size.0, num_kv_heads.0, head_size.0, dtype.0);
@@ -178,19 +163,19 @@ impl PyKVCacheSpec {
     #[pyo3(signature = (
         *,
         max_model_len,
-        max_num_batched_tokens = Count(2048),
+        max_num_batched_tokens = NonNegativeInt(2048),
         max_num_encoder_input_tokens = None,
-        max_concurrent_batches = Count(1),
-        dcp_world_size = Count(1),
+        max_concurrent_batches = NonNegativeInt(1),
+        dcp_world_size = NonNegativeInt(1),
     ), text_signature = "(self, *, max_model_len, max_num_batched_tokens=2048, \
         max_num_encoder_input_tokens=None, max_concurrent_batches=1, dcp_world_size=1)")]
     fn max_memory_usage_bytes(
         &self,
-        max_model_len: Count,
-        max_num_batched_tokens: Count,
-        max_num_encoder_input_tokens: Option<Count>,
-        max_concurrent_batches: Count,
-        dcp_world_size: Count,
+        max_model_len: NonNegativeInt,
+        max_num_batched_tokens: NonNegativeInt,
+        max_num_encoder_input_tokens: Option<NonNegativeInt>,
+        max_concurrent_batches: NonNegativeInt,
+        dcp_world_size: NonNegativeInt,
     ) -> PyResult<usize> {
         let params = MemoryParams {
             max_model_len: max_model_len.0,
@@ -289,14 +274,14 @@ impl PyFullAttentionSpec {
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        block_size: Count,
-        num_kv_heads: Count,
-        head_size: Count,
+        block_size: NonNegativeInt,
+        num_kv_heads: NonNegativeInt,
+        head_size: NonNegativeInt,
         dtype: PyDtype,
-        head_size_v: Option<Count>,
-        sliding_window: Option<Count>,
-        attention_chunk_size: Option<Count>,
-        page_size_padded: Option<Count>,
+        head_size_v: Option<NonNegativeInt>,
+        sliding_window: Option<NonNegativeInt>,
+        attention_chunk_size: Option<NonNegativeInt>,
+        page_size_padded: Option<NonNegativeInt>,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -341,13 +326,13 @@ impl PyMLAAttentionSpec {
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        block_size: Count,
-        num_kv_heads: Count,
-        head_size: Count,
+        block_size: NonNegativeInt,
+        num_kv_heads: NonNegativeInt,
+        head_size: NonNegativeInt,
         dtype: PyDtype,
         cache_dtype_str: Option<String>,
-        alignment: Option<Count>,
-        page_size_padded: Option<Count>,
+        alignment: Option<NonNegativeInt>,
+        page_size_padded: Option<NonNegativeInt>,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -355,7 +340,7 @@ impl PyMLAAttentionSpec {
             num_kv_heads,
             head_size,
             dtype,
-            Some(Count(0)),
+            Some(NonNegativeInt(0)),
             page_size_padded,
             dcp_sharded,
         );
@@ -399,15 +384,15 @@ impl PySinkFullAttentionSpec {
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        block_size: Count,
-        num_kv_heads: Count,
-        head_size: Count,
+        block_size: NonNegativeInt,
+        num_kv_heads: NonNegativeInt,
+        head_size: NonNegativeInt,
         dtype: PyDtype,
-        sink_len: Count,
-        head_size_v: Option<Count>,
-        sliding_window: Option<Count>,
-        attention_chunk_size: Option<Count>,
-        page_size_padded: Option<Count>,
+        sink_len: NonNegativeInt,
+        head_size_v: Option<NonNegativeInt>,
+        sliding_window: Option<NonNegativeInt>,
+        attention_chunk_size: Option<NonNegativeInt>,
+        page_size_padded: Option<NonNegativeInt>,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -449,19 +434,19 @@ impl PySlidingWindowSpec {
     #[new]
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, sliding_window, head_size_v = None,
-        extra_retained_tokens = Count(0), page_size_padded = None, dcp_sharded = true,
+        extra_retained_tokens = NonNegativeInt(0), page_size_padded = None, dcp_sharded = true,
     ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, sliding_window, \
         head_size_v=None, extra_retained_tokens=0, page_size_padded=None, dcp_sharded=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        block_size: Count,
-        num_kv_heads: Count,
-        head_size: Count,
+        block_size: NonNegativeInt,
+        num_kv_heads: NonNegativeInt,
+        head_size: NonNegativeInt,
         dtype: PyDtype,
-        sliding_window: Count,
-        head_size_v: Option<Count>,
-        extra_retained_tokens: Count,
-        page_size_padded: Option<Count>,
+        sliding_window: NonNegativeInt,
+        head_size_v: Option<NonNegativeInt>,
+        extra_retained_tokens: NonNegativeInt,
+        page_size_padded: Option<NonNegativeInt>,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -497,8 +482,8 @@ impl PySlidingWindowSpec {
 
     fn max_admission_blocks_per_request(
         slf: PyRef<'_, Self>,
-        max_in_flight_tokens: Count,
-        max_model_len: Count,
+        max_in_flight_tokens: NonNegativeInt,
+        max_model_len: NonNegativeInt,
     ) -> Option<usize> {
         slf.as_super()
             .as_super()
@@ -520,13 +505,13 @@ impl PyChunkedLocalAttentionSpec {
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        block_size: Count,
-        num_kv_heads: Count,
-        head_size: Count,
+        block_size: NonNegativeInt,
+        num_kv_heads: NonNegativeInt,
+        head_size: NonNegativeInt,
         dtype: PyDtype,
-        attention_chunk_size: Count,
-        head_size_v: Option<Count>,
-        page_size_padded: Option<Count>,
+        attention_chunk_size: NonNegativeInt,
+        head_size_v: Option<NonNegativeInt>,
+        page_size_padded: Option<NonNegativeInt>,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -556,8 +541,8 @@ impl PyChunkedLocalAttentionSpec {
 
     fn max_admission_blocks_per_request(
         slf: PyRef<'_, Self>,
-        max_in_flight_tokens: Count,
-        max_model_len: Count,
+        max_in_flight_tokens: NonNegativeInt,
+        max_model_len: NonNegativeInt,
     ) -> Option<usize> {
         slf.as_super()
             .as_super()
@@ -578,12 +563,12 @@ impl PyCrossAttentionSpec {
         page_size_padded = None, dcp_sharded = true,
     ))]
     fn new(
-        block_size: Count,
-        num_kv_heads: Count,
-        head_size: Count,
+        block_size: NonNegativeInt,
+        num_kv_heads: NonNegativeInt,
+        head_size: NonNegativeInt,
         dtype: PyDtype,
-        head_size_v: Option<Count>,
-        page_size_padded: Option<Count>,
+        head_size_v: Option<NonNegativeInt>,
+        page_size_padded: Option<NonNegativeInt>,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -616,22 +601,22 @@ impl PyMambaSpec {
     #[new]
     #[pyo3(signature = (
         *, block_size, shapes, dtypes, page_size_padded = None, mamba_type = "mamba2",
-        mamba_cache_mode = "none", num_speculative_blocks = Count(0),
-        num_prefill_checkpoint_blocks = Count(0), prefill_checkpoint_alignment = None,
+        mamba_cache_mode = "none", num_speculative_blocks = NonNegativeInt(0),
+        num_prefill_checkpoint_blocks = NonNegativeInt(0), prefill_checkpoint_alignment = None,
     ), text_signature = "(*, block_size, shapes, dtypes, page_size_padded=None, \
         mamba_type='mamba2', mamba_cache_mode='none', num_speculative_blocks=0, \
         num_prefill_checkpoint_blocks=0, prefill_checkpoint_alignment=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        block_size: Count,
-        shapes: Vec<Vec<Count>>,
+        block_size: NonNegativeInt,
+        shapes: Vec<Vec<NonNegativeInt>>,
         dtypes: Vec<PyDtype>,
-        page_size_padded: Option<Count>,
+        page_size_padded: Option<NonNegativeInt>,
         mamba_type: &str,
         mamba_cache_mode: &str,
-        num_speculative_blocks: Count,
-        num_prefill_checkpoint_blocks: Count,
-        prefill_checkpoint_alignment: Option<Count>,
+        num_speculative_blocks: NonNegativeInt,
+        num_prefill_checkpoint_blocks: NonNegativeInt,
+        prefill_checkpoint_alignment: Option<NonNegativeInt>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let spec = KvCacheSpec::from(MambaSpec {
             block_size: block_size.0,
@@ -710,7 +695,7 @@ impl PyUniformTypeKVCacheSpecs {
     #[new]
     #[pyo3(signature = (*, block_size, kv_cache_specs))]
     fn new(
-        block_size: Count,
+        block_size: NonNegativeInt,
         kv_cache_specs: &Bound<'_, PyDict>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let spec = KvCacheSpec::from(UniformTypeSpecs {

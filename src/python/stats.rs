@@ -1,21 +1,20 @@
 //! Python bindings for the prefix-cache stats: `PrefixCacheStats`, a Python copy of the
-//! core's [`PrefixCacheStats`] (conversion only; `record` is the core's).
+//! core's [`PrefixCacheStats`] (conversion only; `record` is the core's). Its fields come
+//! from the core's one list (`with_prefix_cache_stats_fields`).
 
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 
-use crate::kv_cache_manager::PrefixCacheStats;
+use crate::stats::{with_prefix_cache_stats_fields, PrefixCacheStats, StatValue};
 
-/// Declares the Python class with the core struct's fields, listed once here: the two
-/// conversions name every field, so a field added to the core fails to compile until it
-/// is added here too.
 macro_rules! stats_class {
-    ($($field:ident: $ty:ty),* $(,)?) => {
+    ($($(#[doc = $doc:literal])* $field:ident: $ty:ty),* $(,)?) => {
         /// vLLM 0.33's `PrefixCacheStats`: the core's stats as a mutable Python object
         /// (fields as attributes).
         #[pyclass(name = "PrefixCacheStats", module = "kvblocks._core", get_all, set_all)]
         #[derive(Debug, Clone, Copy, Default)]
         pub(crate) struct PyPrefixCacheStats {
-            $($field: $ty),*
+            $($(#[doc = $doc])* $field: $ty),*
         }
 
         impl From<PrefixCacheStats> for PyPrefixCacheStats {
@@ -31,16 +30,32 @@ macro_rules! stats_class {
         }
     };
 }
+with_prefix_cache_stats_fields!(stats_class);
 
-stats_class!(
-    reset: bool,
-    requests: u64,
-    queries: u64,
-    hits: u64,
-    preempted_requests: u64,
-    preempted_queries: u64,
-    preempted_hits: u64,
-);
+/// A stats value as Python writes it (`True`, `12`).
+fn py_literal(value: StatValue) -> String {
+    match value {
+        StatValue::Flag(true) => "True".into(),
+        StatValue::Flag(false) => "False".into(),
+        StatValue::Count(n) => n.to_string(),
+    }
+}
+
+/// Sets each of `stats`' fields as an attribute of `target`.
+pub(crate) fn set_stats_attributes(
+    target: &Bound<'_, PyAny>,
+    stats: &PrefixCacheStats,
+) -> PyResult<()> {
+    let py = target.py();
+    for (name, value) in stats.fields() {
+        let name = PyString::intern(py, name);
+        match value {
+            StatValue::Flag(v) => target.setattr(name, v)?,
+            StatValue::Count(n) => target.setattr(name, n)?,
+        }
+    }
+    Ok(())
+}
 
 #[pymethods]
 impl PyPrefixCacheStats {
@@ -57,17 +72,11 @@ impl PyPrefixCacheStats {
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "PrefixCacheStats(reset={}, requests={}, queries={}, hits={}, preempted_requests={}, \
-             preempted_queries={}, preempted_hits={})",
-            if self.reset { "True" } else { "False" },
-            self.requests,
-            self.queries,
-            self.hits,
-            self.preempted_requests,
-            self.preempted_queries,
-            self.preempted_hits
-        )
+        let fields: Vec<String> = PrefixCacheStats::from(*self)
+            .fields()
+            .map(|(name, value)| format!("{name}={}", py_literal(value)))
+            .collect();
+        format!("PrefixCacheStats({})", fields.join(", "))
     }
 }
 

@@ -11,6 +11,8 @@
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
+use crate::admission::RequestStatus;
+
 /// Attributes of vLLM's `Request`.
 pub(crate) mod request {
     pub(crate) const REQUEST_ID: &str = "request_id";
@@ -51,9 +53,18 @@ pub(crate) mod placeholder_range {
 }
 
 /// vLLM's `RequestStatus.WAITING` (an `IntEnum`).
-pub(crate) const STATUS_WAITING: i64 = 1;
+const STATUS_WAITING: i64 = 1;
 /// vLLM's `RequestStatus.PREEMPTED`.
-pub(crate) const STATUS_PREEMPTED: i64 = 6;
+const STATUS_PREEMPTED: i64 = 6;
+
+/// The core's status for the value of vLLM's `RequestStatus`.
+pub(crate) fn request_status(value: i64) -> RequestStatus {
+    match value {
+        STATUS_WAITING => RequestStatus::Waiting,
+        STATUS_PREEMPTED => RequestStatus::Preempted,
+        _ => RequestStatus::Other,
+    }
+}
 
 /// Every attribute read above, by the name of vLLM's class that holds it.
 const ATTRIBUTES_READ: [(&str, &[&str]); 4] = [

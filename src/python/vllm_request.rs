@@ -4,6 +4,7 @@
 //! per-request memo that only ever converts the entries appended since the last call.
 
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use pyo3::{ffi, intern};
 use std::collections::hash_map::Entry;
@@ -14,9 +15,10 @@ use crate::attention::RequestView;
 use crate::events::event::{EventExtraKeys, StoredBlockSource};
 use crate::pool::RetentionHints;
 use crate::python::errors::invalid_type;
-use crate::python::vllm_reads::{lora_request, request as attr, STATUS_PREEMPTED, STATUS_WAITING};
+use crate::python::vllm_reads::{lora_request, request as attr, request_status};
 use crate::request::Request;
 use crate::request::SlotHint;
+use crate::request_fields::RequestFields;
 use crate::types::BlockHash;
 
 /// What the manager keeps of one vLLM request object between calls: the object itself
@@ -176,21 +178,6 @@ impl<'py> Attrs<'_, 'py> {
     }
 }
 
-/// What a manager call reads of a request beyond its counts and block hashes.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Reads {
-    /// Its tokens and LoRA (for `BlockStored` events).
-    pub(crate) events: bool,
-    /// Its status (for the admission watermark).
-    pub(crate) status: bool,
-    /// Whether it skips the prefix cache, and its preemption count (lookups, stats).
-    pub(crate) lookup: bool,
-    /// Its priority, session and tenant (a retention policy is set).
-    pub(crate) retention: bool,
-    /// Its shared-prefix junction (sparse prefix-cache retention is on).
-    pub(crate) junction: bool,
-}
-
 /// A vLLM `Request`, read for one manager call.
 pub(crate) struct VllmRequest<'a> {
     num_tokens: usize,
@@ -225,12 +212,12 @@ pub(crate) fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py
 }
 
 impl<'a> VllmRequest<'a> {
-    /// Reads `request` (vLLM's `Request`, or anything with its attributes); `reads` says
+    /// Reads `request` (vLLM's `Request`, or anything with its attributes); `fields` says
     /// what the call needs beyond the counts and hashes.
     pub(crate) fn read(
         request: &Bound<'_, PyAny>,
         memos: &'a mut RequestMemos,
-        reads: Reads,
+        fields: RequestFields,
     ) -> PyResult<Self> {
         let py = request.py();
         let memo = memos.get_or_insert(request)?;
@@ -238,11 +225,10 @@ impl<'a> VllmRequest<'a> {
         let a = Attrs { obj: request, dict };
         let tokens = a.list(intern!(py, attr::ALL_TOKEN_IDS))?;
         let hashes = a.list(intern!(py, attr::BLOCK_HASHES))?;
-        let awaiting_admission = reads.status && {
-            let status = a.get(intern!(py, attr::STATUS))?.extract::<i64>()?;
-            status == STATUS_WAITING || status == STATUS_PREEMPTED
-        };
-        let (skip_reading_prefix_cache, num_preemptions) = if reads.lookup {
+        let awaiting_admission = fields.status
+            && request_status(a.get(intern!(py, attr::STATUS))?.extract::<i64>()?)
+                .awaiting_admission();
+        let (skip_reading_prefix_cache, num_preemptions) = if fields.lookup {
             (
                 a.get(intern!(py, attr::SKIP_READING_PREFIX_CACHE))?
                     .is_truthy()?,
@@ -251,12 +237,12 @@ impl<'a> VllmRequest<'a> {
         } else {
             (false, 0)
         };
-        let lora = if reads.events || reads.retention {
+        let lora = if fields.event_tokens || fields.retention {
             lora_of(&a)?
         } else {
             None
         };
-        let hints = if reads.retention {
+        let hints = if fields.retention {
             retention_hints_of(&a, lora.as_ref())?
         } else {
             RetentionHints::default()
@@ -271,7 +257,7 @@ impl<'a> VllmRequest<'a> {
             .max(0) as usize;
         // Set by vLLM's scheduler after `get_computed_blocks`; read only where caching uses
         // it (sparse retention). A look-alike without it has no junction.
-        let shared_prefix_boundary = match reads
+        let shared_prefix_boundary = match fields
             .junction
             .then(|| a.get(intern!(py, attr::SHARED_PREFIX_BOUNDARY)))
         {
@@ -281,7 +267,7 @@ impl<'a> VllmRequest<'a> {
             _ => 0,
         };
         sync(&mut memo.hashes, &hashes, hash_of)?;
-        if reads.events {
+        if fields.event_tokens {
             sync(&mut memo.tokens, &tokens, token_of)?;
         }
         Ok(Self {
@@ -300,8 +286,8 @@ impl<'a> VllmRequest<'a> {
     }
 }
 
-/// vLLM's `priority` and `session_id`, and the tenant: `cache_salt`, else the LoRA name.
-/// A look-alike without these attributes has the defaults.
+/// vLLM's `priority`, `session_id` and `cache_salt` with the LoRA name, as the core's
+/// hints. A look-alike without these attributes has the defaults.
 fn retention_hints_of(a: &Attrs<'_, '_>, lora: Option<&(i64, String)>) -> PyResult<RetentionHints> {
     let py = a.obj.py();
     let optional = |name| a.get(name).ok().filter(|v| !v.is_none());
@@ -312,18 +298,18 @@ fn retention_hints_of(a: &Attrs<'_, '_>, lora: Option<&(i64, String)>) -> PyResu
         None => 0,
     };
     let session = optional(intern!(py, attr::SESSION_ID)).is_some();
-    let tenant = match optional(intern!(py, attr::CACHE_SALT)) {
-        Some(salt) => Some(
-            salt.extract::<String>()
-                .map_err(|_| invalid_type("request.cache_salt must be a str"))?,
-        ),
-        None => lora.map(|l| l.1.clone()),
-    };
-    Ok(RetentionHints {
+    let cache_salt = optional(intern!(py, attr::CACHE_SALT))
+        .map(|salt| {
+            salt.extract::<PyBackedStr>()
+                .map_err(|_| invalid_type("request.cache_salt must be a str"))
+        })
+        .transpose()?;
+    Ok(RetentionHints::new(
         priority,
         session,
-        tenant,
-    })
+        cache_salt.as_deref(),
+        lora.map(|l| l.1.as_str()),
+    ))
 }
 
 /// `(lora_int_id, lora_name)` of the request's LoRA adapter, if any.
@@ -387,6 +373,9 @@ impl RequestView for VllmRequest<'_> {
     }
     fn awaiting_admission(&self) -> bool {
         self.awaiting_admission
+    }
+    fn clamps_to_max_model_len(&self) -> bool {
+        true
     }
     fn slot_hint(&self) -> Option<&SlotHint> {
         Some(&self.memo.hint)
@@ -461,6 +450,9 @@ impl RequestView for AnyRequest<'_> {
     }
     fn awaiting_admission(&self) -> bool {
         self.view().awaiting_admission()
+    }
+    fn clamps_to_max_model_len(&self) -> bool {
+        self.view().clamps_to_max_model_len()
     }
     fn slot_hint(&self) -> Option<&SlotHint> {
         self.view().slot_hint()

@@ -349,6 +349,7 @@ def calls() -> list[Call]:
         ("record_prefix_cache_stats", [fresh_request(), 4]),
         ("make_prefix_cache_stats", []),
         ("find_cache_hit", [fresh_request(), 8]),
+        ("prefix_cache_lookup_enabled", [fresh_request()]),
         ("get_computed_blocks_for_connector", [fresh_request(), 8]),
         ("find_longest_cache_hit_per_group", [[b"\x01" * 32], 16]),
         ("pop_blocks_for_free", [fresh_request()]),

@@ -99,15 +99,17 @@ def test_spec_parses(text: str, spec: str, kwargs: dict[str, Any] | None) -> Non
         ("session=30,", "empty item"),
         ("sesion=30", "unknown key 'sesion'"),
         ("session=abc", "session: expected seconds"),
-        ("session=0", "seconds must be > 0"),
-        ("ttl=-5", "seconds must be > 0"),
-        ("ttl=inf", "seconds must be > 0"),
-        ("classes=0", "classes: must be >= 1"),
-        ("classes=1,priority=0:1", "class 1 is named but classes=1"),
+        # the values are the core's to check (kvblocks.RetentionPolicy)
+        ("ttl=-5", "ttl_s and session_s must be finite and >= 0, got -5"),
+        ("ttl=inf", "ttl_s and session_s must be finite and >= 0, got inf"),
+        ("session=-1", "ttl_s and session_s must be finite and >= 0, got -1"),
+        ("classes=0", "classes must be between 1 and 64, got 0"),
+        ("classes=1,priority=0:1", "maps priority 0 to 1, not a class (0 to 0)"),
+        ("classes=2,ttl=3:60", "ttl_s has 4 values for 2 classes"),
         ("priority=1", "expected NAME:VALUE"),
         ("priority=x:1", "priority: expected an integer"),
         ("priority=0:1,0:0", "mapped twice"),
-        ("quota=-1", "quota: must be >= 0"),
+        ("quota=-1", "expected a non-negative integer, got -1"),
         ("quota=a:1,a:2", "tenant 'a' given twice"),
         ("quota=1,2", "two default quotas"),
         ("session=1,session=2", "session given twice"),
@@ -128,7 +130,10 @@ def test_bad_spec(text: str, message: str) -> None:
     ("argv", "message"),
     [
         (["--retention", "sesion=30"], "argument --retention: unknown key 'sesion'"),
-        (["--retention", "quota=-1"], "argument --retention: quota: must be >= 0"),
+        (
+            ["--retention", "quota=-1"],
+            "argument --retention: retention 'quota=-1': expected a non-negative integer",
+        ),
         (["--sweep", "retention=lru,session=x"], "session: expected seconds"),
         (["--sweep", "retention=lru,lru"], "the same policy twice"),
         (["--sweep", "retention=lru", "--retention", "lru"], "both given"),
@@ -140,6 +145,53 @@ def test_bad_command_lines(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     assert message in _error(capsys, *argv)
+
+
+@pytest.mark.parametrize(
+    ("text", "kwargs"),
+    [
+        ("ttl=0", {"ttl_s": 0.0}),
+        ("session=0", {"session_s": 0.0}),
+        ("classes=2;ttl=0:0,1:30", {"classes": 2, "ttl_s": [0.0, 30.0]}),
+    ],
+)
+def test_zero_seconds_are_the_core_rule_from_both_entry_points(
+    text: str, kwargs: dict[str, Any]
+) -> None:
+    """A TTL or session window of 0 is valid (the core's rule: >= 0), whether the policy
+    comes from a spec or from ``kvblocks.RetentionPolicy`` directly, and the spec's text
+    keeps it."""
+    import kvblocks as kb
+
+    spec = parse_retention(text)
+    assert spec.build() == kb.RetentionPolicy(**kwargs)
+    assert parse_retention(spec.spec) == spec
+    assert RetentionSpec.from_policy(kb.RetentionPolicy(**kwargs)).build() == spec.build()
+
+
+def test_spec_fields_are_the_policy_fields() -> None:
+    """``RetentionPolicy.FIELDS`` is the one list of the policy's fields: the spec's
+    attributes, the constructor's keywords, the attributes, the stub and the docs follow it."""
+    import dataclasses
+    import inspect
+
+    import kvblocks as kb
+
+    names = list(kb.RetentionPolicy.FIELDS)
+    assert [f.name for f in dataclasses.fields(RetentionSpec)] == names
+    assert list(inspect.signature(kb.RetentionPolicy).parameters) == names
+    policy = kb.RetentionPolicy()
+    assert all(hasattr(policy, n) for n in names)
+    assert repr(policy).startswith("RetentionPolicy(" + names[0] + "=")
+    root = Path(__file__).resolve().parent
+    while not (root / "docs").is_dir():
+        root = root.parent
+    docs = (root / "docs" / "retention.md").read_text()
+    stub = (root / "python" / "kvblocks" / "_core.pyi").read_text()
+    stub = stub[stub.index("class RetentionPolicy:") :]
+    for n in names:
+        assert f"`{n}`" in docs, n
+        assert f"        {n}: " in stub and f"def {n}(self)" in stub, n
 
 
 def test_sweep_splits_policies_at_commas() -> None:

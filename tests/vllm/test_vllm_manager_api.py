@@ -261,6 +261,36 @@ def test_coordinator_view_as_vllm_callers_read_it() -> None:
     assert ours.block_pool.get_num_free_blocks() == 40 - 1 - 6
 
 
+@pytest.mark.parametrize("enable_caching", [True, False])
+@pytest.mark.parametrize("num_groups", [1, 2])
+def test_what_vllm_reads_of_the_manager_comes_from_the_core(
+    enable_caching: bool, num_groups: int
+) -> None:
+    """The watermark in blocks, the coordinator class, each group's block size and
+    `prefix_cache_lookup_enabled` are the core's answers, equal to vLLM's own manager's."""
+    specs = [spec(), spec(sliding_window=32)][:num_groups]
+    theirs, ours = managers(config(*specs), watermark=0.3, enable_caching=enable_caching)
+    assert ours.watermark_blocks == theirs.watermark_blocks == int(0.3 * 40)
+    assert type(theirs.coordinator).__name__ == ours.coordinator_kind
+    assert isinstance(ours.coordinator, type(theirs.coordinator))
+    assert [m.block_size for m in ours.coordinator.single_type_managers] == [
+        m.block_size for m in theirs.coordinator.single_type_managers
+    ]
+    a = request("a", list(range(2 * BS)))
+    for skip in (False, True):
+        a.skip_reading_prefix_cache = skip
+        assert ours.prefix_cache_lookup_enabled(a) == theirs.prefix_cache_lookup_enabled(a)
+
+
+def test_a_bad_watermark_is_the_cores_error() -> None:
+    import kvblocks as kb
+
+    args = dict(max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(kb.InvalidArgumentError, match="watermark must be a finite number"):
+            kv.KVCacheManager(config(), watermark=bad, **args)
+
+
 def test_a_configuration_kvblocks_cannot_serve_fails_at_construction() -> None:
     enc = EncoderOnlyAttentionSpec(block_size=BS, num_kv_heads=2, head_size=8, dtype=torch.half)
     args = dict(max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)

@@ -13,11 +13,11 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from kvblocks._core import RequestBlockHasher
+from kvblocks._core import HASH_ALGORITHMS, RequestBlockHasher
 
 #: vLLM's `prefix_caching_hash_algo` names, which are also the names of its hash
-#: functions in `vllm.utils.hashing`.
-ALGORITHMS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+#: functions in `vllm.utils.hashing`: the core's algorithms (`HashAlgo::ALL`).
+ALGORITHMS = HASH_ALGORITHMS
 
 
 def hash_algorithm(caching_hash_fn: Callable[[Any], bytes]) -> str:

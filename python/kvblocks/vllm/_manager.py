@@ -180,24 +180,20 @@ def _registered_view(base: type, vllm_class: type) -> type:
 _VIEW_CLASSES: dict[tuple[type, type], type] = {}
 
 
-def _manager_view(manager: KVCacheManager, group_id: int, spec: Any, dcp: int) -> Any:
+def _manager_view(manager: KVCacheManager, group_id: int, spec: Any, block_size: int) -> Any:
     from vllm.v1.core.single_type_kv_cache_manager import KVCacheSpecRegistry
 
     cls = _registered_view(SingleTypeManagerView, KVCacheSpecRegistry.get_manager_class(spec, None))
-    block_size = spec.block_size * (dcp if spec.dcp_sharded else 1)
     return cls(manager, group_id, spec, block_size)
 
 
-def _coordinator_view(manager: KVCacheManager, config: Any, dcp: int) -> CoordinatorView:
+def _coordinator_view(manager: KVCacheManager, config: Any) -> CoordinatorView:
+    """The coordinator view, registered with the vLLM class the core's coordinator
+    stands for (`coordinator_kind`)."""
     from vllm.v1.core import kv_cache_coordinator as kc
 
-    if not manager.enable_caching:
-        vllm_class: type = kc.KVCacheCoordinatorNoPrefixCache
-    elif len(config.kv_cache_groups) == 1:
-        vllm_class = kc.UnitaryKVCacheCoordinator
-    else:
-        vllm_class = kc.HybridKVCacheCoordinator
-    view: CoordinatorView = _registered_view(CoordinatorView, vllm_class)(manager, config, dcp)
+    vllm_class: type = getattr(kc, manager.coordinator_kind)
+    view: CoordinatorView = _registered_view(CoordinatorView, vllm_class)(manager, config)
     return view
 
 
@@ -209,12 +205,14 @@ class CoordinatorView:
     num_reprefillable_tokens = 0
     eagle_group_ids: tuple[int, ...] = ()
 
-    def __init__(self, manager: KVCacheManager, config: Any, dcp_world_size: int) -> None:
+    def __init__(self, manager: KVCacheManager, config: Any) -> None:
         self._manager = manager
         self.block_pool = manager.block_pool
         self.single_type_managers = [
-            _manager_view(manager, i, g.kv_cache_spec, dcp_world_size)
-            for i, g in enumerate(config.kv_cache_groups)
+            _manager_view(manager, i, g.kv_cache_spec, block_size)
+            for i, (g, block_size) in enumerate(
+                zip(config.kv_cache_groups, manager.group_block_sizes, strict=True)
+            )
         ]
         self.full_attention_group_id: int | None = manager.full_attention_group_id
 
@@ -285,7 +283,6 @@ class KVCacheManager(kb.KVCacheManager):
     metrics_collector: Any
     mamba_shared_prefix_checkpoint: bool
     retained_hit_group_ids: tuple[int, ...]
-    watermark_blocks: int
     empty_kv_cache_blocks: kb.KVCacheBlocks
     coordinator: CoordinatorView
     prefix_cache_stats: Any
@@ -323,8 +320,6 @@ class KVCacheManager(kb.KVCacheManager):
         for what, hit in refused.items():
             if hit:
                 raise UnsupportedConfigError(f"kvblocks does not support {what}")
-        if watermark < 0:
-            raise ValueError("watermark must be non-negative")
         release = rules()
         flagged = any(g.is_eagle_group for g in kv_cache_config.kv_cache_groups)
         self = super().__new__(
@@ -353,10 +348,9 @@ class KVCacheManager(kb.KVCacheManager):
         self.metrics_collector = metrics_collector
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids = ()
-        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.empty_kv_cache_blocks = self.get_blocks("")
         self._vllm_block_pool = BlockPool(self)
-        self.coordinator = _coordinator_view(self, kv_cache_config, dcp_world_size)
+        self.coordinator = _coordinator_view(self, kv_cache_config)
         from vllm.v1.metrics.stats import PrefixCacheStats
 
         self._stats_class = PrefixCacheStats
@@ -389,15 +383,11 @@ class KVCacheManager(kb.KVCacheManager):
 
     def make_prefix_cache_stats(self) -> Any:
         """The stats since the last call (vLLM's class), or None without `log_stats`."""
-        if not self.log_stats:
+        if super().make_prefix_cache_stats() is None:
             return None
-        super().make_prefix_cache_stats()
         stats = self.prefix_cache_stats
         self.prefix_cache_stats = self.stats_mirror = self._stats_class()
         return stats
-
-    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
-        return self.enable_caching and not request.skip_reading_prefix_cache
 
     #: `(blocks, num_hit_tokens, shared_prefix_boundary)`, as vLLM 0.32 and 0.33 (0.32's
     #: scheduler passes no `max_cache_hit_length`).
@@ -408,9 +398,8 @@ class KVCacheManager(kb.KVCacheManager):
 
     def take_events(self) -> list[Any]:
         """The events since the last call, as vLLM's event classes."""
-        if not self.enable_kv_cache_events:
-            return []
-        return _to_vllm_events(super().take_events())
+        events = super().take_events()
+        return _to_vllm_events(events) if events else []
 
     def create_kv_cache_blocks(self, blocks: Sequence[Sequence[Any]]) -> kb.KVCacheBlocks:
         return self.kv_cache_blocks([_block_ids(g) for g in blocks])
