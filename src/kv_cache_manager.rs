@@ -35,10 +35,10 @@ use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
 use crate::events::event::KvCacheEvent;
 use crate::pool::{BlockPool, FreeTag};
+pub use crate::stats::PrefixCacheStats;
 use crate::types::BlockId;
 pub use lookup::Lookup;
 use slots::RequestSlots;
-pub use crate::stats::PrefixCacheStats;
 
 /// Construction options (vLLM's `KVCacheManager.__init__` keywords).
 #[derive(Debug, Clone, Copy)]
