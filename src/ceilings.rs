@@ -4,7 +4,7 @@
 //! This is bookkeeping of `kvblocks simulate`, not a rule of the KV cache manager: the
 //! Python module documents the model (what a store and a lookup are, and why Belady's
 //! rule here is a strong policy rather than a proven optimum). Rust only makes it fast
-//! enough for traces of millions of blocks; `tests/test_ceilings.py` checks it against
+//! enough for traces of millions of blocks; `tests/sim/test_ceilings.py` checks it against
 //! naive references.
 
 use std::collections::{BinaryHeap, HashMap, HashSet};

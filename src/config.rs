@@ -311,7 +311,7 @@ mod tests {
         assert_eq!(c.resolve_block_sizes(&dcp).unwrap(), (96, 8));
     }
 
-    /// Regression (found by tests/test_no_panic.py): a DCP world size of 0 divided by
+    /// Regression (found by tests/core/test_no_panic.py): a DCP world size of 0 divided by
     /// zero in the lcm; a huge one overflowed the block size.
     #[test]
     fn bad_dcp_world_size_is_an_error() {

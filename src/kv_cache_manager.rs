@@ -278,7 +278,7 @@ impl KvCacheManager {
     }
 
     /// With caching on, a request hashed at another block size than the manager's is
-    /// an error (found by tests/test_bad_input.py: its hashes hit blocks holding other
+    /// an error (found by tests/core/test_bad_input.py: its hashes hit blocks holding other
     /// tokens).
     fn check_hash_block_size<R: RequestView>(&self, request: &R) -> Result<()> {
         let expected = self.coord.pool().hash_block_size();

@@ -82,7 +82,7 @@ impl EventSink {
             ));
         }
         // The queue is allocated up front: a size beyond memory aborted the process
-        // (found by tests/test_no_panic.py).
+        // (found by tests/core/test_no_panic.py).
         if capacity > MAX_QUEUE_SIZE {
             return Err(KvError::InvalidArgument(format!(
                 "max_queue_size must be at most {MAX_QUEUE_SIZE}, got {capacity}"
@@ -165,7 +165,7 @@ impl EventSink {
     /// before queued batches; `None` after the timeout, or once closed and drained.
     pub fn pop(&self, timeout: Duration) -> Option<Work> {
         // A timeout past the end of `Instant` means no deadline (it panicked with an
-        // overflow before; found by tests/test_no_panic.py).
+        // overflow before; found by tests/core/test_no_panic.py).
         let deadline = Instant::now().checked_add(timeout);
         let mut registered = false;
         loop {
@@ -418,7 +418,7 @@ mod tests {
         );
     }
 
-    /// Regression (found by tests/test_no_panic.py): a timeout past the end of `Instant`
+    /// Regression (found by tests/core/test_no_panic.py): a timeout past the end of `Instant`
     /// panicked with an overflow, and a huge queue size aborted on allocation.
     #[test]
     fn huge_timeout_and_queue_size_are_safe() {

@@ -562,7 +562,7 @@ fn mamba_align_trace() {
     assert!(admit(&mut m, &mut d).2.is_some());
 }
 
-/// Regression (found by tests/test_bad_input.py): a request hashed at another block size
+/// Regression (found by tests/core/test_bad_input.py): a request hashed at another block size
 /// than the manager's named other token spans with its hashes, and hit a block holding
 /// another request's tokens. With caching on it is now rejected, changing nothing.
 #[test]

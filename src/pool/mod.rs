@@ -100,7 +100,7 @@ impl BlockPool {
             ));
         }
         // The largest arrays first, fallibly: an absurd pool size is an error, not an
-        // allocation-failure abort (found by tests/test_no_panic.py).
+        // allocation-failure abort (found by tests/core/test_no_panic.py).
         let hash_of = filled(num_blocks, None)?;
         let ref_cnt = filled(num_blocks, 0)?;
         let hash_tokens = filled(num_blocks, 0)?;

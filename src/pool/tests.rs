@@ -173,7 +173,7 @@ fn check_invariants_detects_corruption() {
     assert!(null.check_invariants().is_err());
 }
 
-/// Regression (found by tests/test_no_panic.py): a pool too large for memory is an error,
+/// Regression (found by tests/core/test_no_panic.py): a pool too large for memory is an error,
 /// not an allocation-failure abort of the process.
 #[test]
 fn unallocatable_pool_is_an_error() {
