@@ -7,9 +7,10 @@ one with the offloading connector's `eviction_policy` in `kv_connector_extra_con
 - ``kvblocks-lru``: vLLM's ``lru``, the same decisions.
 - ``kvblocks-arc``: vLLM's ``arc``, the same decisions.
 - ``kvblocks``: kvblocks' retention order over the same chunks (pins, tenant quotas,
-  priority classes), from the retention spec in the connector's extra config
-  (``kvblocks_retention``) when vLLM's config is current, else from
-  ``KVBLOCKS_VLLM_RETENTION``. A request's class and tenant come from its
+  priority classes), with the retention spec in ``KVBLOCKS_VLLM_RETENTION``. In the
+  connector's extra config, ``eviction_policy: "kvblocks:SPEC"`` with
+  ``cache_policy_module_path: "kvblocks.vllm._offload"`` gives the spec itself (vLLM's
+  out-of-tree loading; `__getattr__`). A request's class and tenant come from its
   ``kv_transfer_params`` (``kvblocks_priority``, ``kvblocks_tenant``).
 
 This module imports vLLM: only vLLM's factory (or the plugin) imports it.
@@ -33,8 +34,8 @@ POLICIES = {
     "kvblocks-arc": "KVBlocksARCPolicy",
     "kvblocks": "KVBlocksRetentionPolicy",
 }
-#: The key of the retention spec in the connector's `kv_connector_extra_config`.
-EXTRA_CONFIG_RETENTION = "kvblocks_retention"
+#: The name of the retention order; ``kvblocks:SPEC`` carries its spec (`__getattr__`).
+RETENTION_PREFIX = "kvblocks"
 
 
 @dataclass(slots=True)
@@ -136,30 +137,46 @@ class KVBlocksARCPolicy(_KVBlocksPolicy):
         return "arc"
 
 
-def retention_spec() -> str:
-    """The retention spec of the ``kvblocks`` policy: the connector's extra config
-    (``kvblocks_retention``) when vLLM's config is current, else
-    ``KVBLOCKS_VLLM_RETENTION``, else "" (vLLM's LRU order)."""
-    from vllm.config import get_current_vllm_config_or_none
-
-    config = get_current_vllm_config_or_none()
-    transfer = None if config is None else config.kv_transfer_config
-    extra = {} if transfer is None else (transfer.kv_connector_extra_config or {})
-    if EXTRA_CONFIG_RETENTION in extra:
-        return str(extra[EXTRA_CONFIG_RETENTION])
-    from kvblocks.vllm._install import ENV_RETENTION
-
-    return os.environ.get(ENV_RETENTION, "").strip()
-
-
 class KVBlocksRetentionPolicy(_KVBlocksPolicy):
-    """kvblocks' retention order on the host tier (``kvblocks``; docs/offload.md)."""
+    """kvblocks' retention order on the host tier (``kvblocks``; docs/offload.md), with the
+    spec in ``KVBLOCKS_VLLM_RETENTION`` (or in the class name: `__getattr__`)."""
+
+    #: The retention spec; None: read ``KVBLOCKS_VLLM_RETENTION`` when built.
+    spec: str | None = None
 
     def _order(self) -> str | RetentionPolicy:
         from kvblocks.retention_spec import parse_retention
+        from kvblocks.vllm._install import ENV_RETENTION
 
-        policy: RetentionPolicy | None = parse_retention(retention_spec()).build()
+        spec = self.spec if self.spec is not None else os.environ.get(ENV_RETENTION, "")
+        policy: RetentionPolicy | None = parse_retention(spec.strip()).build()
         return policy or RetentionPolicy()
+
+
+_by_spec: dict[str, type[KVBlocksRetentionPolicy]] = {}
+
+
+def __getattr__(name: str) -> type[KVBlocksRetentionPolicy]:
+    """``kvblocks:SPEC``: the retention order with SPEC, for vLLM's out-of-tree loading
+    (``eviction_policy: "kvblocks:quota=batch:20000"`` with ``cache_policy_module_path:
+    "kvblocks.vllm._offload"`` in the connector's extra config; vLLM's factory then takes
+    this attribute of this module).
+
+    Raises:
+        AttributeError: any other name.
+        SpecError: a bad spec.
+    """
+    prefix = f"{RETENTION_PREFIX}:"
+    if not name.startswith(prefix):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    spec = name[len(prefix) :]
+    if spec not in _by_spec:
+        from kvblocks.retention_spec import parse_retention
+
+        parse_retention(spec)  # a bad spec fails here, where vLLM loads the policy
+        attrs = {"spec": spec, "__doc__": f"kvblocks' retention order with {spec!r}."}
+        _by_spec[spec] = type(name, (KVBlocksRetentionPolicy,), attrs)
+    return _by_spec[spec]
 
 
 def register() -> None:
