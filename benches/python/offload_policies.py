@@ -37,8 +37,12 @@ OPS = ("prepare_store", "complete_store", "lookup", "touch")
 
 
 def one_round(
-    m: Any, req: Any, extra: tuple[Any, ...], stored_of: Callable[[Any], list[bytes]],
-    keys: list[bytes], batch: int,
+    m: Any,
+    req: Any,
+    extra: tuple[Any, ...],
+    stored_of: Callable[[Any], list[bytes]],
+    keys: list[bytes],
+    batch: int,
 ) -> dict[str, float]:
     """ns per key of each op on manager `m`; `req` names the request in `prepare_store`,
     `extra` follows the keys in the other calls (vLLM's request context, or nothing)."""
@@ -98,7 +102,9 @@ def main() -> None:
         f"{args.keys} keys into {args.chunks} chunks, batches of {args.batch}, "
         f"median of {args.rounds} alternated rounds, ns per key"
     )
-    print("| policy | op | vllm | vllm+kvblocks | kvblocks | vllm / vllm+kvblocks | vllm / kvblocks |")
+    print(
+        "| policy | op | vllm | vllm+kvblocks | kvblocks | vllm / vllm+kvblocks | vllm / kvblocks |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     gc.collect()
     gc.freeze()

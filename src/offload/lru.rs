@@ -160,6 +160,10 @@ impl Policy for Lru {
         self.ranks.set_evictable(key, false);
     }
 
+    fn heap(&self) -> Vec<(Rank, Key)> {
+        self.heap.iter().map(|Reverse(e)| e.clone()).collect()
+    }
+
     fn generation(&self) -> u64 {
         self.ranks.generation
     }

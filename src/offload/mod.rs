@@ -119,6 +119,24 @@ pub trait Policy: Send + Sync {
             "pins need the kvblocks retention order".into(),
         ))
     }
+    /// The policy's ordered lists by name, oldest first (ARC: `t1`, `t2`, `b1`, `b2`).
+    fn lists(&self) -> Vec<(&'static str, Vec<Key>)> {
+        Vec::new()
+    }
+    /// The entries of a lazy eviction heap, stale ones included (LRU).
+    fn heap(&self) -> Vec<(Rank, Key)> {
+        Vec::new()
+    }
+    /// ARC's adaptive target size of T1.
+    fn target_t1(&self) -> Option<f64> {
+        None
+    }
+    /// Sets ARC's target size of T1.
+    fn set_target_t1(&mut self, _target: f64) -> Result<()> {
+        Err(KvError::Unsupported(
+            "only ARC has a target size of T1".into(),
+        ))
+    }
     /// The generation of request ranks (it changes on `clear`).
     fn generation(&self) -> u64 {
         0

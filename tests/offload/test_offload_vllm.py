@@ -43,7 +43,11 @@ _CONFIGS = [  # (seed, num_chunks, store_threshold, max_tracker_size)
     (5, 32, 2, 64_000),
     (6, 12, 3, 30),
 ]
-_LOOKUP = {LookupResult.MISS: "miss", LookupResult.HIT: "hit", LookupResult.HIT_PENDING: "hit_pending"}
+_LOOKUP = {
+    LookupResult.MISS: "miss",
+    LookupResult.HIT: "hit",
+    LookupResult.HIT_PENDING: "hit_pending",
+}
 
 
 @dataclass
@@ -73,7 +77,7 @@ class _Run:
 def _docs(rng: random.Random) -> list[list[bytes]]:
     """Block-hash chains: later documents share prefixes with earlier ones."""
     docs: list[list[bytes]] = []
-    for d in range(12):
+    for _ in range(12):
         shared = rng.choice(docs)[: rng.randint(0, 6)] if docs and rng.random() < 0.6 else []
         own = [rng.randbytes(8) for _ in range(rng.randint(3, 12))]
         docs.append(shared + own)
@@ -116,7 +120,11 @@ def _store(run: _Run, req: _Req) -> Any:
         assert mine is None
         return None
     assert mine is not None
-    expected = (list(out.keys_to_store), [int(i) for i in out.store_spec.block_ids], list(out.evicted_keys))
+    expected = (
+        list(out.keys_to_store),
+        [int(i) for i in out.store_spec.block_ids],
+        list(out.evicted_keys),
+    )
     assert mine == expected
     if out.keys_to_store:
         run.stores.append(list(out.keys_to_store))
@@ -136,7 +144,9 @@ def _complete_store(run: _Run) -> None:
 
 
 def _load(run: _Run, req: _Req) -> None:
-    keys = [k for k in _slice(run.rng, req.keys) if run.theirs.lookup(k, req.ctx) == LookupResult.HIT]
+    keys = [
+        k for k in _slice(run.rng, req.keys) if run.theirs.lookup(k, req.ctx) == LookupResult.HIT
+    ]
     if not keys:
         return
     spec = run.theirs.prepare_load(keys, req.ctx)
@@ -203,7 +213,7 @@ class _VllmManager:
         self.m.on_new_request(self.ctx[req_id])
 
     def set_positions(self, req_id: str, keys: list[bytes], positions: list[int]) -> None:
-        for key, position in zip(keys, positions):
+        for key, position in zip(keys, positions, strict=True):
             self.ctx[req_id].set_offload_key_position(key, position)
 
     def lookup(self, key: bytes) -> str:
@@ -299,8 +309,18 @@ def test_same_decisions_as_vllm(policy: str, in_vllm: bool) -> None:
         for op, n in _run(policy, *config, in_vllm=in_vllm).items():
             totals[op] = totals.get(op, 0) + n
     assert sum(totals.values()) >= 20_000
-    for op in ("new_request", "lookup", "store", "store_refused", "complete_store", "load",
-               "complete_load", "touch", "finish", "reset"):
+    for op in (
+        "new_request",
+        "lookup",
+        "store",
+        "store_refused",
+        "complete_store",
+        "load",
+        "complete_load",
+        "touch",
+        "finish",
+        "reset",
+    ):
         assert totals.get(op, 0) > 0, (op, totals)
 
 

@@ -19,12 +19,15 @@ This module imports vLLM: only vLLM's factory (or the plugin) imports it.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
+from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
+from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
 from kvblocks import OffloadPolicy, OffloadRequest, RetentionPolicy
 
@@ -56,11 +59,13 @@ def _hints(req_context: ReqContext) -> dict[str, Any]:
     }
 
 
-class _KVBlocksPolicy(CachePolicy):
+class _KVBlocksPolicy(CachePolicy):  # type: ignore[misc]  # vLLM is untyped here
     """vLLM's CachePolicy interface over a `kvblocks.OffloadPolicy`."""
 
     def __init__(self, cache_capacity: int) -> None:
-        super().__init__(cache_capacity)
+        # CachePolicy's own constructor only: vLLM's LRU and ARC classes, which the two
+        # drop-ins below subclass, would build their Python structures.
+        CachePolicy.__init__(self, cache_capacity)
         self._core = OffloadPolicy(self._order(), cache_capacity)
 
     def _order(self) -> str | RetentionPolicy:
@@ -72,7 +77,8 @@ class _KVBlocksPolicy(CachePolicy):
         if state is None or state.owner is not self:
             state = _RequestState(self, OffloadRequest(**_hints(req_context)))
             req_context.set_state(state)
-        return state.core
+        core: OffloadRequest = state.core
+        return core
 
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         chunk: ChunkStatus | None = self._core.get(key)
@@ -123,18 +129,65 @@ class _KVBlocksPolicy(CachePolicy):
         self._core.mark_non_evictable(key)
 
 
-class KVBlocksLRUPolicy(_KVBlocksPolicy):
-    """vLLM 0.33's ``lru`` on kvblocks' core (``kvblocks-lru``)."""
+class KVBlocksLRUPolicy(_KVBlocksPolicy, LRUCachePolicy):  # type: ignore[misc]
+    """vLLM 0.33's ``lru`` on kvblocks' core (``kvblocks-lru``): a drop-in for vLLM's
+    `LRUCachePolicy` (a subclass; every method is kvblocks'), with `_heap` as a read-only
+    snapshot of the lazy heap."""
 
     def _order(self) -> str | RetentionPolicy:
         return "lru"
 
+    @property
+    def _heap(self) -> list[tuple[tuple[int, int], bytes]]:
+        """The heap's entries, stale ones included (a copy)."""
+        heap: list[tuple[tuple[int, int], bytes]] = self._core.heap()
+        return heap
 
-class KVBlocksARCPolicy(_KVBlocksPolicy):
-    """vLLM 0.33's ``arc`` on kvblocks' core (``kvblocks-arc``)."""
+
+class KVBlocksARCPolicy(_KVBlocksPolicy, ARCCachePolicy):  # type: ignore[misc]
+    """vLLM 0.33's ``arc`` on kvblocks' core (``kvblocks-arc``): a drop-in for vLLM's
+    `ARCCachePolicy` (a subclass; every method is kvblocks'), with its lists as read-only
+    snapshots and `target_t1_size` readable and settable."""
 
     def _order(self) -> str | RetentionPolicy:
         return "arc"
+
+    def _list(self, name: str) -> OrderedDict[OffloadKey, Any]:
+        keys: list[OffloadKey] = self._core.lists()[name]
+        if name in ("b1", "b2"):
+            return OrderedDict.fromkeys(keys)
+        return OrderedDict((key, self._core.get(key)) for key in keys)
+
+    @property
+    def t1(self) -> OrderedDict[OffloadKey, Any]:
+        """T1, oldest first: key to chunk (a copy)."""
+        return self._list("t1")
+
+    @property
+    def t2(self) -> OrderedDict[OffloadKey, Any]:
+        """T2, oldest first: key to chunk (a copy)."""
+        return self._list("t2")
+
+    @property
+    def b1(self) -> OrderedDict[OffloadKey, Any]:
+        """Ghost list B1, oldest first (a copy)."""
+        return self._list("b1")
+
+    @property
+    def b2(self) -> OrderedDict[OffloadKey, Any]:
+        """Ghost list B2, oldest first (a copy)."""
+        return self._list("b2")
+
+    @property
+    def target_t1_size(self) -> float:
+        """The adaptive target size of T1."""
+        target = self._core.target_t1_size
+        assert target is not None  # an ARC core
+        return target
+
+    @target_t1_size.setter
+    def target_t1_size(self, target: float) -> None:
+        self._core.target_t1_size = target
 
 
 class KVBlocksRetentionPolicy(_KVBlocksPolicy):
