@@ -340,6 +340,23 @@ def test_the_plugin_registers_the_policies() -> None:
         CachePolicyFactory.get_cache_policy_cls("kvblocks:quota=", "kvblocks.vllm._offload")
 
 
+def test_the_kvblocks_policy_reads_its_spec_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`kvblocks` without KVBLOCKS_VLLM_RETENTION builds (the empty retention order); a
+    bad spec there fails where vLLM builds the tier."""
+    _offload.register()
+    monkeypatch.delenv("KVBLOCKS_VLLM_RETENTION", raising=False)
+    assert CPUOffloadingManager(4, cache_policy="kvblocks").prepare_store([], _ctx()) is not None
+    monkeypatch.setenv("KVBLOCKS_VLLM_RETENTION", "classes=")
+    with pytest.raises(ValueError):
+        CPUOffloadingManager(4, cache_policy="kvblocks")
+
+
+def _ctx() -> ReqContext:
+    return ReqContext(req_id="r")
+
+
 def _tenant_params(tenant: str) -> ReqContext:
     return ReqContext(req_id=tenant, kv_transfer_params={"kvblocks_tenant": tenant})
 

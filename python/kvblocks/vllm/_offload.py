@@ -201,8 +201,8 @@ class KVBlocksRetentionPolicy(_KVBlocksPolicy):
         from kvblocks.retention_spec import parse_retention
         from kvblocks.vllm._install import ENV_RETENTION
 
-        spec = self.spec if self.spec is not None else os.environ.get(ENV_RETENTION, "")
-        policy: RetentionPolicy | None = parse_retention(spec.strip()).build()
+        spec = (self.spec if self.spec is not None else os.environ.get(ENV_RETENTION, "")).strip()
+        policy: RetentionPolicy | None = parse_retention(spec).build() if spec else None
         return policy or RetentionPolicy()
 
 
