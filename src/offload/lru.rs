@@ -93,15 +93,6 @@ impl Policy for Lru {
         self.update_heap(updated);
     }
 
-    fn on_request_finished(
-        &mut self,
-        ordered: &[Key],
-        _insertion_only: &FxHashSet<Key>,
-        _reused: &FxHashSet<Key>,
-    ) {
-        self.touch(ordered);
-    }
-
     fn evict(&mut self, n: usize, protected: &FxHashSet<Key>) -> Option<Vec<(Key, Chunk)>> {
         if n == 0 {
             return Some(Vec::new());

@@ -92,13 +92,16 @@ pub trait Policy: Send + Sync {
         _req: &mut ReqState,
     ) {
     }
-    /// Applies a finished request's accesses, `ordered` head to tail.
+    /// Applies a finished request's accesses, `ordered` head to tail (default: a touch of
+    /// them all, tail first, for policies that do not tell insertion from reuse).
     fn on_request_finished(
         &mut self,
         ordered: &[Key],
-        insertion_only: &FxHashSet<Key>,
-        reused: &FxHashSet<Key>,
-    );
+        _insertion_only: &FxHashSet<Key>,
+        _reused: &FxHashSet<Key>,
+    ) {
+        self.touch(ordered);
+    }
     /// Evicts exactly `n` idle chunks not in `protected`, or nothing (`None`).
     fn evict(&mut self, n: usize, protected: &FxHashSet<Key>) -> Option<Vec<(Key, Chunk)>>;
     /// Drops every chunk and all adaptive state.
