@@ -13,6 +13,9 @@ use crate::offload::{
     PolicyKind, ReqState,
 };
 
+/// An evicted key with the chunk object it held.
+type Evicted<'py> = (Bound<'py, PyBytes>, Py<PyAny>);
+
 /// `"lru"`, `"arc"` or a `RetentionPolicy`.
 fn kind_of(policy: &Bound<'_, PyAny>) -> PyResult<PolicyKind> {
     if let Ok(r) = policy.downcast::<PyRetentionPolicy>() {
@@ -329,7 +332,7 @@ impl PyOffloadPolicy {
         py: Python<'py>,
         n: usize,
         protected: &Bound<'py, PyAny>,
-    ) -> PyResult<Option<Vec<(Bound<'py, PyBytes>, Py<PyAny>)>>> {
+    ) -> PyResult<Option<Vec<Evicted<'py>>>> {
         let protected: FxHashSet<Key> = keys_of(protected)?.into_iter().collect();
         let Some(evicted) = self.inner.evict(n, &protected) else {
             return Ok(None);
