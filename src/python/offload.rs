@@ -30,11 +30,16 @@ fn kind_of(policy: &Bound<'_, PyAny>) -> PyResult<PolicyKind> {
     }
 }
 
-fn key_of(key: &Bound<'_, PyAny>) -> PyResult<Key> {
-    let b = key
+/// The bytes of a key, borrowed (for calls that only look a key up).
+fn key_bytes<'a>(key: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+    Ok(key
         .downcast::<PyBytes>()
-        .map_err(|_| invalid_argument("an offload key must be bytes"))?;
-    Ok(Key::from(b.as_bytes()))
+        .map_err(|_| invalid_argument("an offload key must be bytes"))?
+        .as_bytes())
+}
+
+fn key_of(key: &Bound<'_, PyAny>) -> PyResult<Key> {
+    Ok(Key::from(key_bytes(key)?))
 }
 
 fn keys_of(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
@@ -119,7 +124,7 @@ impl PyOffloadManager {
     }
 
     fn lookup(&self, key: &Bound<'_, PyAny>) -> PyResult<&'static str> {
-        Ok(match self.inner.lookup(&key_of(key)?) {
+        Ok(match self.inner.lookup(key_bytes(key)?) {
             LookupResult::Miss => "miss",
             LookupResult::Hit => "hit",
             LookupResult::HitPending => "hit_pending",
@@ -190,7 +195,7 @@ impl PyOffloadManager {
     }
 
     fn unpin(&mut self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        Ok(self.inner.unpin(&key_of(key)?)?)
+        Ok(self.inner.unpin(key_bytes(key)?)?)
     }
 }
 
@@ -241,10 +246,9 @@ impl PyOffloadPolicy {
     }
 
     fn get(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
-        let key = key_of(key)?;
         Ok(self
             .inner
-            .get(&key)
+            .get(key_bytes(key)?)
             .and_then(|c| self.chunk_obj(c))
             .map(|o| o.clone_ref(py)))
     }
@@ -274,12 +278,12 @@ impl PyOffloadPolicy {
     }
 
     fn remove(&mut self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        let key = key_of(key)?;
-        if let Some(c) = self.inner.get(&key) {
+        let key = key_bytes(key)?;
+        if let Some(c) = self.inner.get(key) {
             let slot = c.id as usize;
             self.chunks[slot] = None;
         }
-        self.inner.remove(&key);
+        self.inner.remove(key);
         Ok(())
     }
 
@@ -353,12 +357,12 @@ impl PyOffloadPolicy {
     }
 
     fn mark_evictable(&mut self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        follow_ref_cnt(self.inner.as_mut(), &key_of(key)?, true);
+        follow_ref_cnt(self.inner.as_mut(), key_bytes(key)?, true);
         Ok(())
     }
 
     fn mark_non_evictable(&mut self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        follow_ref_cnt(self.inner.as_mut(), &key_of(key)?, false);
+        follow_ref_cnt(self.inner.as_mut(), key_bytes(key)?, false);
         Ok(())
     }
 
@@ -367,7 +371,7 @@ impl PyOffloadPolicy {
     }
 
     fn unpin(&mut self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        Ok(self.inner.unpin(&key_of(key)?)?)
+        Ok(self.inner.unpin(key_bytes(key)?)?)
     }
 
     #[getter]
