@@ -378,3 +378,18 @@ def test_a_quota_from_the_spec_holds_in_vllms_manager() -> None:
         assert out is not None
         m.complete_store(keys, burst_ctx)
     assert all(m.lookup(k, ctx) is LookupResult.HIT for k in steady)
+
+
+def test_the_vllm_plugin_registers_them_without_installing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's general plugin adds the names even without KVBLOCKS_VLLM (which only decides
+    whether kvblocks' KV cache manager is installed)."""
+    from kvblocks.vllm._install import plugin
+
+    monkeypatch.delenv("KVBLOCKS_VLLM", raising=False)
+    monkeypatch.setattr(
+        CachePolicyFactory,
+        "_registry",
+        {k: v for k, v in CachePolicyFactory._registry.items() if k not in _offload.POLICIES},
+    )
+    plugin()
+    assert set(_offload.POLICIES) <= set(CachePolicyFactory._registry)
