@@ -17,6 +17,7 @@ pub mod error;
 pub mod events;
 pub mod hashing;
 pub mod kv_cache_manager;
+pub mod offload;
 pub mod pool;
 pub mod request;
 pub mod request_fields;

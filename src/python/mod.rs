@@ -11,6 +11,7 @@ mod hashing;
 mod ids;
 mod manager;
 mod non_negative;
+mod offload;
 mod pool;
 mod publish;
 mod request;
@@ -35,6 +36,7 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     spec::register(m)?;
     config::register(m)?;
     manager::register(m)?;
+    offload::register(m)?;
     stats::register(m)?;
     request::register(m)?;
     request_hasher::register(m)?;
