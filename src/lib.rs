@@ -15,6 +15,7 @@ pub mod error;
 pub mod events;
 pub mod hashing;
 pub mod kv_cache_manager;
+pub mod offload;
 pub mod pool;
 pub mod request;
 pub mod spec;

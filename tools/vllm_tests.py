@@ -9,6 +9,12 @@
     python tools/vllm_tests.py all               # fetch if missing, both runs, compare
     python tools/vllm_tests.py all --vllm 0.32   # the same for vLLM 0.32 (default: 0.33)
     python tools/vllm_tests.py run --kvblocks -- -k preempt -x    # after --: pytest's own
+    python tools/vllm_tests.py all --offload     # the offload tests, kvblocks' cache policies
+
+`--offload` runs vLLM's offload tests (tests/v1/kv_offload/cpu and
+tests/v1/kv_connector/unit/offloading_connector) instead, stock and with kvblocks' cache
+policies selected in place of vLLM's `lru` and `arc` (tools/kvblocks_offload_pytest.py),
+with their results in .vllm-tests/V/results-offload/.
 
 `--vllm V` picks one of the releases kvblocks supports (kvblocks.vllm._versions.SUPPORTED):
 its venv, .venv-vllm-V (tools/vllm_env/setup.sh V; `--venv` for another), the sdist of the
@@ -18,7 +24,7 @@ from a site folder put first on PYTHONPATH (default .oracle-site.harness-V), nev
 venv itself. `run` writes junit xml and a plain `OUTCOME NODEID` list per run; `compare`
 (and `run --compare`) exits 1 when any test that passes on stock fails on kvblocks, and
 writes those tests grouped by cause, with the head of a traceback each, to
-.vllm-tests/V/failures.md.
+.vllm-tests/V/failures.md (failures-offload.md).
 
 The vLLM sdist cannot be built here, so pip is only asked to unpack it: `pip download
 --no-binary :all: --no-deps --no-clean --no-build-isolation` fails at "Preparing metadata"
@@ -42,6 +48,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILES = ("tests/v1/core/test_scheduler.py", "tests/v1/core/test_async_scheduler.py")
+# vLLM 0.33's tests of the host-memory (CPU offload) tier: `--offload`.
+OFFLOAD_FILES = ("tests/v1/kv_offload/cpu", "tests/v1/kv_connector/unit/offloading_connector")
 WHEELS = Path.home() / ".cache" / "kvblocks-wheels"
 PYTEST_DEPS = ("pytest", "iniconfig", "pluggy", "packaging")
 
@@ -277,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     if args.kvblocks and not args.tree and (args.build or not (args.site / "kvblocks").exists()):
         build(args.site, args.python)
     name = "kvblocks" if args.kvblocks else "stock"
-    results = dest / "results"
+    results = results_dir(args)
     results.mkdir(exist_ok=True)
     xml_path = results / f"{name}.xml"
     env = dict(os.environ)
@@ -293,8 +301,9 @@ def run(args: argparse.Namespace) -> int:
     cmd = [str(args.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "pytest.ini"]
     cmd += ["--rootdir", ".", f"--junitxml={xml_path}", "-o", "junit_family=xunit1"]
     if args.kvblocks:
-        cmd += ["-p", "kvblocks_vllm_pytest"]
-    cmd += [*args.pytest_args, *(args.files or DEFAULT_FILES)]
+        cmd += ["-p", "kvblocks_offload_pytest" if args.offload else "kvblocks_vllm_pytest"]
+    files = args.files or (OFFLOAD_FILES if args.offload else DEFAULT_FILES)
+    cmd += [*args.pytest_args, *files]
     log(f"{name}: {' '.join(cmd[1:])}")
     start = time.monotonic()
     with (results / f"{name}.log").open("w") as logf:
@@ -312,13 +321,18 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"{name}:\n{summary(res)}")
     if args.compare:
-        return compare(dest)
+        return compare(dest, results)
     return 0
 
 
-def compare(dest: Path) -> int:
+def results_dir(args: argparse.Namespace) -> Path:
+    """Where a run's results go: results/, or results-offload/ with `--offload`."""
+    return args.dest / ("results-offload" if args.offload else "results")
+
+
+def compare(dest: Path, results: Path) -> int:
     """List the tests that pass on stock vLLM and do not pass with kvblocks installed."""
-    results = dest / "results"
+    failures = dest / ("failures.md" if results.name == "results" else "failures-offload.md")
     runs = {}
     for name in ("stock", "kvblocks"):
         path = results / f"{name}.xml"
@@ -338,10 +352,10 @@ def compare(dest: Path) -> int:
     n_stock = sum(o == "passed" for o in stock.values())
     print(f"{n_stock - len(regressed)} of {n_stock} stock-passing tests pass with kvblocks")
     if regressed:
-        write_failures(dest / "failures.md", regressed, runs["kvblocks"])
-        print(f"grouped by cause in {dest / 'failures.md'}")
+        write_failures(failures, regressed, runs["kvblocks"])
+        print(f"grouped by cause in {failures}")
     else:
-        (dest / "failures.md").unlink(missing_ok=True)
+        failures.unlink(missing_ok=True)
     return 1 if regressed else 0
 
 
@@ -358,6 +372,11 @@ def main() -> int:
     )
     p.add_argument("--compare", action="store_true", help="after `run`, compare the runs")
     p.add_argument("--force", action="store_true", help="fetch again even if present")
+    p.add_argument(
+        "--offload",
+        action="store_true",
+        help="vLLM's offload tests; --kvblocks selects kvblocks' cache policies",
+    )
     p.add_argument(
         "--fallback",
         action="store_true",
@@ -387,7 +406,7 @@ def main() -> int:
         fetch(args.dest, args.python, force=args.force)
         return 0
     if args.command == "compare":
-        return compare(args.dest)
+        return compare(args.dest, results_dir(args))
     if args.command == "run":
         return run(args)
     fetch(args.dest, args.python, force=args.force)
@@ -395,7 +414,7 @@ def main() -> int:
     rc = run(args)
     args.kvblocks = True
     rc = max(rc, run(args))
-    return max(rc, compare(args.dest))
+    return max(rc, compare(args.dest, results_dir(args)))
 
 
 if __name__ == "__main__":

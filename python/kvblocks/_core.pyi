@@ -987,3 +987,113 @@ class CeilingLog:
         infinite cache holds."""
     def belady(self, capacity: int) -> list[int]:
         """Hit blocks of every lookup so far under Belady's rule with `capacity` blocks."""
+
+# --- The host-memory tier (src/python/offload.rs; docs/offload.md) ---------------------
+
+@final
+class OffloadManager:
+    """vLLM 0.33's CPU offload tier (`CPUOffloadingManager`) with its decisions exactly,
+    under vLLM's `"lru"` or `"arc"` policy or kvblocks' retention order (a
+    `RetentionPolicy` without TTLs or session windows). Keys are vLLM's `OffloadKey`
+    bytes: a block hash followed by the KV cache group index as 4 big-endian bytes.
+
+    Requests are named by id; a request id must not be used again after
+    `on_request_finished`.
+    """
+
+    def __new__(
+        cls,
+        num_chunks: int,
+        policy: str | RetentionPolicy,
+        *,
+        enable_events: bool = False,
+        store_threshold: int = 0,
+        max_tracker_size: int = 64000,
+    ) -> OffloadManager:
+        """A tier of `num_chunks` chunks. With `store_threshold >= 2` a key is stored once
+        it was offered that many times (vLLM's tracker of `max_tracker_size` keys)."""
+    @property
+    def num_chunks(self) -> int: ...
+    @property
+    def num_free(self) -> int:
+        """Chunks neither held nor allocated."""
+    @property
+    def num_evictable(self) -> int:
+        """Chunks held with no transfer in flight."""
+    @property
+    def num_write_pending(self) -> int:
+        """Chunks whose store is in flight."""
+    @property
+    def stores_skipped(self) -> int:
+        """Store candidates the threshold skipped so far."""
+    def set_positions(self, req_id: str, keys: Sequence[bytes], positions: Sequence[int]) -> None:
+        """The end-token position of each key in the request (vLLM's
+        `ReqContext.set_offload_key_position`)."""
+    def set_hints(self, req_id: str, *, priority: int = 0, tenant: str | None = None) -> None:
+        """The priority (mapped to a class) and tenant the request's chunks are stored under
+        (retention orders only)."""
+    def on_new_request(self, req_id: str) -> None: ...
+    def lookup(self, key: bytes) -> Literal["miss", "hit", "hit_pending"]:
+        """Whether `key` is in the tier: `hit_pending` while its store is in flight."""
+    def prepare_load(self, keys: Sequence[bytes], req_id: str) -> list[int]:
+        """Pins ready chunks for reading; returns their chunk slots."""
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """Marks `keys` recently used."""
+    def complete_load(self, keys: Sequence[bytes]) -> None:
+        """Ends reads started by `prepare_load`."""
+    def prepare_store(
+        self, keys: Sequence[bytes], req_id: str
+    ) -> tuple[list[bytes], list[int], list[bytes]] | None:
+        """(keys to store, their chunk slots, keys evicted for them), or None when the
+        tier cannot make room."""
+    def complete_store(self, keys: Sequence[bytes], success: bool = True) -> None:
+        """Ends stores: the chunks become readable, or, on failure, are dropped."""
+    def on_request_finished(self, req_id: str) -> None:
+        """Applies the request's accesses to the policy once, and forgets the request."""
+    def reset_cache(self) -> None:
+        """Drops every chunk (the store-threshold tracker is kept)."""
+    def take_events(self) -> list[tuple[list[bytes], bool, bool]]:
+        """(keys, removed, metadata_only) of each event since the last call."""
+    def pin(self, key: bytes) -> None:
+        """Keeps `key` from eviction (retention orders only; counts)."""
+    def unpin(self, key: bytes) -> None:
+        """Drops one pin (`NotPinnedError` when there is none)."""
+
+@final
+class OffloadRequest:
+    """A request's state in an `OffloadPolicy`: its shared recency rank and hints."""
+
+    def __new__(cls, *, priority: int = 0, tenant: str | None = None) -> OffloadRequest: ...
+
+@final
+class OffloadPolicy:
+    """vLLM 0.33's `CachePolicy` interface on the core (`kvblocks.vllm`'s offload
+    policies): holds the caller's chunk objects (with `chunk_id`, `ref_cnt`) by slot and
+    follows their reference counts through `mark_evictable` / `mark_non_evictable`."""
+
+    def __new__(cls, policy: str | RetentionPolicy, capacity: int) -> OffloadPolicy: ...
+    @property
+    def generation(self) -> int: ...
+    def get(self, key: bytes) -> Any | None: ...
+    def insert(
+        self, key: bytes, chunk: Any, position: int | None, req: OffloadRequest
+    ) -> None: ...
+    def remove(self, key: bytes) -> None: ...
+    def touch(self, keys: Iterable[bytes]) -> None: ...
+    def on_store_miss(self, keys: Iterable[bytes]) -> None: ...
+    def on_request_access(
+        self, keys: Iterable[bytes], positions: Sequence[int | None], req: OffloadRequest
+    ) -> None: ...
+    def on_request_finished(
+        self,
+        keys: Iterable[bytes],
+        positions: Sequence[int | None],
+        insertion_only: Iterable[bytes],
+        reused: Iterable[bytes],
+    ) -> None: ...
+    def evict(self, n: int, protected: Iterable[bytes]) -> list[tuple[bytes, Any]] | None: ...
+    def clear(self) -> None: ...
+    def mark_evictable(self, key: bytes) -> None: ...
+    def mark_non_evictable(self, key: bytes) -> None: ...
+    def pin(self, key: bytes) -> None: ...
+    def unpin(self, key: bytes) -> None: ...

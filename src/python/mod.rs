@@ -10,6 +10,7 @@ mod events;
 mod hashing;
 mod ids;
 mod manager;
+mod offload;
 mod pool;
 mod publish;
 mod request;
@@ -34,6 +35,7 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     spec::register(m)?;
     config::register(m)?;
     manager::register(m)?;
+    offload::register(m)?;
     stats::register(m)?;
     request::register(m)?;
     request_hasher::register(m)?;

@@ -236,9 +236,22 @@ def installed() -> bool:
     return bool(_saved)
 
 
+def _register_offload_policies() -> None:
+    """Registers kvblocks' host-tier cache policies in vLLM's CachePolicyFactory
+    (`kvblocks.vllm._offload`); a vLLM without the factory (before 0.33) is left alone."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.v1.kv_offload.cpu.policies.factory") is None:
+        return
+    from kvblocks.vllm._offload import register
+
+    register()
+
+
 def plugin() -> None:
-    """vLLM general plugin (entry point `vllm.general_plugins`): installs kvblocks in
-    this vLLM process when `KVBLOCKS_VLLM` is set to 1 / true / yes / on, and does nothing
+    """vLLM general plugin (entry point `vllm.general_plugins`): registers kvblocks'
+    host-tier cache policies (`kvblocks-lru`, `kvblocks-arc`, `kvblocks`) in vLLM's
+    CachePolicyFactory, and installs kvblocks in this vLLM process when `KVBLOCKS_VLLM` is set to 1 / true / yes / on, and does nothing
     otherwise. `KVBLOCKS_VLLM_RETENTION` (a spec such as `session=30`) sets the
     retention policy; `KVBLOCKS_VLLM_FALLBACK=0` installs with `fallback=False`.
 
@@ -246,6 +259,7 @@ def plugin() -> None:
         SpecError: a bad retention spec (a `ValueError` naming it).
         kvblocks.InvalidArgumentError: a `KVBLOCKS_VLLM_FALLBACK` that is not a boolean.
     """
+    _register_offload_policies()
     if os.environ.get(ENV_SWITCH, "").strip().lower() not in _TRUE:
         return
     spec = os.environ.get(ENV_RETENTION, "").strip()
