@@ -216,6 +216,7 @@ def test_retention_policy_on_the_host_tier(capsys: pytest.CaptureFixture[str]) -
         (["--cpu-offload", "1KiB"], "holds no chunk"),
         (["--cpu-offload", "1GiB", "--replicas", "2"], "drop --replicas"),
         (["--offload-policy", "fifo"], "--offload-policy"),
+        (["--cpu-offload", "1GiB", "--offload-policy", "ttl=600"], "has no clock"),
         (["--cpu-offload", "1GiB", "--offload-store-threshold", "-1"], "store-threshold"),
         (["--sweep", "cpu_offload=-1"], "cpu_offload"),
     ],
@@ -236,3 +237,19 @@ def test_host_tier_rejects_no_capacity() -> None:
     layout = model_layout(MODEL, gpu_memory=GPU_MEMORY)
     with pytest.raises(kvblocks.InvalidArgumentError, match="num_chunks"):
         _tier(layout, 0)
+
+
+@pytest.mark.vllm
+def test_vllm_manager_takes_the_host_hits_alike(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.33's own KVCacheManager under the same host tier: the same allocations
+    (digests), hits and transfers, so the external computed tokens mean the same to both."""
+    pytest.importorskip("vllm")
+    doc = _simulate(
+        capsys,
+        "--workload", "agentic", "--num-requests", "6", "--gpu-memory", "3GiB",
+        "--cpu-offload", "4GiB", "--compare-vllm",
+    )  # fmt: skip
+    run = doc["runs"][0]
+    assert run["offload"]["host_hit_tokens"] > 0
+    v = run["vllm"]
+    assert v["digests_agree"] and v["digest"] == v["kvblocks_digest"]

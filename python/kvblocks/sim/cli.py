@@ -708,16 +708,20 @@ def _host_tier(args: argparse.Namespace, layout: KVLayout, size: int) -> HostTie
         policy = spec if isinstance(spec, str) else spec.build()
     except SpecError as e:
         raise UsageError(f"--offload-policy: {e}") from None
-    return HostTier(
-        num_chunks,
-        policy,
-        spec if isinstance(spec, str) else spec.spec,
-        ceiling_block_size(layout),
-        per_chunk,
-        host_link_bytes_per_s(args),
-        prompt_only=not args.offload_decode,
-        store_threshold=args.offload_store_threshold,
-    )
+    name = spec if isinstance(spec, str) else spec.spec
+    try:
+        return HostTier(
+            num_chunks,
+            policy,
+            name,
+            ceiling_block_size(layout),
+            per_chunk,
+            host_link_bytes_per_s(args),
+            prompt_only=not args.offload_decode,
+            store_threshold=args.offload_store_threshold,
+        )
+    except ValueError as e:  # a retention policy the host tier cannot run
+        raise UsageError(f"--offload-policy {name}: {e}") from None
 
 
 def _replica_json(r: ReplayResult) -> dict[str, Any]:
