@@ -5,6 +5,7 @@ use rustc_hash::FxHashSet;
 
 use super::linked::LinkedMap;
 use super::{Chunk, Key, Policy, ReqState};
+use crate::error::{KvError, Result};
 
 /// vLLM's ARC policy.
 #[derive(Debug, Clone)]
@@ -38,11 +39,6 @@ impl Arc {
             b1: LinkedMap::default(),
             b2: LinkedMap::default(),
         }
-    }
-
-    /// The adaptive target size of T1.
-    pub fn target_t1_size(&self) -> f64 {
-        self.target_t1
     }
 
     fn adapt_to_ghost_hit(&mut self, key: &[u8]) {
@@ -175,5 +171,28 @@ impl Policy for Arc {
 
     fn clear(&mut self) {
         *self = Self::new(self.capacity);
+    }
+
+    fn lists(&self) -> Vec<(&'static str, Vec<Key>)> {
+        vec![
+            ("t1", self.t1.iter().map(|(k, _)| k.clone()).collect()),
+            ("t2", self.t2.iter().map(|(k, _)| k.clone()).collect()),
+            ("b1", self.b1.iter().map(|(k, _)| k.clone()).collect()),
+            ("b2", self.b2.iter().map(|(k, _)| k.clone()).collect()),
+        ]
+    }
+
+    fn target_t1(&self) -> Option<f64> {
+        Some(self.target_t1)
+    }
+
+    fn set_target_t1(&mut self, target: f64) -> Result<()> {
+        if !(target.is_finite() && target >= 0.0) {
+            return Err(KvError::InvalidArgument(format!(
+                "target_t1_size must be finite and >= 0, got {target}"
+            )));
+        }
+        self.target_t1 = target;
+        Ok(())
     }
 }

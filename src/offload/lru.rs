@@ -93,15 +93,6 @@ impl Policy for Lru {
         self.update_heap(updated);
     }
 
-    fn on_request_finished(
-        &mut self,
-        ordered: &[Key],
-        _insertion_only: &FxHashSet<Key>,
-        _reused: &FxHashSet<Key>,
-    ) {
-        self.touch(ordered);
-    }
-
     fn evict(&mut self, n: usize, protected: &FxHashSet<Key>) -> Option<Vec<(Key, Chunk)>> {
         if n == 0 {
             return Some(Vec::new());
@@ -158,6 +149,10 @@ impl Policy for Lru {
 
     fn mark_non_evictable(&mut self, key: &[u8]) {
         self.ranks.set_evictable(key, false);
+    }
+
+    fn heap(&self) -> Vec<(Rank, Key)> {
+        self.heap.iter().map(|Reverse(e)| e.clone()).collect()
     }
 
     fn generation(&self) -> u64 {

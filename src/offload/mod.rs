@@ -92,13 +92,16 @@ pub trait Policy: Send + Sync {
         _req: &mut ReqState,
     ) {
     }
-    /// Applies a finished request's accesses, `ordered` head to tail.
+    /// Applies a finished request's accesses, `ordered` head to tail (default: a touch of
+    /// them all, tail first, for policies that do not tell insertion from reuse).
     fn on_request_finished(
         &mut self,
         ordered: &[Key],
-        insertion_only: &FxHashSet<Key>,
-        reused: &FxHashSet<Key>,
-    );
+        _insertion_only: &FxHashSet<Key>,
+        _reused: &FxHashSet<Key>,
+    ) {
+        self.touch(ordered);
+    }
     /// Evicts exactly `n` idle chunks not in `protected`, or nothing (`None`).
     fn evict(&mut self, n: usize, protected: &FxHashSet<Key>) -> Option<Vec<(Key, Chunk)>>;
     /// Drops every chunk and all adaptive state.
@@ -117,6 +120,24 @@ pub trait Policy: Send + Sync {
     fn unpin(&mut self, _key: &[u8]) -> Result<()> {
         Err(KvError::Unsupported(
             "pins need the kvblocks retention order".into(),
+        ))
+    }
+    /// The policy's ordered lists by name, oldest first (ARC: `t1`, `t2`, `b1`, `b2`).
+    fn lists(&self) -> Vec<(&'static str, Vec<Key>)> {
+        Vec::new()
+    }
+    /// The entries of a lazy eviction heap, stale ones included (LRU).
+    fn heap(&self) -> Vec<(Rank, Key)> {
+        Vec::new()
+    }
+    /// ARC's adaptive target size of T1.
+    fn target_t1(&self) -> Option<f64> {
+        None
+    }
+    /// Sets ARC's target size of T1.
+    fn set_target_t1(&mut self, _target: f64) -> Result<()> {
+        Err(KvError::Unsupported(
+            "only ARC has a target size of T1".into(),
         ))
     }
     /// The generation of request ranks (it changes on `clear`).

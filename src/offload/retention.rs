@@ -168,15 +168,6 @@ impl Policy for RetentionOrder {
         self.reorder(updated);
     }
 
-    fn on_request_finished(
-        &mut self,
-        ordered: &[Key],
-        _insertion_only: &FxHashSet<Key>,
-        _reused: &FxHashSet<Key>,
-    ) {
-        self.touch(ordered);
-    }
-
     fn evict(&mut self, n: usize, protected: &FxHashSet<Key>) -> Option<Vec<(Key, Chunk)>> {
         let mut chosen: Vec<Key> = Vec::with_capacity(n);
         let mut taken: FxHashSet<Key> = FxHashSet::default();

@@ -56,7 +56,11 @@ fn arc_promotes_reuse_and_adapts_to_ghost_hits() {
     m.prepare_load(&keys(&[1]), "b").unwrap();
     m.complete_load(&keys(&[1])).unwrap();
     m.on_request_finished("b"); // 1 reused: T2
-    assert_eq!(store(&mut m, "c", &[3]), vec![2], "T1 goes first at target 0");
+    assert_eq!(
+        store(&mut m, "c", &[3]),
+        vec![2],
+        "T1 goes first at target 0"
+    );
     assert_eq!(store(&mut m, "d", &[2]), vec![3], "2 is a B1 ghost hit");
 }
 
@@ -70,8 +74,16 @@ fn retention_quota_takes_the_tenants_own_chunks_first() {
     store(&mut m, "a", &[1, 2]);
     m.set_hints("t", 0, Some("t".into()));
     store(&mut m, "t", &[3, 4]);
-    assert_eq!(store(&mut m, "b", &[5]), vec![3], "t holds 2 > 1: its oldest goes");
-    assert_eq!(store(&mut m, "b", &[6]), vec![1], "t is at its quota: LRU order");
+    assert_eq!(
+        store(&mut m, "b", &[5]),
+        vec![3],
+        "t holds 2 > 1: its oldest goes"
+    );
+    assert_eq!(
+        store(&mut m, "b", &[6]),
+        vec![1],
+        "t is at its quota: LRU order"
+    );
 }
 
 #[test]
@@ -79,7 +91,10 @@ fn protected_keys_and_failed_stores() {
     let mut m = OffloadManager::new(2, &PolicyKind::Lru, true, 0, 100).unwrap();
     let out = m.prepare_store(&keys(&[1, 2]), "a").unwrap().unwrap();
     assert_eq!(m.lookup(&key(1)), LookupResult::HitPending);
-    assert!(m.prepare_store(&keys(&[3]), "a").unwrap().is_none(), "nothing evictable");
+    assert!(
+        m.prepare_store(&keys(&[3]), "a").unwrap().is_none(),
+        "nothing evictable"
+    );
     m.complete_store(&out.keys_to_store[..1], false);
     assert_eq!(m.lookup(&key(1)), LookupResult::Miss);
     let events = m.take_events();

@@ -3,7 +3,7 @@
 //! and `kvblocks.OffloadRequest`. Conversion only; the rules are in `src/offload/`.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use rustc_hash::FxHashSet;
 
 use super::errors::invalid_argument;
@@ -370,6 +370,32 @@ impl PyOffloadPolicy {
     #[getter]
     fn generation(&self) -> u64 {
         self.inner.generation()
+    }
+
+    fn lists<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (name, keys) in self.inner.lists() {
+            d.set_item(name, keys_py(py, &keys)?)?;
+        }
+        Ok(d)
+    }
+
+    fn heap<'py>(&self, py: Python<'py>) -> Vec<((i64, i64), Bound<'py, PyBytes>)> {
+        let entries = self.inner.heap();
+        entries
+            .into_iter()
+            .map(|(rank, key)| (rank, PyBytes::new(py, &key)))
+            .collect()
+    }
+
+    #[getter]
+    fn target_t1_size(&self) -> Option<f64> {
+        self.inner.target_t1()
+    }
+
+    #[setter]
+    fn set_target_t1_size(&mut self, target: f64) -> PyResult<()> {
+        Ok(self.inner.set_target_t1(target)?)
     }
 }
 

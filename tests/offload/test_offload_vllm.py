@@ -26,8 +26,10 @@ from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 if not hasattr(CachePolicy, "on_request_access"):  # vLLM 0.32's CachePolicy
     pytest.skip("the host tier's interface is vLLM 0.33's", allow_module_level=True)
 
+from kvblocks.vllm import _offload
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
 
 pytestmark = pytest.mark.vllm
 
@@ -41,7 +43,11 @@ _CONFIGS = [  # (seed, num_chunks, store_threshold, max_tracker_size)
     (5, 32, 2, 64_000),
     (6, 12, 3, 30),
 ]
-_LOOKUP = {LookupResult.MISS: "miss", LookupResult.HIT: "hit", LookupResult.HIT_PENDING: "hit_pending"}
+_LOOKUP = {
+    LookupResult.MISS: "miss",
+    LookupResult.HIT: "hit",
+    LookupResult.HIT_PENDING: "hit_pending",
+}
 
 
 @dataclass
@@ -71,7 +77,7 @@ class _Run:
 def _docs(rng: random.Random) -> list[list[bytes]]:
     """Block-hash chains: later documents share prefixes with earlier ones."""
     docs: list[list[bytes]] = []
-    for d in range(12):
+    for _ in range(12):
         shared = rng.choice(docs)[: rng.randint(0, 6)] if docs and rng.random() < 0.6 else []
         own = [rng.randbytes(8) for _ in range(rng.randint(3, 12))]
         docs.append(shared + own)
@@ -114,7 +120,11 @@ def _store(run: _Run, req: _Req) -> Any:
         assert mine is None
         return None
     assert mine is not None
-    expected = (list(out.keys_to_store), [int(i) for i in out.store_spec.block_ids], list(out.evicted_keys))
+    expected = (
+        list(out.keys_to_store),
+        [int(i) for i in out.store_spec.block_ids],
+        list(out.evicted_keys),
+    )
     assert mine == expected
     if out.keys_to_store:
         run.stores.append(list(out.keys_to_store))
@@ -134,7 +144,9 @@ def _complete_store(run: _Run) -> None:
 
 
 def _load(run: _Run, req: _Req) -> None:
-    keys = [k for k in _slice(run.rng, req.keys) if run.theirs.lookup(k, req.ctx) == LookupResult.HIT]
+    keys = [
+        k for k in _slice(run.rng, req.keys) if run.theirs.lookup(k, req.ctx) == LookupResult.HIT
+    ]
     if not keys:
         return
     spec = run.theirs.prepare_load(keys, req.ctx)
@@ -188,26 +200,86 @@ def _events(manager: CPUOffloadingManager) -> list[tuple[list[bytes], bool, bool
     return [(list(e.keys), e.removed, e.metadata_only) for e in manager.take_events()]
 
 
-def _run(policy: str, seed: int, num_chunks: int, threshold: int, tracker: int) -> dict[str, int]:
+class _VllmManager:
+    """vLLM's CPUOffloadingManager under a policy name, with OffloadManager's API: the
+    differential run of kvblocks' policy classes inside vLLM's own manager."""
+
+    def __init__(self, num_chunks: int, policy: str, **kwargs: Any) -> None:
+        self.m = CPUOffloadingManager(num_chunks, cache_policy=policy, **kwargs)
+        self.ctx: dict[str, ReqContext] = {}
+
+    def on_new_request(self, req_id: str) -> None:
+        self.ctx[req_id] = ReqContext(req_id=req_id)
+        self.m.on_new_request(self.ctx[req_id])
+
+    def set_positions(self, req_id: str, keys: list[bytes], positions: list[int]) -> None:
+        for key, position in zip(keys, positions, strict=True):
+            self.ctx[req_id].set_offload_key_position(key, position)
+
+    def lookup(self, key: bytes) -> str:
+        return _LOOKUP[self.m.lookup(key, ReqContext(req_id="probe"))]
+
+    def prepare_store(self, keys: list[bytes], req_id: str) -> Any:
+        out = self.m.prepare_store(keys, self.ctx[req_id])
+        if out is None:
+            return None
+        ids = [int(i) for i in out.store_spec.block_ids]
+        return (list(out.keys_to_store), ids, list(out.evicted_keys))
+
+    def complete_store(self, keys: list[bytes], success: bool) -> None:
+        self.m.complete_store(keys, ReqContext(req_id="any"), success=success)
+
+    def prepare_load(self, keys: list[bytes], req_id: str) -> list[int]:
+        return [int(i) for i in self.m.prepare_load(keys, self.ctx[req_id]).block_ids]
+
+    def complete_load(self, keys: list[bytes]) -> None:
+        self.m.complete_load(keys, ReqContext(req_id="any"))
+
+    def touch(self, keys: list[bytes]) -> None:
+        self.m.touch(keys, ReqContext(req_id="any"))
+
+    def on_request_finished(self, req_id: str) -> None:
+        self.m.on_request_finished(self.ctx.pop(req_id))
+
+    def reset_cache(self) -> None:
+        self.m.reset_cache()
+
+    def take_events(self) -> list[tuple[list[bytes], bool, bool]]:
+        return _events(self.m)
+
+    @property
+    def num_free(self) -> int:
+        return int(self.m._get_num_free_chunks())
+
+    @property
+    def num_evictable(self) -> int:
+        return int(self.m._num_evictable_cache_chunks)
+
+
+def _ours(policy: str, in_vllm: bool, num_chunks: int, **kwargs: Any) -> Any:
+    """kvblocks.OffloadManager, or vLLM's manager with kvblocks' policy class."""
+    if in_vllm:
+        _offload.register()
+        return _VllmManager(num_chunks, f"kvblocks-{policy}", **kwargs)
+    return kb.OffloadManager(num_chunks, policy, **kwargs)
+
+
+def _run(
+    policy: str,
+    seed: int,
+    num_chunks: int,
+    threshold: int,
+    tracker: int,
+    in_vllm: bool = False,
+) -> dict[str, int]:
     rng = random.Random(seed)
     docs = _docs(rng)
     universe = [make_offload_key(h, g) for d in docs for h in d for g in (0, 1)]
+    options = {"enable_events": True, "store_threshold": threshold, "max_tracker_size": tracker}
     run = _Run(
         rng=rng,
-        theirs=CPUOffloadingManager(
-            num_chunks,
-            cache_policy=policy,
-            enable_events=True,
-            store_threshold=threshold,
-            max_tracker_size=tracker,
-        ),
-        ours=kb.OffloadManager(
-            num_chunks,
-            policy,
-            enable_events=True,
-            store_threshold=threshold,
-            max_tracker_size=tracker,
-        ),
+        theirs=CPUOffloadingManager(num_chunks, cache_policy=policy, **options),
+        ours=_ours(policy, in_vllm, num_chunks, **options),
         docs=docs,
         universe=universe,
     )
@@ -225,15 +297,84 @@ def _run(policy: str, seed: int, num_chunks: int, threshold: int, tracker: int) 
     return run.counts
 
 
+@pytest.mark.parametrize("in_vllm", [False, True], ids=["OffloadManager", "in-vllm-manager"])
 @pytest.mark.parametrize("policy", ["lru", "arc"])
-def test_same_decisions_as_vllm(policy: str) -> None:
-    """0 divergences over len(_CONFIGS) * STEPS operations for each policy; every kind
-    of operation happens, stores are refused, and stores fail."""
+def test_same_decisions_as_vllm(policy: str, in_vllm: bool) -> None:
+    """0 divergences over len(_CONFIGS) * STEPS operations for each policy, for
+    `kvblocks.OffloadManager` and for vLLM's own manager with `kvblocks-lru` /
+    `kvblocks-arc`; every kind of operation happens, stores are refused, and stores
+    fail."""
     totals: dict[str, int] = {}
     for config in _CONFIGS:
-        for op, n in _run(policy, *config).items():
+        for op, n in _run(policy, *config, in_vllm=in_vllm).items():
             totals[op] = totals.get(op, 0) + n
     assert sum(totals.values()) >= 20_000
-    for op in ("new_request", "lookup", "store", "store_refused", "complete_store", "load",
-               "complete_load", "touch", "finish", "reset"):
+    for op in (
+        "new_request",
+        "lookup",
+        "store",
+        "store_refused",
+        "complete_store",
+        "load",
+        "complete_load",
+        "touch",
+        "finish",
+        "reset",
+    ):
         assert totals.get(op, 0) > 0, (op, totals)
+
+
+def test_the_plugin_registers_the_policies() -> None:
+    """The three names resolve to kvblocks' classes; `kvblocks:SPEC` loads out of tree
+    with its spec; a bad spec fails where vLLM loads it."""
+    _offload.register()
+    _offload.register()  # idempotent
+    for name, cls in _offload.POLICIES.items():
+        assert CachePolicyFactory.get_cache_policy_cls(name) is getattr(_offload, cls)
+    spec_cls = CachePolicyFactory.get_cache_policy_cls(
+        "kvblocks:quota=t:1", "kvblocks.vllm._offload"
+    )
+    assert issubclass(spec_cls, _offload.KVBlocksRetentionPolicy)
+    assert spec_cls.spec == "quota=t:1"
+    with pytest.raises(ValueError):
+        CachePolicyFactory.get_cache_policy_cls("kvblocks:quota=", "kvblocks.vllm._offload")
+
+
+def test_the_kvblocks_policy_reads_its_spec_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`kvblocks` without KVBLOCKS_VLLM_RETENTION builds (the empty retention order); a
+    bad spec there fails where vLLM builds the tier."""
+    _offload.register()
+    monkeypatch.delenv("KVBLOCKS_VLLM_RETENTION", raising=False)
+    assert CPUOffloadingManager(4, cache_policy="kvblocks").prepare_store([], _ctx()) is not None
+    monkeypatch.setenv("KVBLOCKS_VLLM_RETENTION", "classes=")
+    with pytest.raises(ValueError):
+        CPUOffloadingManager(4, cache_policy="kvblocks")
+
+
+def _ctx() -> ReqContext:
+    return ReqContext(req_id="r")
+
+
+def _tenant_params(tenant: str) -> ReqContext:
+    return ReqContext(req_id=tenant, kv_transfer_params={"kvblocks_tenant": tenant})
+
+
+def test_a_quota_from_the_spec_holds_in_vllms_manager() -> None:
+    """`kvblocks:quota=burst:2` in vLLM's manager: a burst tenant (named in its
+    kv_transfer_params) evicts its own chunks, not the steady tenant's."""
+    m = CPUOffloadingManager(
+        8, cache_policy="kvblocks:quota=burst:2", cache_policy_module_path=_offload.__name__
+    )
+    steady = [make_offload_key(bytes([1, i]), 0) for i in range(4)]
+    ctx = _tenant_params("steady")
+    m.prepare_store(steady, ctx)
+    m.complete_store(steady, ctx)
+    burst_ctx = _tenant_params("burst")
+    for i in range(20):
+        keys = [make_offload_key(bytes([2, i, j]), 0) for j in range(2)]
+        out = m.prepare_store(keys, burst_ctx)
+        assert out is not None
+        m.complete_store(keys, burst_ctx)
+    assert all(m.lookup(k, ctx) is LookupResult.HIT for k in steady)

@@ -251,9 +251,10 @@ def _register_offload_policies() -> None:
 def plugin() -> None:
     """vLLM general plugin (entry point `vllm.general_plugins`): registers kvblocks'
     host-tier cache policies (`kvblocks-lru`, `kvblocks-arc`, `kvblocks`) in vLLM's
-    CachePolicyFactory, and installs kvblocks in this vLLM process when `KVBLOCKS_VLLM` is set to 1 / true / yes / on, and does nothing
-    otherwise. `KVBLOCKS_VLLM_RETENTION` (a spec such as `session=30`) sets the
-    retention policy; `KVBLOCKS_VLLM_FALLBACK=0` installs with `fallback=False`.
+    CachePolicyFactory, and installs kvblocks in this vLLM process when `KVBLOCKS_VLLM` is
+    set to 1 / true / yes / on (and nothing more otherwise). `KVBLOCKS_VLLM_RETENTION` (a
+    spec such as `session=30`) sets the retention policy; `KVBLOCKS_VLLM_FALLBACK=0`
+    installs with `fallback=False`.
 
     Raises:
         SpecError: a bad retention spec (a `ValueError` naming it).

@@ -7,9 +7,10 @@ one with the offloading connector's `eviction_policy` in `kv_connector_extra_con
 - ``kvblocks-lru``: vLLM's ``lru``, the same decisions.
 - ``kvblocks-arc``: vLLM's ``arc``, the same decisions.
 - ``kvblocks``: kvblocks' retention order over the same chunks (pins, tenant quotas,
-  priority classes), from the retention spec in the connector's extra config
-  (``kvblocks_retention``) when vLLM's config is current, else from
-  ``KVBLOCKS_VLLM_RETENTION``. A request's class and tenant come from its
+  priority classes), with the retention spec in ``KVBLOCKS_VLLM_RETENTION``. In the
+  connector's extra config, ``eviction_policy: "kvblocks:SPEC"`` with
+  ``cache_policy_module_path: "kvblocks.vllm._offload"`` gives the spec itself (vLLM's
+  out-of-tree loading; `__getattr__`). A request's class and tenant come from its
   ``kv_transfer_params`` (``kvblocks_priority``, ``kvblocks_tenant``).
 
 This module imports vLLM: only vLLM's factory (or the plugin) imports it.
@@ -18,12 +19,15 @@ This module imports vLLM: only vLLM's factory (or the plugin) imports it.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
+from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
+from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
 from kvblocks import OffloadPolicy, OffloadRequest, RetentionPolicy
 
@@ -33,8 +37,8 @@ POLICIES = {
     "kvblocks-arc": "KVBlocksARCPolicy",
     "kvblocks": "KVBlocksRetentionPolicy",
 }
-#: The key of the retention spec in the connector's `kv_connector_extra_config`.
-EXTRA_CONFIG_RETENTION = "kvblocks_retention"
+#: The name of the retention order; ``kvblocks:SPEC`` carries its spec (`__getattr__`).
+RETENTION_PREFIX = "kvblocks"
 
 
 @dataclass(slots=True)
@@ -55,11 +59,13 @@ def _hints(req_context: ReqContext) -> dict[str, Any]:
     }
 
 
-class _KVBlocksPolicy(CachePolicy):
+class _KVBlocksPolicy(CachePolicy):  # type: ignore[misc]  # vLLM is untyped here
     """vLLM's CachePolicy interface over a `kvblocks.OffloadPolicy`."""
 
     def __init__(self, cache_capacity: int) -> None:
-        super().__init__(cache_capacity)
+        # CachePolicy's own constructor only: vLLM's LRU and ARC classes, which the two
+        # drop-ins below subclass, would build their Python structures.
+        CachePolicy.__init__(self, cache_capacity)
         self._core = OffloadPolicy(self._order(), cache_capacity)
 
     def _order(self) -> str | RetentionPolicy:
@@ -71,7 +77,8 @@ class _KVBlocksPolicy(CachePolicy):
         if state is None or state.owner is not self:
             state = _RequestState(self, OffloadRequest(**_hints(req_context)))
             req_context.set_state(state)
-        return state.core
+        core: OffloadRequest = state.core
+        return core
 
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         chunk: ChunkStatus | None = self._core.get(key)
@@ -122,44 +129,107 @@ class _KVBlocksPolicy(CachePolicy):
         self._core.mark_non_evictable(key)
 
 
-class KVBlocksLRUPolicy(_KVBlocksPolicy):
-    """vLLM 0.33's ``lru`` on kvblocks' core (``kvblocks-lru``)."""
+class KVBlocksLRUPolicy(_KVBlocksPolicy, LRUCachePolicy):  # type: ignore[misc]
+    """vLLM 0.33's ``lru`` on kvblocks' core (``kvblocks-lru``): a drop-in for vLLM's
+    `LRUCachePolicy` (a subclass; every method is kvblocks'), with `_heap` as a read-only
+    snapshot of the lazy heap."""
 
     def _order(self) -> str | RetentionPolicy:
         return "lru"
 
+    @property
+    def _heap(self) -> list[tuple[tuple[int, int], bytes]]:
+        """The heap's entries, stale ones included (a copy)."""
+        heap: list[tuple[tuple[int, int], bytes]] = self._core.heap()
+        return heap
 
-class KVBlocksARCPolicy(_KVBlocksPolicy):
-    """vLLM 0.33's ``arc`` on kvblocks' core (``kvblocks-arc``)."""
+
+class KVBlocksARCPolicy(_KVBlocksPolicy, ARCCachePolicy):  # type: ignore[misc]
+    """vLLM 0.33's ``arc`` on kvblocks' core (``kvblocks-arc``): a drop-in for vLLM's
+    `ARCCachePolicy` (a subclass; every method is kvblocks'), with its lists as read-only
+    snapshots and `target_t1_size` readable and settable."""
 
     def _order(self) -> str | RetentionPolicy:
         return "arc"
 
+    def _list(self, name: str) -> OrderedDict[OffloadKey, Any]:
+        keys: list[OffloadKey] = self._core.lists()[name]
+        if name in ("b1", "b2"):
+            return OrderedDict.fromkeys(keys)
+        return OrderedDict((key, self._core.get(key)) for key in keys)
 
-def retention_spec() -> str:
-    """The retention spec of the ``kvblocks`` policy: the connector's extra config
-    (``kvblocks_retention``) when vLLM's config is current, else
-    ``KVBLOCKS_VLLM_RETENTION``, else "" (vLLM's LRU order)."""
-    from vllm.config import get_current_vllm_config_or_none
+    @property
+    def t1(self) -> OrderedDict[OffloadKey, Any]:
+        """T1, oldest first: key to chunk (a copy)."""
+        return self._list("t1")
 
-    config = get_current_vllm_config_or_none()
-    transfer = None if config is None else config.kv_transfer_config
-    extra = {} if transfer is None else (transfer.kv_connector_extra_config or {})
-    if EXTRA_CONFIG_RETENTION in extra:
-        return str(extra[EXTRA_CONFIG_RETENTION])
-    from kvblocks.vllm._install import ENV_RETENTION
+    @property
+    def t2(self) -> OrderedDict[OffloadKey, Any]:
+        """T2, oldest first: key to chunk (a copy)."""
+        return self._list("t2")
 
-    return os.environ.get(ENV_RETENTION, "").strip()
+    @property
+    def b1(self) -> OrderedDict[OffloadKey, Any]:
+        """Ghost list B1, oldest first (a copy)."""
+        return self._list("b1")
+
+    @property
+    def b2(self) -> OrderedDict[OffloadKey, Any]:
+        """Ghost list B2, oldest first (a copy)."""
+        return self._list("b2")
+
+    @property
+    def target_t1_size(self) -> float:
+        """The adaptive target size of T1."""
+        target = self._core.target_t1_size
+        assert target is not None  # an ARC core
+        return target
+
+    @target_t1_size.setter
+    def target_t1_size(self, target: float) -> None:
+        self._core.target_t1_size = target
 
 
 class KVBlocksRetentionPolicy(_KVBlocksPolicy):
-    """kvblocks' retention order on the host tier (``kvblocks``; docs/offload.md)."""
+    """kvblocks' retention order on the host tier (``kvblocks``; docs/offload.md), with the
+    spec in ``KVBLOCKS_VLLM_RETENTION`` (or in the class name: `__getattr__`)."""
+
+    #: The retention spec; None: read ``KVBLOCKS_VLLM_RETENTION`` when built.
+    spec: str | None = None
 
     def _order(self) -> str | RetentionPolicy:
         from kvblocks.retention_spec import parse_retention
+        from kvblocks.vllm._install import ENV_RETENTION
 
-        policy: RetentionPolicy | None = parse_retention(retention_spec()).build()
+        spec = (self.spec if self.spec is not None else os.environ.get(ENV_RETENTION, "")).strip()
+        policy: RetentionPolicy | None = parse_retention(spec).build() if spec else None
         return policy or RetentionPolicy()
+
+
+_by_spec: dict[str, type[KVBlocksRetentionPolicy]] = {}
+
+
+def __getattr__(name: str) -> type[KVBlocksRetentionPolicy]:
+    """``kvblocks:SPEC``: the retention order with SPEC, for vLLM's out-of-tree loading
+    (``eviction_policy: "kvblocks:quota=batch:20000"`` with ``cache_policy_module_path:
+    "kvblocks.vllm._offload"`` in the connector's extra config; vLLM's factory then takes
+    this attribute of this module).
+
+    Raises:
+        AttributeError: any other name.
+        SpecError: a bad spec.
+    """
+    prefix = f"{RETENTION_PREFIX}:"
+    if not name.startswith(prefix):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    spec = name[len(prefix) :]
+    if spec not in _by_spec:
+        from kvblocks.retention_spec import parse_retention
+
+        parse_retention(spec)  # a bad spec fails here, where vLLM loads the policy
+        attrs = {"spec": spec, "__doc__": f"kvblocks' retention order with {spec!r}."}
+        _by_spec[spec] = type(name, (KVBlocksRetentionPolicy,), attrs)
+    return _by_spec[spec]
 
 
 def register() -> None:
