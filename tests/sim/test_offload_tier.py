@@ -210,6 +210,17 @@ def test_retention_policy_on_the_host_tier(capsys: pytest.CaptureFixture[str]) -
     assert off["stored_chunks"] > 0
 
 
+def test_store_threshold_skips_chunks_offered_once() -> None:
+    layout = model_layout(MODEL, gpu_memory=GPU_MEMORY)
+    trace = _agentic(6)
+    every = _run(trace, layout, _tier(layout, 4_000)).offload
+    twice = _run(trace, layout, _tier(layout, 4_000, store_threshold=2)).offload
+    assert every is not None and twice is not None
+    assert every.stores_skipped == 0 < twice.stores_skipped
+    assert 0 < twice.stored_chunks < every.stored_chunks
+    assert twice.hit_tokens <= every.hit_tokens
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
