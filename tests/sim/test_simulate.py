@@ -361,7 +361,7 @@ RUN_FIELDS = {
     "ideal_hit_rate", "infinite_cache_hit_tokens", "ideal_hit_tokens", "tenants", "peak_usage",
     "mean_usage", "kv_total_ns", "kv_ns_per_step", "kv_ns_per_generated_token",
     "request_hash_ns", "wall_s", "synth_s", "steps_per_s", "sim_requests_per_s", "simulated_s",
-    "throughput_tokens_per_s", "latency", "slo_attainment", "fleet", "retention",
+    "throughput_tokens_per_s", "latency", "slo_attainment", "fleet", "retention", "offload",
 }  # fmt: skip
 
 

@@ -11,6 +11,8 @@ One module per job:
   at a time (:class:`Engine`);
 * :mod:`~kvblocks.sim.ceilings`: the infinite-cache and Belady hit-rate ceilings;
 * :mod:`~kvblocks.sim.timemodel`: GPU presets and the step-time model (a roofline);
+* :mod:`~kvblocks.sim.offload`: the host-memory tier (vLLM 0.33's CPU offload) on
+  ``kvblocks.OffloadManager`` (``docs/simulate-offload.md``);
 * :mod:`~kvblocks.sim.fleet`: N engines behind a router (round robin, least loaded,
   prefix-aware from the engines' KV cache events);
 * :mod:`~kvblocks.retention_spec`: ``--retention`` specs, read into a

@@ -26,8 +26,15 @@ from typing import Any, NoReturn
 import kvblocks
 from kvblocks.retention_spec import RetentionSpec, SpecError, parse_retention, split_sweep
 from kvblocks.sim.backends import make_backend, vllm_available
-from kvblocks.sim.engine import ReplayError, ReplayOptions, ReplayResult, replay
+from kvblocks.sim.engine import (
+    ReplayError,
+    ReplayOptions,
+    ReplayResult,
+    ceiling_block_size,
+    replay,
+)
 from kvblocks.sim.fleet import DEFAULT_CACHE_THRESHOLD, ROUTERS, Fleet, merged_result
+from kvblocks.sim.offload import HostTier, chunk_bytes
 from kvblocks.sim.percentiles import percentiles
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, parse_memory
 from kvblocks.sim.report import (
@@ -66,6 +73,25 @@ SWEEP_KEYS: dict[str, Callable[[str], int]] = {
     "max_num_batched_tokens": int,
     "replicas": int,
 }
+ZERO_SWEEP_KEYS = ("cpu_offload",)
+"""Sweep keys whose 0 is a value (no host tier)."""
+OFFLOAD_POLICIES = ("lru", "arc")
+"""vLLM's own CPU offload policy names (``eviction_policy``)."""
+
+
+def offload_size(text: str) -> int:
+    """``--cpu-offload``'s bytes: a memory size (:func:`~kvblocks.sim.presets.parse_memory`)
+    or 0 (no host tier).
+
+    Raises:
+        ValueError: Neither.
+    """
+    if text.strip() == "0":
+        return 0
+    return parse_memory(text)
+
+
+SWEEP_KEYS["cpu_offload"] = offload_size
 RETENTION_SWEEP = "retention"  # --sweep retention=SPEC1,SPEC2,... (kvblocks.retention_spec)
 
 
@@ -107,6 +133,13 @@ def _memory(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _offload_memory(text: str) -> int:
+    try:
+        return offload_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _model(text: str) -> str:
     if text not in MODEL_PRESETS:
         raise argparse.ArgumentTypeError(
@@ -129,6 +162,13 @@ def _retention(text: str) -> RetentionSpec:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _offload_policy(text: str) -> str | RetentionSpec:
+    if text in OFFLOAD_POLICIES:
+        return text
+    spec = _retention(text)
+    return "lru" if spec.is_lru else spec
+
+
 def _sweep(text: str) -> tuple[str, list[int] | list[RetentionSpec]]:
     key, sep, values = text.partition("=")
     key = key.strip().replace("-", "_")
@@ -146,8 +186,10 @@ def _sweep(text: str) -> tuple[str, list[int] | list[RetentionSpec]]:
         parsed = [SWEEP_KEYS[key](v.strip()) for v in values.split(",") if v.strip()]
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"bad {key} value in {text!r}: {e}") from None
-    if not parsed or any(v < 1 for v in parsed):
-        raise argparse.ArgumentTypeError(f"{key} values must be positive: {text!r}")
+    low = 0 if key in ZERO_SWEEP_KEYS else 1
+    if not parsed or any(v < low for v in parsed):
+        what = "non-negative" if low == 0 else "positive"
+        raise argparse.ArgumentTypeError(f"{key} values must be {what}: {text!r}")
     return key, parsed
 
 
@@ -294,6 +336,44 @@ def build_parser() -> argparse.ArgumentParser:
         "'quota=tenant-a:2000,tenant-b:500', 'classes=2,priority=-1:1'; items joined by "
         "',' or ';' (default lru: vLLM's order; grammar in docs/retention.md)",
     )
+    h = sp.add_argument_group("host-memory tier (vLLM's CPU offload, docs/simulate-offload.md)")
+    h.add_argument(
+        "--cpu-offload",
+        type=_offload_memory,
+        default=0,
+        metavar="SIZE",
+        help="host memory for evicted KV, e.g. 64GiB (vLLM's --kv-offloading-size; default 0: "
+        "no host tier)",
+    )
+    h.add_argument(
+        "--offload-policy",
+        type=_offload_policy,
+        default="lru",
+        metavar="POLICY",
+        help="the host tier's order: lru or arc (vLLM's), or a retention spec as --retention "
+        "(kvblocks' policy; default lru)",
+    )
+    h.add_argument(
+        "--offload-decode",
+        action="store_true",
+        help="store decode tokens' chunks too (vLLM's offload_prompt_only=false; default: "
+        "prompt chunks only)",
+    )
+    h.add_argument(
+        "--offload-store-threshold",
+        type=int,
+        default=0,
+        metavar="N",
+        help="store a chunk once offered N times (vLLM's store_threshold; default 0: always)",
+    )
+    h.add_argument(
+        "--host-link-gbps",
+        type=_positive_float,
+        default=None,
+        metavar="GB/S",
+        help="host link bandwidth per direction in GB/s (default the GPU's: PCIe Gen5 x16 64 "
+        "for H100/H200/B200, Gen4 32 for A100/L40S, NVLink-C2C 450 for GH200)",
+    )
     s = sp.add_argument_group("scheduler")
     s.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
     s.add_argument("--max-num-seqs", type=_positive_int, default=256)
@@ -408,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=V1,V2,...",
         help=f"one run per value; KEY: {', '.join(SWEEP_KEYS)}, {RETENTION_SWEEP} (policies "
         "split by commas, one policy's items joined by +: retention=lru,session=30,"
-        "session=30+quota=2000)",
+        "session=30+quota=2000); cpu_offload=0,64GiB,256GiB plans the host tier",
     )
     return ap
 
@@ -528,6 +608,9 @@ def _replay(
     if replicas > 1 and impl != "kvblocks":
         raise UsageError("--compare-vllm replays one engine; drop --replicas")
     events = replicas > 1 and args.router == "prefix-aware"
+    offload = over.get("cpu_offload", args.cpu_offload)
+    if offload and replicas > 1:
+        raise UsageError("--cpu-offload models one engine's host tier; drop --replicas")
     try:
         policy = retention.build() if retention is not None else None
     except SpecError as e:
@@ -571,6 +654,7 @@ def _replay(
         time_model=tm.step_time,
         step_s=args.step_ms / 1e3,
         max_model_len=layout.max_model_len,
+        host_tier=_host_tier(args, layout, offload) if offload else None,
     )
     if replicas > 1:
         weight = max(0.0, args.router_load_weight)
@@ -598,6 +682,46 @@ def _replay(
         if bar is not None:
             bar.close()
     return res, {"replicas": 1, "router": None, "per_replica": [_replica_json(res)]}
+
+
+def host_link_bytes_per_s(args: argparse.Namespace) -> float:
+    """The host link of the run: ``--host-link-gbps`` or the GPU preset's."""
+    if args.host_link_gbps is not None:
+        return float(args.host_link_gbps) * 1e9
+    return GPU_PRESETS[args.gpu or DEFAULT_GPU].host_link_bytes_per_s
+
+
+def _host_tier(args: argparse.Namespace, layout: KVLayout, size: int) -> HostTier:
+    """The host tier of ``size`` bytes for one engine."""
+    per_chunk = chunk_bytes(layout.bytes_per_block)
+    num_chunks = size // per_chunk
+    if num_chunks < 1:
+        raise UsageError(
+            f"--cpu-offload {size:,} bytes holds no chunk of {per_chunk:,} bytes (one block)"
+        )
+    if args.offload_store_threshold < 0:
+        raise UsageError(
+            f"--offload-store-threshold must be >= 0, got {args.offload_store_threshold}"
+        )
+    spec = args.offload_policy
+    try:
+        policy = spec if isinstance(spec, str) else spec.build()
+    except SpecError as e:
+        raise UsageError(f"--offload-policy: {e}") from None
+    name = spec if isinstance(spec, str) else spec.spec
+    try:
+        return HostTier(
+            num_chunks,
+            policy,
+            name,
+            ceiling_block_size(layout),
+            per_chunk,
+            host_link_bytes_per_s(args),
+            prompt_only=not args.offload_decode,
+            store_threshold=args.offload_store_threshold,
+        )
+    except ValueError as e:  # a retention policy the host tier cannot run
+        raise UsageError(f"--offload-policy {name}: {e}") from None
 
 
 def _replica_json(r: ReplayResult) -> dict[str, Any]:
@@ -634,7 +758,8 @@ def _run_one(
     elif value is not None:
         over = {args.sweep[0]: value}
     layout = _layout(
-        args, **{k: v for k, v in over.items() if k not in ("max_num_seqs", "replicas")}
+        args,
+        **{k: v for k, v in over.items() if k not in ("max_num_seqs", "replicas", "cpu_offload")},
     )
     shown = value.spec if isinstance(value, RetentionSpec) else value
     name = "kvblocks" if value is None else f"{args.sweep[0]}={shown}"
@@ -657,6 +782,25 @@ def _run_one(
             "digests_agree": vres.digest == run.result.digest,
         }
     return run
+
+
+def _attach_gpu_only(
+    args: argparse.Namespace, trace: Trace, runs: list[Run], show_progress: bool
+) -> None:
+    """Gives runs with a host tier the GPU-only run for the TTFT change: a sweep of
+    ``cpu_offload`` its 0 run (when it has one), a single run one more replay."""
+    if args.sweep and args.sweep[0] == "cpu_offload":
+        base = next((r.result for r in runs if r.value == 0), None)
+        for r in runs:
+            if r.result.offload is not None:
+                r.gpu_only = base
+        return
+    if args.cpu_offload and not args.sweep:
+        layout = runs[0].layout
+        label = "GPU only" if show_progress else None
+        over = {"cpu_offload": 0}
+        res, _ = _replay("kvblocks", args, trace, layout, over, label, False, args.retention)
+        runs[0].gpu_only = res
 
 
 def _warn(message: str) -> None:
@@ -704,6 +848,7 @@ def _simulate(args: argparse.Namespace) -> int:
             "efficiency": min(1.0, args.efficiency),
             "gpu_memory_utilization": args.gpu_memory_utilization if args.gpu else None,
             "step_s": args.step_ms / 1e3,
+            "host_link_bytes_per_s": host_link_bytes_per_s(args),
         },
         slo_ttft_s=args.slo_ttft,
         slo_tpot_s=args.slo_tpot,
@@ -711,6 +856,7 @@ def _simulate(args: argparse.Namespace) -> int:
     show_progress = args.progress or sys.stderr.isatty()
     values: Sequence[int | RetentionSpec | None] = args.sweep[1] if args.sweep else [None]
     runs = [_run_one(args, trace, v, show_progress, compare) for v in values]
+    _attach_gpu_only(args, trace, runs, show_progress)
     out = sys.stdout
     if args.json:
         out.write(json.dumps(report_json(setup, trace, runs)) + "\n")

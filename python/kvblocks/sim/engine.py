@@ -38,6 +38,12 @@ admissions and re-admissions after preemption are counted apart, and the hit rat
 (:attr:`ReplayResult.tenants`). Only manager calls, request construction and token appends
 are timed.
 
+With a host tier (``ReplayOptions.host_tier``, :mod:`kvblocks.sim.offload`) an admission
+looks up the tier after the GPU prefix cache and loads its hit as external computed tokens,
+scheduled requests offer their new full chunks for store, a step with transfers takes the
+link time (loads before the forward pass, stores beside it) and the step's transfers
+complete when it ends.
+
 With a retention policy (``backend.retention``, ``docs/retention.md``) requests carry the
 trace's ``priority`` and ``session_id`` besides the cache salt, and the manager's clock
 follows the loop's: ``advance_time(now)`` at the start of every step and, with a time
@@ -67,6 +73,7 @@ from typing import IO, Any, NamedTuple
 from kvblocks._core import InvalidArgumentError, KVBlocksError
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult, Ceilings, block_keys
+from kvblocks.sim.offload import HostTier, OffloadStats
 from kvblocks.sim.percentiles import QUANTILES, nearest_rank
 from kvblocks.sim.presets import KVLayout, resolve_block_sizes
 from kvblocks.sim.workloads import Trace, TraceRequest, segment_tokens
@@ -132,6 +139,8 @@ class ReplayOptions:
             (``external`` only).
         max_model_len: vLLM's length rules with this context length
             (:func:`served_output_tokens`); None: none (every request runs whole).
+        host_tier: The host-memory tier (vLLM's CPU offload) behind the GPU prefix cache;
+            its chunk size must be the ceilings' block size when both are on.
     """
 
     max_num_batched_tokens: int = 8192
@@ -149,6 +158,7 @@ class ReplayOptions:
     external: bool = False
     on_follow: Callable[[int, float], None] | None = None
     max_model_len: int | None = None
+    host_tier: HostTier | None = None
 
 
 @dataclass
@@ -218,6 +228,9 @@ class ReplayResult:
     """Per finished request: arrival to last output token."""
     finish_s: array[float] = field(default_factory=lambda: array("d"))
     """Per finished request: its finish time (aligned with ``ttft_s`` and ``e2e_s``)."""
+    offload: OffloadStats | None = None
+    """The host tier's statistics (``ReplayOptions.host_tier`` only); ``first_admission``
+    counts the GPU prefix cache's hits only."""
 
     @property
     def timed_calls(self) -> int:
@@ -332,6 +345,7 @@ class _Slot:
         "outputs",
         "preempted",
         "prefill_done",
+        "prompt_len",
         "req",
         "rid",
         "salt",
@@ -344,6 +358,7 @@ class _Slot:
         self.req = req
         self.rid = rid
         self.num_tokens = num_tokens
+        self.prompt_len = num_tokens
         self.num_computed = 0
         self.num_out = 0
         self.max_out = len(outputs)
@@ -427,6 +442,17 @@ class Engine:
                 raise InvalidArgumentError("the ceilings need the backend's layout")
             capacity = (self.num_blocks - 1) // len(layout.groups)
             self.ceilings = Ceilings(ceiling_block_size(layout), capacity)
+        self.host = opt.host_tier
+        self._key_block_size = 0  # tokens per block key; 0: no block keys are needed
+        if self.host is not None:
+            self._key_block_size = self.host.chunk_tokens
+        if self.ceilings is not None:
+            if self._key_block_size not in (0, self.ceilings.block_size):
+                raise InvalidArgumentError(
+                    f"the host tier's chunks ({self._key_block_size} tokens) must be the "
+                    f"ceilings' blocks ({self.ceilings.block_size} tokens)"
+                )
+            self._key_block_size = self.ceilings.block_size
         self._followers: dict[str, list[int]] = {}
         # (arrival step, or arrival time with a time model; trace index)
         self._pending: list[tuple[float, int]] = []
@@ -507,13 +533,14 @@ class Engine:
             res.hash_calls += 1
         slot = _Slot(req, rec.request_id, rec.prompt_len, outputs, rec.cache_salt)
         slot.arrival_s = float(arrival)
-        ceilings = self.ceilings
-        if ceilings is not None:
+        if self._key_block_size:
             t0 = pc()
             # the tokens the request will ever compute: the last output is never fed back
             tokens = prompt + list(outputs[:-1])
-            slot.keys = block_keys(tokens, ceilings.block_size, rec.cache_salt)
+            slot.keys = block_keys(tokens, self._key_block_size, rec.cache_salt)
             res.synth_ns += pc() - t0
+        if self.host is not None:
+            self.host.add_request(rec.request_id, slot.keys, rec.priority, rec.cache_salt)
         self.waiting.append(slot)
 
     def _ev(self, line: str) -> None:
@@ -588,12 +615,22 @@ class Engine:
                 f"({head.num_tokens if head else 0} tokens) into an idle cache of "
                 f"{self.num_blocks} blocks; raise the number of blocks"
             )
+        host = self.host
+        if host is not None:
+            for slot, n in scheduled:
+                host.store(slot.rid, slot.num_computed + n, slot.prompt_len)
         tm = opt.time_model
         if tm is not None:
-            self.now += tm([(slot.num_computed, n) for slot, n in scheduled])
+            dt = tm([(slot.num_computed, n) for slot, n in scheduled])
+            if host is not None:
+                load_s, store_s = host.step_transfer_s()
+                dt = max(dt + load_s, store_s)
+            self.now += dt
             if self._advance is not None:
                 self._advance_clock()
         finished = self._model_step(scheduled)
+        if host is not None:
+            host.end_step()
         free_blocks = self._num_free()
         if self._digest_on:
             self._ev(f"S {self.step_number} {free_blocks}\n")
@@ -728,6 +765,7 @@ class Engine:
         )  # fmt: skip
         digest_on, ev = self._digest_on, self._ev
         ceilings = self.ceilings
+        host = self.host
         first, resumed, tenants = res.first_admission, res.resumed, res.tenants
         max_seqs = self.options.max_num_seqs
         reserve = bool(self.options.reserve_full_isl)
@@ -742,7 +780,10 @@ class Engine:
             blocks, hit = got[0], got[1]
             if digest_on:
                 ev(f"G {slot.rid} {hit} {ids_str(blocks.get_block_ids())}\n")
-            n = slot.num_tokens - hit
+            ext = 0
+            if host is not None:
+                ext = host.lookup(slot.rid, hit, slot.num_tokens)
+            n = slot.num_tokens - hit - ext
             if n > budget:
                 n = budget
             t0 = pc()
@@ -752,6 +793,7 @@ class Engine:
                 n,
                 num_new_computed_tokens=hit,
                 new_computed_blocks=blocks,
+                num_external_computed_tokens=ext,
                 full_sequence_must_fit=reserve,
             )
             dt = pc() - t0
@@ -763,6 +805,8 @@ class Engine:
                 res.alloc_failures += 1
                 break
             waiting.popleft()
+            if host is not None:
+                host.load(slot.rid, hit, ext, not slot.preempted)
             st = resumed if slot.preempted else first
             st[0] += 1
             st[1] += slot.num_tokens
@@ -777,8 +821,9 @@ class Engine:
             if ceilings is not None:
                 if not slot.preempted:
                     ceilings.lookup(slot.keys, slot.num_tokens, slot.salt, hit)
-                self._stored(slot, hit + n)
+                self._stored(slot, hit + ext + n)
             running.append(slot)
+            hit += ext
             req.num_computed_tokens = hit
             slot.num_computed = hit
             scheduled.append((slot, n))
@@ -833,6 +878,8 @@ class Engine:
                     free(req)
                     s_free.append(pc() - t0)
                     slot.finished = True
+                    if self.host is not None:
+                        self.host.finish_request(slot.rid)
                     finished += 1
                     self.num_finished += 1
                     if timed:
@@ -889,6 +936,8 @@ class Engine:
             )
         if self.ceilings is not None:
             res.ceilings = self.ceilings.result()  # after wall_s: not the loop's time
+        if self.host is not None:
+            res.offload = self.host.finish()
         return res
 
     def run(self) -> ReplayResult:

@@ -65,6 +65,8 @@ class Run:
     """``{replicas, router, per_replica: [...]}``."""
     retention: RetentionSpec | None = None
     """The run's retention policy (None: ``lru``)."""
+    gpu_only: ReplayResult | None = None
+    """The same run without a host tier, for the TTFT change (runs with one only)."""
 
 
 def _rate(hits: int, queried: int) -> float:
@@ -167,10 +169,52 @@ def run_json(run: Run, setup: Setup | None = None) -> dict[str, Any]:
         ),
         "fleet": run.fleet,
         "retention": (run.retention or RetentionSpec()).as_json(),
+        "offload": _offload_json(run),
     }
     if run.vllm is not None:
         out["vllm"] = run.vllm
     return out
+
+
+def _offload_json(run: Run) -> dict[str, Any] | None:
+    """``runs[i].offload``: the host tier's numbers, None without one."""
+    r = run.result
+    o = r.offload
+    if o is None:
+        return None
+    _, q, gpu = r.first_admission
+    ttft = percentiles(r.ttft_s)
+    base = percentiles(run.gpu_only.ttft_s) if run.gpu_only is not None else None
+    change = None
+    if base is not None and base["p50"] is not None and ttft["p50"] is not None:
+        change = round(ttft["p50"] - base["p50"], 6)
+    return {
+        "capacity_bytes": o.capacity_bytes,
+        "num_chunks": o.num_chunks,
+        "chunk_tokens": o.chunk_tokens,
+        "chunk_bytes": o.chunk_bytes,
+        "policy": o.policy,
+        "prompt_only": o.prompt_only,
+        "store_threshold": o.store_threshold,
+        "link_bytes_per_s": o.link_bytes_per_s,
+        "gpu_hit_rate": _rate(gpu, q),
+        "host_hit_rate": _rate(o.hit_tokens, q),
+        "combined_hit_rate": _rate(gpu + o.hit_tokens, q),
+        "gpu_hit_tokens": gpu,
+        "host_hit_tokens": o.hit_tokens,
+        "preempted_host_hit_tokens": o.resumed_hit_tokens,
+        "loaded_chunks": o.loaded_chunks,
+        "stored_chunks": o.stored_chunks,
+        "evicted_chunks": o.evicted_chunks,
+        "loaded_bytes": o.loaded_bytes,
+        "stored_bytes": o.stored_bytes,
+        "store_failures": o.store_failures,
+        "stores_skipped": o.stores_skipped,
+        "load_link_s": round(o.load_s, 6),
+        "store_link_s": round(o.store_s, 6),
+        "gpu_only_ttft_s": base,
+        "ttft_p50_change_s": change,
+    }
 
 
 def report_json(setup: Setup, trace: Trace, runs: list[Run]) -> dict[str, Any]:
@@ -324,6 +368,36 @@ def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
             )
         )
     rows.append(("retention", _retention_text(run.retention)))
+    off = j["offload"]
+    if off is not None:
+        rows += [
+            (
+                "host tier",
+                f"{fmt_bytes(off['capacity_bytes'])}, {off['num_chunks']:,} chunks of "
+                f"{off['chunk_tokens']} tokens, {off['policy']}, "
+                f"{off['link_bytes_per_s'] / 1e9:g} GB/s link",
+            ),
+            (
+                "  hit rate",
+                f"GPU {off['gpu_hit_rate']:.1%} + host {off['host_hit_rate']:.1%} = "
+                f"{off['combined_hit_rate']:.1%} (first admissions)",
+            ),
+            (
+                "  moved",
+                f"{fmt_bytes(off['loaded_bytes'])} loaded, {fmt_bytes(off['stored_bytes'])} "
+                f"stored, {off['evicted_chunks']:,} chunks evicted",
+            ),
+        ]
+        base = off["gpu_only_ttft_s"]
+        if base is not None:
+            rows.append(
+                (
+                    "  TTFT change",
+                    f"p50 {_fmt_s(base['p50'])} -> {_fmt_s(j['latency']['ttft_s']['p50'])}, "
+                    f"p90 {_fmt_s(base['p90'])} -> {_fmt_s(j['latency']['ttft_s']['p90'])} "
+                    "(GPU only -> with the host tier)",
+                )
+            )
     hw = setup.hardware or {}
     lat = j["latency"]
     rows += [
@@ -388,7 +462,7 @@ def _retention_text(spec: RetentionSpec | None) -> str:
 def _value_text(key: str, value: int | str | None) -> str:
     if isinstance(value, str):
         return value
-    if key == "gpu_memory":
+    if key in ("gpu_memory", "cpu_offload"):
         return fmt_bytes(value or 0)
     return f"{value:,}"
 
@@ -402,6 +476,9 @@ def print_sweep(out: TextIO, key: str, runs: list[Run], setup: Setup | None = No
     slo = setup is not None and (setup.slo_ttft_s is not None or setup.slo_tpot_s is not None)
     if slo:
         head.append("SLO")
+    offload = any(run.result.offload is not None for run in runs)
+    if offload:
+        head += ["GPU hit", "host hit", "combined", "loaded", "stored"]
     compare = any(run.vllm is not None for run in runs)
     if compare:
         head += ["vs vLLM", "digests"]
@@ -422,6 +499,18 @@ def print_sweep(out: TextIO, key: str, runs: list[Run], setup: Setup | None = No
         ]  # fmt: skip
         if slo:
             row.append(f"{j['slo_attainment']:.1%}")
+        if offload:
+            off = j["offload"]
+            if off is None:
+                row += [f"{j['prefix_hit_rate']:.1%}", "-", f"{j['prefix_hit_rate']:.1%}", "-", "-"]
+            else:
+                row += [
+                    f"{off['gpu_hit_rate']:.1%}",
+                    f"{off['host_hit_rate']:.1%}",
+                    f"{off['combined_hit_rate']:.1%}",
+                    fmt_bytes(off["loaded_bytes"]),
+                    fmt_bytes(off["stored_bytes"]),
+                ]
         if compare:
             v = run.vllm or {}
             row += [f"{v.get('speedup', '-')}x", "agree" if v.get("digests_agree") else "DIFFER"]

@@ -70,6 +70,9 @@ class GpuPreset:
         fp8_flops: Peak dense FP8 tensor FLOP/s (None: no FP8 tensor cores).
         hbm_bytes_per_s: Memory bandwidth, bytes/s.
         memory_bytes: Device memory, bytes (binary units, as GPU memory is quoted).
+        host_link_bytes_per_s: The GPU's link to host memory, bytes/s in one direction
+            (half the bidirectional figure datasheets quote): what a CPU offload tier's
+            loads and stores move over (:mod:`kvblocks.sim.offload`).
     """
 
     name: str
@@ -78,29 +81,74 @@ class GpuPreset:
     fp8_flops: float | None
     hbm_bytes_per_s: float
     memory_bytes: int
+    host_link_bytes_per_s: float
 
+
+PCIE_GEN5_X16 = 64 * GB
+"""PCIe Gen5 x16, one direction (the datasheets' "PCIe Gen5: 128 GB/s" is both)."""
+PCIE_GEN4_X16 = 32 * GB
+"""PCIe Gen4 x16, one direction (the datasheets' "PCIe Gen4: 64 GB/s" is both)."""
+NVLINK_C2C = 450 * GB
+"""NVLink-C2C between Grace and Hopper, one direction (the GH200 datasheet's 900 GB/s is
+both)."""
 
 GPU_PRESETS: dict[str, GpuPreset] = {
     g.name: g
     for g in (
         # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): BF16 1,979 TFLOPS and
         # FP8 3,958 TFLOPS *with sparsity* (dense is half), 3.35 TB/s HBM3, 80 GB.
-        GpuPreset("h100-sxm", "NVIDIA H100 SXM 80GB", 989.5 * TB, 1979 * TB, 3.35 * TB, 80 << 30),
+        GpuPreset(
+            "h100-sxm",
+            "NVIDIA H100 SXM 80GB",
+            989.5 * TB,
+            1979 * TB,
+            3.35 * TB,
+            80 << 30,
+            PCIE_GEN5_X16,
+        ),
         # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): same tensor cores as H100 SXM
         # (BF16 1,979 / FP8 3,958 TFLOPS sparse), 4.8 TB/s HBM3e, 141 GB.
-        GpuPreset("h200", "NVIDIA H200 SXM 141GB", 989.5 * TB, 1979 * TB, 4.8 * TB, 141 << 30),
+        GpuPreset(
+            "h200",
+            "NVIDIA H200 SXM 141GB",
+            989.5 * TB,
+            1979 * TB,
+            4.8 * TB,
+            141 << 30,
+            PCIE_GEN5_X16,
+        ),
+        # NVIDIA GH200 Grace Hopper Superchip datasheet (96 GB HBM3 version): the H100's
+        # tensor cores (BF16 1,979 / FP8 3,958 TFLOPS sparse), 4 TB/s, and NVLink-C2C to
+        # the Grace CPU's memory at 900 GB/s bidirectional.
+        GpuPreset(
+            "gh200",
+            "NVIDIA GH200 Grace Hopper 96GB",
+            989.5 * TB,
+            1979 * TB,
+            4.0 * TB,
+            96 << 30,
+            NVLINK_C2C,
+        ),
         # NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): BF16 312 TFLOPS dense
         # (624 sparse), no FP8, 2,039 GB/s HBM2e, 80 GB.
-        GpuPreset("a100-80gb", "NVIDIA A100 SXM 80GB", 312 * TB, None, 2.039 * TB, 80 << 30),
+        GpuPreset(
+            "a100-80gb", "NVIDIA A100 SXM 80GB", 312 * TB, None, 2.039 * TB, 80 << 30, PCIE_GEN4_X16
+        ),
         # Same datasheet, A100 40GB: 1,555 GB/s HBM2, 40 GB.
-        GpuPreset("a100-40gb", "NVIDIA A100 40GB", 312 * TB, None, 1.555 * TB, 40 << 30),
+        GpuPreset(
+            "a100-40gb", "NVIDIA A100 40GB", 312 * TB, None, 1.555 * TB, 40 << 30, PCIE_GEN4_X16
+        ),
         # NVIDIA DGX B200 datasheet: 8 GPUs, 72 PFLOPS FP8 training / 144 PFLOPS FP4
         # inference (sparse), 1,440 GB HBM3e, 64 TB/s: per GPU 4.5 PFLOPS FP8 dense,
         # 2.25 PFLOPS BF16 dense, 180 GB, 8 TB/s.
-        GpuPreset("b200", "NVIDIA B200 180GB", 2250 * TB, 4500 * TB, 8 * TB, 180 << 30),
+        GpuPreset(
+            "b200", "NVIDIA B200 180GB", 2250 * TB, 4500 * TB, 8 * TB, 180 << 30, PCIE_GEN5_X16
+        ),
         # NVIDIA L40S datasheet: BF16 362.05 TFLOPS and FP8 733 TFLOPS *with sparsity*
         # (dense is half), 864 GB/s GDDR6, 48 GB.
-        GpuPreset("l40s", "NVIDIA L40S 48GB", 181 * TB, 366.5 * TB, 864 * GB, 48 << 30),
+        GpuPreset(
+            "l40s", "NVIDIA L40S 48GB", 181 * TB, 366.5 * TB, 864 * GB, 48 << 30, PCIE_GEN4_X16
+        ),
     )
 }
 
