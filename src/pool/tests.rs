@@ -1,3 +1,6 @@
+//! Unit tests of the block pool: free order, hits, bad frees, events, invariants, null-block
+//! refs, retention fields and unhashed ids, driven directly.
+
 use super::*;
 use crate::events::event::{KvCacheEvent, TokensOnly};
 
