@@ -26,6 +26,7 @@ macro_rules! with_prefix_cache_stats_fields {
         }
     };
 }
+#[cfg(feature = "python")]
 pub(crate) use with_prefix_cache_stats_fields;
 
 /// The value of one stats field.
