@@ -126,7 +126,9 @@ impl Policy for Arc {
         if n == 0 {
             return Some(Vec::new());
         }
-        let mut candidates: Vec<(Key, bool)> = Vec::with_capacity(n);
+        // `n` comes from the caller: never reserve more than the chunks held.
+        let mut candidates: Vec<(Key, bool)> =
+            Vec::with_capacity(n.min(self.t1.len() + self.t2.len()));
         let mut virtual_t1 = self.t1.len() as i64;
         // Python's int() truncates toward zero; the target is never negative.
         let target = self.target_t1.trunc() as i64;
@@ -150,7 +152,7 @@ impl Policy for Arc {
             }
             candidates.extend(candidate);
         }
-        let mut evicted = Vec::with_capacity(n);
+        let mut evicted = Vec::with_capacity(candidates.len());
         for (key, from_t1) in candidates {
             let chunk = if from_t1 {
                 self.b1.insert(key.clone(), ());

@@ -169,7 +169,8 @@ impl Policy for RetentionOrder {
     }
 
     fn evict(&mut self, n: usize, protected: &FxHashSet<Key>) -> Option<Vec<(Key, Chunk)>> {
-        let mut chosen: Vec<Key> = Vec::with_capacity(n);
+        // No reservation from `n`: it comes from the caller and may exceed the chunks held.
+        let mut chosen: Vec<Key> = Vec::new();
         let mut taken: FxHashSet<Key> = FxHashSet::default();
         for (t, chunks) in self.by_tenant.iter().enumerate() {
             let over = chunks.len().saturating_sub(self.quotas[t]);

@@ -117,6 +117,59 @@ def request_state(req: kb.Request) -> tuple[object, ...]:
 
 H = kb.hash_block_tokens("sha256", None, [1, 2, 3, 4])
 
+
+K = b"k" * 8 + (0).to_bytes(4, "big")  # an OffloadKey: a block hash and its group index
+
+
+class Chunk:
+    """The chunk object vLLM's CPU manager hands an offload policy."""
+
+    def __init__(self, chunk_id: int) -> None:
+        self.chunk_id = chunk_id
+        self.ref_cnt = 0
+
+
+def fresh_offload_manager(policy: str | kb.RetentionPolicy = "lru") -> kb.OffloadManager:
+    """A tier of 4 chunks holding K, with request "r" known."""
+    tier = kb.OffloadManager(4, policy, enable_events=True)
+    tier.on_new_request("r")
+    tier.prepare_store([K], "r")
+    tier.complete_store([K])
+    return tier
+
+
+def pinned(target: Any, key: bytes) -> Any:
+    """`target` (an offload manager or policy) with `key` pinned."""
+    target.pin(key)
+    return target
+
+
+def loading_offload_manager() -> kb.OffloadManager:
+    """`fresh_offload_manager` with K's load in flight."""
+    tier = fresh_offload_manager()
+    tier.prepare_load([K], "r")
+    return tier
+
+
+def fresh_offload_policy(order: str | kb.RetentionPolicy = "arc") -> kb.OffloadPolicy:
+    """A policy of 4 chunks holding K (evictable)."""
+    policy = kb.OffloadPolicy(order, 4)
+    policy.insert(K, Chunk(0), 0, kb.OffloadRequest())
+    return policy
+
+
+def offload_state(target: kb.OffloadManager | kb.OffloadPolicy) -> tuple[object, ...]:
+    if isinstance(target, kb.OffloadPolicy):
+        return (target.lists(), target.heap(), target.target_t1_size, target.get(K) is None)
+    return (
+        target.num_free,
+        target.num_evictable,
+        target.num_write_pending,
+        target.stores_skipped,
+        target.lookup(K),
+    )
+
+
 # (name, target factory or None, the call with valid arguments, its valid arguments)
 Call = tuple[str, Callable[[], Any] | None, Callable[..., Any], list[Any]]
 
@@ -474,8 +527,75 @@ def calls() -> list[Call]:
             [[fresh_request()], [1]],
         ),
     ]
+    offload_args: list[tuple[str, list[Any]]] = [
+        ("set_positions", ["r", [K], [16]]),
+        ("set_hints", ["r"]),
+        ("on_new_request", ["q"]),
+        ("lookup", [K]),
+        ("prepare_load", [[K], "r"]),
+        ("touch", [[K]]),
+        ("prepare_store", [[K[:-1] + b"\x01"], "r"]),
+        ("complete_store", [[K], False]),
+        ("on_request_finished", ["r"]),
+        ("reset_cache", []),
+        ("take_events", []),
+    ]
+    policy_args: list[tuple[str, list[Any]]] = [
+        ("get", [K]),
+        ("insert", [K[:-1] + b"\x01", Chunk(1), 0, kb.OffloadRequest()]),
+        ("remove", [K]),
+        ("touch", [[K]]),
+        ("on_store_miss", [[K]]),
+        ("on_request_access", [[K], [0], kb.OffloadRequest()]),
+        ("on_request_finished", [[K], [0], [], []]),
+        ("evict", [1, []]),
+        ("clear", []),
+        ("mark_evictable", [K]),
+        ("mark_non_evictable", [K]),
+        ("lists", []),
+        ("heap", []),
+    ]
+    offload_calls: list[Call] = [
+        (f"OffloadManager.{name}", fresh_offload_manager, getattr(kb.OffloadManager, name), args)
+        for name, args in offload_args
+    ] + [
+        (f"OffloadPolicy.{name}", fresh_offload_policy, getattr(kb.OffloadPolicy, name), args)
+        for name, args in policy_args
+    ]
+    offload_calls += [
+        (f"{cls.__name__}.{name}", factory, getattr(cls, name), [K])
+        for cls, retained in (
+            (kb.OffloadManager, lambda: fresh_offload_manager(kb.RetentionPolicy())),
+            (kb.OffloadPolicy, lambda: fresh_offload_policy(kb.RetentionPolicy())),
+        )
+        for name, factory in (("pin", retained), ("unpin", lambda r=retained: pinned(r(), K)))
+    ]
+    offload_calls += [
+        (
+            "OffloadManager.complete_load",
+            loading_offload_manager,
+            kb.OffloadManager.complete_load,
+            [[K]],
+        ),
+        (
+            "OffloadManager",
+            None,
+            lambda *a: kb.OffloadManager(
+                a[0], a[1], enable_events=a[2], store_threshold=a[3], max_tracker_size=a[4]
+            ),
+            [4, "arc", True, 2, 16],
+        ),
+        ("OffloadPolicy", None, kb.OffloadPolicy, ["lru", 4]),
+        (
+            "OffloadRequest",
+            None,
+            lambda *a: kb.OffloadRequest(priority=a[0], tenant=a[1]),
+            [1, "t"],
+        ),
+    ]
     return (
-        pool_calls
+        offload_calls
+        + pool_calls
         + request_calls
         + free_calls
         + manager_calls
@@ -507,6 +627,8 @@ def state(target: Any) -> object:
         return manager_state(target)
     if isinstance(target, kb.EventSink):
         return (target.closed, target.pending, target.stale, target.stats())
+    if isinstance(target, (kb.OffloadManager, kb.OffloadPolicy)):
+        return offload_state(target)
     return request_state(target)
 
 

@@ -238,9 +238,13 @@ def installed() -> bool:
 
 def _register_offload_policies() -> None:
     """Registers kvblocks' host-tier cache policies in vLLM's CachePolicyFactory
-    (`kvblocks.vllm._offload`); a vLLM without the factory (before 0.33) is left alone."""
+    (`kvblocks.vllm._offload`). Only inside a vLLM process (vLLM already imported: vLLM
+    calls its plugins), so the plugin imports no vLLM of its own; a vLLM without the
+    factory (before 0.33) is left alone."""
     import importlib.util
 
+    if "vllm" not in sys.modules:
+        return
     if importlib.util.find_spec("vllm.v1.kv_offload.cpu.policies.factory") is None:
         return
     from kvblocks.vllm._offload import register
