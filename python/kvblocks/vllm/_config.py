@@ -82,6 +82,11 @@ def _value(name: str, value: Any) -> Any:
     if name == "mamba_type":
         # vLLM 0.33 names the backend by an enum (`MambaAttentionBackendEnum.MAMBA2`).
         return getattr(value, "name", value).lower()
+    if name == "shapes" and value and all(isinstance(dim, int) for dim in value):
+        # vLLM's `MambaSpec` stores `shapes` unchecked, and its own tests pass one flat shape
+        # (`shapes=(1, 1)`): it never reads it in the manager, and its `page_size_bytes`
+        # raises `TypeError` for it. kvblocks takes it as the one shape it spells.
+        return (tuple(value),)
     return value
 
 
