@@ -8,6 +8,7 @@ the installed vLLM's for each, and a spec type with no kvblocks manager is refus
 from __future__ import annotations
 
 from collections.abc import Callable
+from fractions import Fraction
 from types import SimpleNamespace
 from typing import Any
 
@@ -74,6 +75,25 @@ SPECS: dict[str, Callable[[], Any]] = {
     "mla_aligned": lambda: vi.MLAAttentionSpec(
         block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16, alignment=4096
     ),
+    # `test_contiguous_kv_packing.py`'s DeepSeek-V4 MLA: two tokens per stored state, its
+    # page padded up to 576 bytes (kvblocks refused that padding as too small before).
+    "mla_packed_aligned": lambda: vi.MLAAttentionSpec(
+        block_size=128,
+        num_kv_heads=1,
+        head_size=584,
+        dtype=torch.uint8,
+        tokens_per_state=2,
+        alignment=576,
+    ),
+    # `test_prefix_caching.py`'s compressed MLA group.
+    "mla_packed": lambda: vi.MLAAttentionSpec(
+        block_size=256, num_kv_heads=1, head_size=1, dtype=torch.uint8, tokens_per_state=4
+    ),
+    # `test_kv_cache_planning.py`'s fp8_ds_mla page: 656 bytes per state.
+    "mla_state_content": lambda: vi.MLAAttentionSpec(
+        block_size=64, num_kv_heads=1, head_size=576, dtype=torch.uint8, state_content_bytes=656
+    ),
+    "full_head_slots": lambda: _attention(vi.FullAttentionSpec, num_head_slots=1),
     "sliding_window": lambda: _attention(vi.SlidingWindowSpec, sliding_window=128),
     "sliding_window_padded": lambda: _attention(
         vi.SlidingWindowSpec, sliding_window=1024, page_size_padded=32 * 1024
@@ -140,26 +160,6 @@ def test_page_size_and_memory_equal_vllms(name: str) -> None:
     assert _kvblocks_memory(ours) == theirs.max_memory_usage_bytes(_vllm_config(theirs))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=kb.InvalidSpecError,
-    reason="kvblocks' attention page has no tokens_per_state: its dense page (74752) "
-    "exceeds the page_size_padded vLLM computes for DeepSeek-V4's packed MLA (37440)",
-)
-def test_packed_mla_page_size_padded_converts() -> None:
-    # `test_contiguous_kv_packing.py`'s DeepSeek-V4 MLA: two tokens per stored state,
-    # padded up to 576 bytes.
-    theirs = vi.MLAAttentionSpec(
-        block_size=128,
-        num_kv_heads=1,
-        head_size=584,
-        dtype=torch.uint8,
-        tokens_per_state=2,
-        alignment=576,
-    )
-    assert convert_spec(theirs).page_size_bytes == theirs.page_size_bytes
-
-
 def test_flat_mamba_shape_converts_as_the_one_shape_it_spells() -> None:
     # `test_prefix_caching.py` builds `MambaSpec(shapes=(1, 1), ...)`: vLLM keeps it and
     # never reads its page size in the manager (reading it raises `TypeError`).
@@ -172,6 +172,13 @@ def test_flat_mamba_shape_converts_as_the_one_shape_it_spells() -> None:
     nested = _align_mamba(((1, 1),))
     assert ours == convert_spec(nested)
     assert ours.page_size_bytes == nested.page_size_bytes
+
+
+def test_states_per_token_are_refused() -> None:
+    # vLLM's causal Whisper pools blocks: `tokens_per_state=Fraction(1, k)`.
+    theirs = _attention(vi.FullAttentionSpec, tokens_per_state=Fraction(1, 2))
+    with pytest.raises(kb.UnsupportedError, match="several states per token"):
+        convert_spec(theirs)
 
 
 #: Spec types with no kvblocks manager, built as vLLM's tests build them.
