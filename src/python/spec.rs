@@ -300,7 +300,9 @@ impl PyFullAttentionSpec {
         sliding_window = None, attention_chunk_size = None, page_size_padded = None,
         num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
         dcp_sharded = true,
-    ))]
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, head_size_v=None, \
+        sliding_window=None, attention_chunk_size=None, page_size_padded=None, \
+        num_head_slots=None, state_content_bytes=None, tokens_per_state=1, dcp_sharded=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: NonNegativeInt,
@@ -360,8 +362,11 @@ impl PyMLAAttentionSpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, cache_dtype_str = None,
         alignment = None, page_size_padded = None,
-        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
-    ))]
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
+        dcp_sharded = true,
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, cache_dtype_str=None, \
+        alignment=None, page_size_padded=None, num_head_slots=None, state_content_bytes=None, \
+        tokens_per_state=1, dcp_sharded=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: NonNegativeInt,
@@ -428,7 +433,9 @@ impl PySinkFullAttentionSpec {
         sliding_window = None, attention_chunk_size = None, page_size_padded = None,
         num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
         dcp_sharded = true,
-    ))]
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, sink_len, \
+        head_size_v=None, sliding_window=None, attention_chunk_size=None, page_size_padded=None, \
+        num_head_slots=None, state_content_bytes=None, tokens_per_state=1, dcp_sharded=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: NonNegativeInt,
@@ -490,7 +497,8 @@ impl PySlidingWindowSpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, sliding_window, head_size_v = None,
         extra_retained_tokens = NonNegativeInt(0), page_size_padded = None,
-        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
+        dcp_sharded = true,
     ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, sliding_window, \
         head_size_v=None, extra_retained_tokens=0, page_size_padded=None, num_head_slots=None, \
         state_content_bytes=None, tokens_per_state=1, dcp_sharded=True)")]
@@ -567,8 +575,11 @@ impl PyChunkedLocalAttentionSpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, attention_chunk_size,
         head_size_v = None, page_size_padded = None,
-        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
-    ))]
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
+        dcp_sharded = true,
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, attention_chunk_size, \
+        head_size_v=None, page_size_padded=None, num_head_slots=None, state_content_bytes=None, \
+        tokens_per_state=1, dcp_sharded=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: NonNegativeInt,
@@ -634,9 +645,12 @@ impl PyCrossAttentionSpec {
     #[new]
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, head_size_v = None,
-        page_size_padded = None,
-        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
-    ))]
+        page_size_padded = None, num_head_slots = None, state_content_bytes = None,
+        tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, head_size_v=None, \
+        page_size_padded=None, num_head_slots=None, state_content_bytes=None, \
+        tokens_per_state=1, dcp_sharded=True)")]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: NonNegativeInt,
         num_kv_heads: NonNegativeInt,
