@@ -208,6 +208,15 @@ class AttentionSpec(KVCacheSpec):
     @property
     def page_size_padded(self) -> int | None: ...
     @property
+    def num_head_slots(self) -> int | None:
+        """Head slots of a packed page (`None`: one per KV head)."""
+    @property
+    def state_content_bytes(self) -> int | None:
+        """Bytes of one (head slot, state) cell of a packed page (`None`: dense K/V)."""
+    @property
+    def tokens_per_state(self) -> int:
+        """Tokens one stored state covers (a page holds `block_size // tokens_per_state`)."""
+    @property
     def dcp_sharded(self) -> bool: ...
 
 class FullAttentionSpec(AttentionSpec):
@@ -222,6 +231,9 @@ class FullAttentionSpec(AttentionSpec):
         sliding_window: int | None = None,
         attention_chunk_size: int | None = None,
         page_size_padded: int | None = None,
+        num_head_slots: int | None = None,
+        state_content_bytes: int | None = None,
+        tokens_per_state: int = 1,
         dcp_sharded: bool = True,
     ) -> FullAttentionSpec: ...
     @property
@@ -241,6 +253,9 @@ class MLAAttentionSpec(FullAttentionSpec):
         cache_dtype_str: str | None = None,
         alignment: int | None = None,
         page_size_padded: int | None = None,
+        num_head_slots: int | None = None,
+        state_content_bytes: int | None = None,
+        tokens_per_state: int = 1,
         dcp_sharded: bool = True,
     ) -> MLAAttentionSpec: ...
     @property
@@ -262,6 +277,9 @@ class SinkFullAttentionSpec(FullAttentionSpec):
         sliding_window: int | None = None,
         attention_chunk_size: int | None = None,
         page_size_padded: int | None = None,
+        num_head_slots: int | None = None,
+        state_content_bytes: int | None = None,
+        tokens_per_state: int = 1,
         dcp_sharded: bool = True,
     ) -> SinkFullAttentionSpec: ...
     @property
@@ -280,6 +298,9 @@ class SlidingWindowSpec(AttentionSpec):
         head_size_v: int | None = None,
         extra_retained_tokens: int = 0,
         page_size_padded: int | None = None,
+        num_head_slots: int | None = None,
+        state_content_bytes: int | None = None,
+        tokens_per_state: int = 1,
         dcp_sharded: bool = True,
     ) -> SlidingWindowSpec: ...
     @property
@@ -303,6 +324,9 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         attention_chunk_size: int,
         head_size_v: int | None = None,
         page_size_padded: int | None = None,
+        num_head_slots: int | None = None,
+        state_content_bytes: int | None = None,
+        tokens_per_state: int = 1,
         dcp_sharded: bool = True,
     ) -> ChunkedLocalAttentionSpec: ...
     @property
@@ -323,6 +347,9 @@ class CrossAttentionSpec(AttentionSpec):
         dtype: _DtypeLike,
         head_size_v: int | None = None,
         page_size_padded: int | None = None,
+        num_head_slots: int | None = None,
+        state_content_bytes: int | None = None,
+        tokens_per_state: int = 1,
         dcp_sharded: bool = True,
     ) -> CrossAttentionSpec: ...
 

@@ -40,6 +40,15 @@ impl<'py> FromPyObject<'py> for PyDtype {
     }
 }
 
+/// How a backend packs an attention page (vLLM's `num_head_slots`, `state_content_bytes`
+/// and `tokens_per_state`), as every attention constructor takes it.
+struct PagePacking {
+    num_head_slots: Option<NonNegativeInt>,
+    state_content_bytes: Option<NonNegativeInt>,
+    tokens_per_state: NonNegativeInt,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn attention_params(
     block_size: NonNegativeInt,
     num_kv_heads: NonNegativeInt,
@@ -47,11 +56,15 @@ fn attention_params(
     dtype: PyDtype,
     head_size_v: Option<NonNegativeInt>,
     page_size_padded: Option<NonNegativeInt>,
+    packing: PagePacking,
     dcp_sharded: bool,
 ) -> AttentionParams {
     let mut attn = AttentionParams::new(block_size.0, num_kv_heads.0, head_size.0, dtype.0);
     attn.head_size_v = head_size_v.map_or(head_size.0, |c| c.0);
     attn.page_size_padded = opt(page_size_padded);
+    attn.num_head_slots = opt(packing.num_head_slots);
+    attn.state_content_bytes = opt(packing.state_content_bytes);
+    attn.tokens_per_state = packing.tokens_per_state.0;
     attn.dcp_sharded = dcp_sharded;
     attn
 }
@@ -255,6 +268,21 @@ impl PyAttentionSpec {
     }
 
     #[getter]
+    fn num_head_slots(slf: PyRef<'_, Self>) -> PyResult<Option<usize>> {
+        Ok(attn_of(&slf.as_super().inner)?.num_head_slots)
+    }
+
+    #[getter]
+    fn state_content_bytes(slf: PyRef<'_, Self>) -> PyResult<Option<usize>> {
+        Ok(attn_of(&slf.as_super().inner)?.state_content_bytes)
+    }
+
+    #[getter]
+    fn tokens_per_state(slf: PyRef<'_, Self>) -> PyResult<usize> {
+        Ok(attn_of(&slf.as_super().inner)?.tokens_per_state)
+    }
+
+    #[getter]
     fn dcp_sharded(slf: PyRef<'_, Self>) -> PyResult<bool> {
         Ok(attn_of(&slf.as_super().inner)?.dcp_sharded)
     }
@@ -270,8 +298,11 @@ impl PyFullAttentionSpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, head_size_v = None,
         sliding_window = None, attention_chunk_size = None, page_size_padded = None,
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
         dcp_sharded = true,
-    ))]
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, head_size_v=None, \
+        sliding_window=None, attention_chunk_size=None, page_size_padded=None, \
+        num_head_slots=None, state_content_bytes=None, tokens_per_state=1, dcp_sharded=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: NonNegativeInt,
@@ -282,6 +313,9 @@ impl PyFullAttentionSpec {
         sliding_window: Option<NonNegativeInt>,
         attention_chunk_size: Option<NonNegativeInt>,
         page_size_padded: Option<NonNegativeInt>,
+        num_head_slots: Option<NonNegativeInt>,
+        state_content_bytes: Option<NonNegativeInt>,
+        tokens_per_state: NonNegativeInt,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -291,6 +325,11 @@ impl PyFullAttentionSpec {
             dtype,
             head_size_v,
             page_size_padded,
+            PagePacking {
+                num_head_slots,
+                state_content_bytes,
+                tokens_per_state,
+            },
             dcp_sharded,
         );
         let spec = KvCacheSpec::from(FullAttentionSpec {
@@ -322,8 +361,12 @@ impl PyMLAAttentionSpec {
     #[new]
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, cache_dtype_str = None,
-        alignment = None, page_size_padded = None, dcp_sharded = true,
-    ))]
+        alignment = None, page_size_padded = None,
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
+        dcp_sharded = true,
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, cache_dtype_str=None, \
+        alignment=None, page_size_padded=None, num_head_slots=None, state_content_bytes=None, \
+        tokens_per_state=1, dcp_sharded=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: NonNegativeInt,
@@ -333,6 +376,9 @@ impl PyMLAAttentionSpec {
         cache_dtype_str: Option<String>,
         alignment: Option<NonNegativeInt>,
         page_size_padded: Option<NonNegativeInt>,
+        num_head_slots: Option<NonNegativeInt>,
+        state_content_bytes: Option<NonNegativeInt>,
+        tokens_per_state: NonNegativeInt,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -342,6 +388,11 @@ impl PyMLAAttentionSpec {
             dtype,
             Some(NonNegativeInt(0)),
             page_size_padded,
+            PagePacking {
+                num_head_slots,
+                state_content_bytes,
+                tokens_per_state,
+            },
             dcp_sharded,
         );
         let spec = KvCacheSpec::from(MlaAttentionSpec {
@@ -380,8 +431,11 @@ impl PySinkFullAttentionSpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, sink_len, head_size_v = None,
         sliding_window = None, attention_chunk_size = None, page_size_padded = None,
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
         dcp_sharded = true,
-    ))]
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, sink_len, \
+        head_size_v=None, sliding_window=None, attention_chunk_size=None, page_size_padded=None, \
+        num_head_slots=None, state_content_bytes=None, tokens_per_state=1, dcp_sharded=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: NonNegativeInt,
@@ -393,6 +447,9 @@ impl PySinkFullAttentionSpec {
         sliding_window: Option<NonNegativeInt>,
         attention_chunk_size: Option<NonNegativeInt>,
         page_size_padded: Option<NonNegativeInt>,
+        num_head_slots: Option<NonNegativeInt>,
+        state_content_bytes: Option<NonNegativeInt>,
+        tokens_per_state: NonNegativeInt,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -402,6 +459,11 @@ impl PySinkFullAttentionSpec {
             dtype,
             head_size_v,
             page_size_padded,
+            PagePacking {
+                num_head_slots,
+                state_content_bytes,
+                tokens_per_state,
+            },
             dcp_sharded,
         );
         let spec = KvCacheSpec::from(SinkFullAttentionSpec {
@@ -434,9 +496,12 @@ impl PySlidingWindowSpec {
     #[new]
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, sliding_window, head_size_v = None,
-        extra_retained_tokens = NonNegativeInt(0), page_size_padded = None, dcp_sharded = true,
+        extra_retained_tokens = NonNegativeInt(0), page_size_padded = None,
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
+        dcp_sharded = true,
     ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, sliding_window, \
-        head_size_v=None, extra_retained_tokens=0, page_size_padded=None, dcp_sharded=True)")]
+        head_size_v=None, extra_retained_tokens=0, page_size_padded=None, num_head_slots=None, \
+        state_content_bytes=None, tokens_per_state=1, dcp_sharded=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: NonNegativeInt,
@@ -447,6 +512,9 @@ impl PySlidingWindowSpec {
         head_size_v: Option<NonNegativeInt>,
         extra_retained_tokens: NonNegativeInt,
         page_size_padded: Option<NonNegativeInt>,
+        num_head_slots: Option<NonNegativeInt>,
+        state_content_bytes: Option<NonNegativeInt>,
+        tokens_per_state: NonNegativeInt,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -456,6 +524,11 @@ impl PySlidingWindowSpec {
             dtype,
             head_size_v,
             page_size_padded,
+            PagePacking {
+                num_head_slots,
+                state_content_bytes,
+                tokens_per_state,
+            },
             dcp_sharded,
         );
         let spec = KvCacheSpec::from(SlidingWindowSpec {
@@ -501,8 +574,12 @@ impl PyChunkedLocalAttentionSpec {
     #[new]
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, attention_chunk_size,
-        head_size_v = None, page_size_padded = None, dcp_sharded = true,
-    ))]
+        head_size_v = None, page_size_padded = None,
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
+        dcp_sharded = true,
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, attention_chunk_size, \
+        head_size_v=None, page_size_padded=None, num_head_slots=None, state_content_bytes=None, \
+        tokens_per_state=1, dcp_sharded=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: NonNegativeInt,
@@ -512,6 +589,9 @@ impl PyChunkedLocalAttentionSpec {
         attention_chunk_size: NonNegativeInt,
         head_size_v: Option<NonNegativeInt>,
         page_size_padded: Option<NonNegativeInt>,
+        num_head_slots: Option<NonNegativeInt>,
+        state_content_bytes: Option<NonNegativeInt>,
+        tokens_per_state: NonNegativeInt,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -521,6 +601,11 @@ impl PyChunkedLocalAttentionSpec {
             dtype,
             head_size_v,
             page_size_padded,
+            PagePacking {
+                num_head_slots,
+                state_content_bytes,
+                tokens_per_state,
+            },
             dcp_sharded,
         );
         let spec = KvCacheSpec::from(ChunkedLocalAttentionSpec {
@@ -560,8 +645,12 @@ impl PyCrossAttentionSpec {
     #[new]
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, head_size_v = None,
-        page_size_padded = None, dcp_sharded = true,
-    ))]
+        page_size_padded = None, num_head_slots = None, state_content_bytes = None,
+        tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, head_size_v=None, \
+        page_size_padded=None, num_head_slots=None, state_content_bytes=None, \
+        tokens_per_state=1, dcp_sharded=True)")]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: NonNegativeInt,
         num_kv_heads: NonNegativeInt,
@@ -569,6 +658,9 @@ impl PyCrossAttentionSpec {
         dtype: PyDtype,
         head_size_v: Option<NonNegativeInt>,
         page_size_padded: Option<NonNegativeInt>,
+        num_head_slots: Option<NonNegativeInt>,
+        state_content_bytes: Option<NonNegativeInt>,
+        tokens_per_state: NonNegativeInt,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -578,6 +670,11 @@ impl PyCrossAttentionSpec {
             dtype,
             head_size_v,
             page_size_padded,
+            PagePacking {
+                num_head_slots,
+                state_content_bytes,
+                tokens_per_state,
+            },
             dcp_sharded,
         );
         let spec = KvCacheSpec::from(CrossAttentionSpec { attn }).build()?;

@@ -20,6 +20,14 @@ pub struct AttentionParams {
     pub dtype: Dtype,
     /// A page size that replaces the computed one (must not be smaller).
     pub page_size_padded: Option<usize>,
+    /// Head slots of the page when the backend packs them differently from one per KV
+    /// head (vLLM's `num_head_slots`; `None`: `num_kv_heads`).
+    pub num_head_slots: Option<usize>,
+    /// Bytes of one (head slot, state) cell when packed (vLLM's `state_content_bytes`;
+    /// `None`: `(head_size + head_size_v) * dtype_size`).
+    pub state_content_bytes: Option<usize>,
+    /// Tokens one stored state covers (vLLM's `tokens_per_state`, default 1).
+    pub tokens_per_state: usize,
     /// Whether decode context parallelism shards this cache's token positions
     /// (vLLM's default for attention: true).
     pub dcp_sharded: bool,
@@ -36,21 +44,31 @@ impl AttentionParams {
             head_size_v: head_size,
             dtype,
             page_size_padded: None,
+            num_head_slots: None,
+            state_content_bytes: None,
+            tokens_per_state: 1,
             dcp_sharded: true,
         }
     }
 
-    /// `num_kv_heads * block_size * (head_size + head_size_v) * dtype_size`.
+    /// `num_heads * num_states * state_content` (vLLM's `unpadded_page_size_bytes`), where
+    /// `num_heads` is `num_head_slots` or `num_kv_heads`, `num_states` is
+    /// `block_size / tokens_per_state` (floored) and `state_content` is
+    /// `state_content_bytes` or `(head_size + head_size_v) * dtype_size`.
     pub(super) fn unpadded_page_size(&self) -> Result<usize> {
-        let content = self
-            .head_size
-            .checked_add(self.head_size_v)
-            .ok_or_else(overflow)?;
+        let content = match self.state_content_bytes {
+            Some(bytes) => bytes,
+            None => self
+                .head_size
+                .checked_add(self.head_size_v)
+                .ok_or_else(overflow)?
+                .checked_mul(self.dtype.size())
+                .ok_or_else(overflow)?,
+        };
         checked_product(&[
-            self.num_kv_heads,
-            self.block_size,
+            self.num_head_slots.unwrap_or(self.num_kv_heads),
+            self.block_size / self.tokens_per_state,
             content,
-            self.dtype.size(),
         ])
     }
 
@@ -69,6 +87,9 @@ impl AttentionParams {
         }
         if self.head_size == 0 {
             return invalid("head_size must be positive");
+        }
+        if self.tokens_per_state == 0 {
+            return invalid("tokens_per_state must be positive");
         }
         let page = self.unpadded_page_size()?;
         match self.page_size_padded {

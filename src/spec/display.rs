@@ -35,13 +35,17 @@ impl fmt::Display for AttentionParams {
         write!(
             f,
             "block_size={}, num_kv_heads={}, head_size={}, dtype={}, head_size_v={}, \
-             page_size_padded={}, dcp_sharded={}",
+             page_size_padded={}, num_head_slots={}, state_content_bytes={}, \
+             tokens_per_state={}, dcp_sharded={}",
             self.block_size,
             self.num_kv_heads,
             self.head_size,
             self.dtype,
             self.head_size_v,
             Opt(self.page_size_padded),
+            Opt(self.num_head_slots),
+            Opt(self.state_content_bytes),
+            self.tokens_per_state,
             py_bool(self.dcp_sharded)
         )
     }

@@ -48,6 +48,25 @@ fn attention_page_size() {
 }
 
 #[test]
+fn packed_attention_page_size() {
+    let page = |slots: Option<usize>, content: Option<usize>, tps: usize| {
+        let mut a = attn(16, 8, 128, Dtype::Bfloat16);
+        a.num_head_slots = slots;
+        a.state_content_bytes = content;
+        a.tokens_per_state = tps;
+        KvCacheSpec::from(FullAttentionSpec::new(a))
+            .build()
+            .map(|s| s.page_size_bytes())
+    };
+    // num_heads * (block_size / tokens_per_state) * state_content.
+    assert_eq!(page(Some(2), None, 1).unwrap(), 2 * 16 * 256 * 2);
+    assert_eq!(page(None, Some(656), 1).unwrap(), 8 * 16 * 656);
+    assert_eq!(page(None, None, 4).unwrap(), 8 * 4 * 256 * 2);
+    assert_eq!(page(None, None, 3).unwrap(), 8 * 5 * 256 * 2);
+    assert!(page(None, None, 0).is_err());
+}
+
+#[test]
 fn mla_page_is_single_latent_padded_to_alignment() {
     assert_eq!(mla(None).page_size_bytes(), 16 * 576 * 2);
     // 18432 rounded up to a multiple of 1000.
@@ -278,7 +297,8 @@ fn display_reads_like_vllm_repr() {
     assert_eq!(
         swa(16, 8).to_string(),
         "SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=128, \
-         dtype=torch.bfloat16, head_size_v=128, page_size_padded=None, dcp_sharded=True, \
+         dtype=torch.bfloat16, head_size_v=128, page_size_padded=None, num_head_slots=None, \
+         state_content_bytes=None, tokens_per_state=1, dcp_sharded=True, \
          sliding_window=8, extra_retained_tokens=0)"
     );
     let mut m = MambaSpec::new(16, vec![vec![4]], vec![Dtype::Int8]);

@@ -1,0 +1,198 @@
+"""`kvblocks.vllm`'s spec conversion takes every spec the way vLLM's own tests
+(`tests/v1/core/utils.py`, `test_prefix_caching.py`, `test_kv_cache_utils.py`,
+`test_kv_cache_planning.py`) build it: kvblocks' page size and per-request memory equal
+the installed vLLM's for each, and a spec type with no kvblocks manager is refused with
+`UnsupportedError`, never a `TypeError`. Run in a vLLM venv (`make test-vllm`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from fractions import Fraction
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+
+import kvblocks as kb  # noqa: E402
+from kvblocks.vllm._config import convert_spec  # noqa: E402
+from vllm.v1 import kv_cache_interface as vi  # noqa: E402
+
+MAX_MODEL_LEN = 1000
+BATCHED_TOKENS = 256
+ENCODER_TOKENS = 300
+
+
+def _attention(cls: type, **kw: Any) -> Any:
+    """An attention spec as `tests/v1/core/utils.py`'s `new_kv_cache_spec` builds it."""
+    base: dict[str, Any] = {
+        "block_size": 16,
+        "num_kv_heads": 2,
+        "head_size": 64,
+        "dtype": torch.float32,
+    }
+    return cls(**{**base, **kw})
+
+
+def _mamba(**kw: Any) -> Any:
+    """A Mamba spec as `tests/v1/core/utils.py`'s `new_mamba_spec` builds it."""
+    base: dict[str, Any] = {
+        "block_size": 16,
+        "shapes": ((2, 512), (3, 32, 32)),
+        "dtypes": (torch.float32, torch.float32),
+        "num_speculative_blocks": 2,
+    }
+    return vi.MambaSpec(**{**base, **kw})
+
+
+def _align_mamba(shapes: Any) -> Any:
+    """`test_prefix_caching.py`'s align-mode Mamba group."""
+    return vi.MambaSpec(
+        block_size=16, shapes=shapes, dtypes=(torch.float32,), mamba_cache_mode="align"
+    )
+
+
+SPECS: dict[str, Callable[[], Any]] = {
+    "full": lambda: _attention(vi.FullAttentionSpec),
+    "full_padded": lambda: _attention(vi.FullAttentionSpec, head_size=64, page_size_padded=65536),
+    "full_recorded_window": lambda: _attention(vi.FullAttentionSpec, sliding_window=1024),
+    "full_bf16_v": lambda: _attention(
+        vi.FullAttentionSpec, dtype=torch.bfloat16, head_size=128, head_size_v=64
+    ),
+    "mla": lambda: vi.MLAAttentionSpec(
+        block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16
+    ),
+    "mla_fp8_ds": lambda: vi.MLAAttentionSpec(
+        block_size=16,
+        num_kv_heads=1,
+        head_size=576,
+        dtype=torch.uint8,
+        cache_dtype_str="fp8_ds_mla",
+    ),
+    "mla_aligned": lambda: vi.MLAAttentionSpec(
+        block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16, alignment=4096
+    ),
+    # `test_contiguous_kv_packing.py`'s DeepSeek-V4 MLA: two tokens per stored state, its
+    # page padded up to 576 bytes (kvblocks refused that padding as too small before).
+    "mla_packed_aligned": lambda: vi.MLAAttentionSpec(
+        block_size=128,
+        num_kv_heads=1,
+        head_size=584,
+        dtype=torch.uint8,
+        tokens_per_state=2,
+        alignment=576,
+    ),
+    # `test_prefix_caching.py`'s compressed MLA group.
+    "mla_packed": lambda: vi.MLAAttentionSpec(
+        block_size=256, num_kv_heads=1, head_size=1, dtype=torch.uint8, tokens_per_state=4
+    ),
+    # `test_kv_cache_planning.py`'s fp8_ds_mla page: 656 bytes per state.
+    "mla_state_content": lambda: vi.MLAAttentionSpec(
+        block_size=64, num_kv_heads=1, head_size=576, dtype=torch.uint8, state_content_bytes=656
+    ),
+    "full_head_slots": lambda: _attention(vi.FullAttentionSpec, num_head_slots=1),
+    "sliding_window": lambda: _attention(vi.SlidingWindowSpec, sliding_window=128),
+    "sliding_window_padded": lambda: _attention(
+        vi.SlidingWindowSpec, sliding_window=1024, page_size_padded=32 * 1024
+    ),
+    "chunked_local": lambda: _attention(vi.ChunkedLocalAttentionSpec, attention_chunk_size=64),
+    "cross": lambda: _attention(vi.CrossAttentionSpec),
+    # vLLM's manager asserts `sink_len % block_size == 0` (kvblocks checks it in the spec).
+    "sink_full": lambda: _attention(vi.SinkFullAttentionSpec, sink_len=32),
+    "mamba": lambda: _mamba(),
+    "mamba_padded": lambda: _mamba(shapes=((2, 256), (3, 32, 32)), page_size_padded=16384),
+    "mamba_align": lambda: _align_mamba(((1, 1),)),
+    "mamba_align_1d": lambda: _align_mamba(((1,),)),
+    "mamba_align_spec_blocks": lambda: vi.MambaSpec(
+        block_size=16,
+        shapes=((1, 1),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode="align",
+        num_speculative_blocks=2,
+    ),
+    "uniform_full": lambda: vi.UniformTypeKVCacheSpecs(
+        block_size=16,
+        kv_cache_specs={
+            "a": _attention(vi.FullAttentionSpec),
+            "b": _attention(vi.FullAttentionSpec, head_size=128),
+        },
+    ),
+    "uniform_mamba": lambda: vi.UniformTypeKVCacheSpecs(
+        block_size=4,
+        kv_cache_specs={
+            "mamba": vi.MambaSpec(block_size=4, shapes=((4, 1),), dtypes=(torch.float32,))
+        },
+    ),
+}
+
+
+def _vllm_config(spec: Any) -> SimpleNamespace:
+    """The parts of a `VllmConfig` that vLLM's `max_memory_usage_bytes` reads."""
+    mode = getattr(spec, "mamba_cache_mode", "none")
+    return SimpleNamespace(
+        model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        cache_config=SimpleNamespace(mamba_cache_mode=mode),
+        scheduler_config=SimpleNamespace(
+            max_num_batched_tokens=BATCHED_TOKENS,
+            max_num_encoder_input_tokens=ENCODER_TOKENS,
+        ),
+        max_in_flight_tokens=BATCHED_TOKENS,
+    )
+
+
+def _kvblocks_memory(spec: kb.KVCacheSpec) -> int:
+    return spec.max_memory_usage_bytes(
+        max_model_len=MAX_MODEL_LEN,
+        max_num_batched_tokens=BATCHED_TOKENS,
+        max_num_encoder_input_tokens=ENCODER_TOKENS,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_page_size_and_memory_equal_vllms(name: str) -> None:
+    theirs = SPECS[name]()
+    ours = convert_spec(theirs)
+    assert ours.page_size_bytes == theirs.page_size_bytes
+    assert _kvblocks_memory(ours) == theirs.max_memory_usage_bytes(_vllm_config(theirs))
+
+
+def test_flat_mamba_shape_converts_as_the_one_shape_it_spells() -> None:
+    # `test_prefix_caching.py` builds `MambaSpec(shapes=(1, 1), ...)`: vLLM keeps it and
+    # never reads its page size in the manager (reading it raises `TypeError`).
+    flat = _align_mamba((1, 1))
+    with pytest.raises(TypeError):
+        _ = flat.page_size_bytes
+    ours = convert_spec(flat)
+    assert isinstance(ours, kb.MambaSpec)
+    assert ours.shapes == ((1, 1),)
+    nested = _align_mamba(((1, 1),))
+    assert ours == convert_spec(nested)
+    assert ours.page_size_bytes == nested.page_size_bytes
+
+
+def test_states_per_token_are_refused() -> None:
+    # vLLM's causal Whisper pools blocks: `tokens_per_state=Fraction(1, k)`.
+    theirs = _attention(vi.FullAttentionSpec, tokens_per_state=Fraction(1, 2))
+    with pytest.raises(kb.UnsupportedError, match="several states per token"):
+        convert_spec(theirs)
+
+
+#: Spec types with no kvblocks manager, built as vLLM's tests build them.
+UNSUPPORTED: dict[str, Callable[[], Any]] = {
+    "CircularBufferSpec": lambda: vi.CircularBufferSpec(
+        block_size=4, num_kv_heads=2, head_size=128, head_size_v=0, dtype=torch.bfloat16
+    ),
+    "EncoderOnlyAttentionSpec": lambda: _attention(vi.EncoderOnlyAttentionSpec),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_spec_types_without_a_manager_raise_unsupported(name: str) -> None:
+    if not hasattr(vi, name):
+        pytest.skip(f"this vLLM has no {name}")
+    with pytest.raises(kb.UnsupportedError, match=name):
+        convert_spec(UNSUPPORTED[name]())
