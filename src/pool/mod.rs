@@ -502,6 +502,10 @@ impl BlockPool {
                 group_idx: group,
                 kv_cache_spec_kind: None,
                 kv_cache_spec_sliding_window: None,
+                locality: None,
+                ownership: None,
+                session_id: source.session_id().map(str::to_owned),
+                lookahead_token_ids: None,
             }));
         }
         Ok(())
@@ -569,6 +573,10 @@ impl BlockPool {
                 group_idx: group,
                 kv_cache_spec_kind: None,
                 kv_cache_spec_sliding_window: None,
+                locality: None,
+                ownership: None,
+                session_id: source.session_id().map(str::to_owned),
+                lookahead_token_ids: None,
             }));
         }
         Ok(())
