@@ -104,7 +104,7 @@ def test_same_answers_as_vllm_call_by_call() -> None:
     events = ours.take_events()
     assert events == stock.take_events()
     assert events and all(isinstance(e, BlockStored) for e in events)
-    assert {e.session_id for e in events} == {None, "s1"}  # a stored block names its session
+    assert {e.session_id for e in events} == {None, "s1", "s3"}  # each names its session
     # Deferred frees, as vLLM's scheduler does them under async scheduling.
     for a, b in reqs[:2]:
         popped_a = stock.pop_blocks_for_free(a)
