@@ -269,7 +269,7 @@ mod tests {
     #[test]
     fn map_form_matches_msgspec() {
         let events = [
-            KvCacheEvent::BlockStored(stored()),
+            KvCacheEvent::BlockStored(Box::new(stored())),
             KvCacheEvent::BlockRemoved(removed()),
             KvCacheEvent::AllBlocksCleared,
         ];
@@ -296,7 +296,7 @@ mod tests {
         );
         let got = encode_batch(
             1.0,
-            &[KvCacheEvent::BlockStored(stored())],
+            &[KvCacheEvent::BlockStored(Box::new(stored()))],
             None,
             WireFormat::Array,
         );
@@ -311,7 +311,12 @@ mod tests {
         e.kv_cache_spec_kind = Some("sliding_window");
         e.kv_cache_spec_sliding_window = Some(128);
         e.lora_id = Some(-3);
-        let got = encode_batch(0.0, &[KvCacheEvent::BlockStored(e)], None, WireFormat::Map);
+        let got = encode_batch(
+            0.0,
+            &[KvCacheEvent::BlockStored(Box::new(e))],
+            None,
+            WireFormat::Map,
+        );
         // type + 7 + group_idx + kind + window = 11 entries, in a map16 header
         assert_eq!(got[11..14], [0xde, 0, 11]);
         let tail: &[u8] = b"\xa9group_idx\x00\xb2kv_cache_spec_kind\xaesliding_window\
@@ -337,7 +342,7 @@ mod tests {
         };
         let got = encode_batch(
             0.0,
-            &[KvCacheEvent::BlockStored(e.clone())],
+            &[KvCacheEvent::BlockStored(Box::new(e.clone()))],
             None,
             WireFormat::Map,
         );
@@ -349,7 +354,7 @@ mod tests {
         assert_eq!(got, want);
         let got = encode_batch(
             0.0,
-            &[KvCacheEvent::BlockStored(e)],
+            &[KvCacheEvent::BlockStored(Box::new(e))],
             None,
             WireFormat::Array,
         );

@@ -60,8 +60,8 @@ pub struct BlockRemoved {
 /// A KV cache event, in emission order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum KvCacheEvent {
-    /// See [`BlockStored`].
-    BlockStored(BlockStored),
+    /// See [`BlockStored`] (boxed: it is several times the size of the other variants).
+    BlockStored(Box<BlockStored>),
     /// See [`BlockRemoved`].
     BlockRemoved(BlockRemoved),
     /// The whole prefix cache was reset.

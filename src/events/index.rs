@@ -181,7 +181,9 @@ impl CacheIndex {
             for k in chain.drain(..).rev() {
                 let entry = &self.entries[&k];
                 for _ in 0..entry.count {
-                    out.push(KvCacheEvent::BlockStored(self.entry_event(k, entry)));
+                    out.push(KvCacheEvent::BlockStored(Box::new(
+                        self.entry_event(k, entry),
+                    )));
                 }
             }
         }
@@ -217,7 +219,7 @@ mod tests {
     use crate::events::event::{BlockRemoved, MEDIUM_GPU};
 
     fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>, group: u32) -> KvCacheEvent {
-        KvCacheEvent::BlockStored(BlockStored {
+        KvCacheEvent::BlockStored(Box::new(BlockStored {
             block_hashes: hashes.to_vec(),
             parent_block_hash: parent,
             token_ids: tokens,
@@ -233,7 +235,7 @@ mod tests {
             ownership: None,
             session_id: None,
             lookahead_token_ids: None,
-        })
+        }))
     }
 
     fn removed(h: u64, group: u32) -> KvCacheEvent {

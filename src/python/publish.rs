@@ -96,7 +96,7 @@ fn event_from_py(obj: &Bound<'_, PyAny>) -> PyResult<KvCacheEvent> {
     match ty.to_str()? {
         "BlockStored" => {
             let kind: Option<String> = opt(obj, "kv_cache_spec_kind")?;
-            Ok(KvCacheEvent::BlockStored(BlockStored {
+            Ok(KvCacheEvent::BlockStored(Box::new(BlockStored {
                 block_hashes: obj.getattr("block_hashes")?.extract()?,
                 parent_block_hash: opt(obj, "parent_block_hash")?,
                 token_ids: obj.getattr("token_ids")?.extract()?,
@@ -114,7 +114,7 @@ fn event_from_py(obj: &Bound<'_, PyAny>) -> PyResult<KvCacheEvent> {
                 ownership: newer(obj, "ownership")?,
                 session_id: newer(obj, "session_id")?,
                 lookahead_token_ids: newer(obj, "lookahead_token_ids")?,
-            }))
+            })))
         }
         "BlockRemoved" => {
             for name in REMOVED_UNSUPPORTED {
