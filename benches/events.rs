@@ -23,7 +23,7 @@ fn step_events(seed: u64) -> Vec<KvCacheEvent> {
         .map(|i| {
             let h = (seed ^ i).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             if i % 2 == 0 {
-                KvCacheEvent::BlockStored(BlockStored {
+                KvCacheEvent::BlockStored(Box::new(BlockStored {
                     block_hashes: vec![h],
                     parent_block_hash: Some(h ^ 1),
                     token_ids: (0..16)
@@ -37,7 +37,11 @@ fn step_events(seed: u64) -> Vec<KvCacheEvent> {
                     group_idx: 0,
                     kv_cache_spec_kind: Some("full_attention"),
                     kv_cache_spec_sliding_window: None,
-                })
+                    locality: None,
+                    ownership: None,
+                    session_id: None,
+                    lookahead_token_ids: None,
+                }))
             } else {
                 KvCacheEvent::BlockRemoved(BlockRemoved {
                     block_hashes: vec![h],

@@ -291,7 +291,7 @@ impl Request {
     }
 }
 
-/// The events of a request's blocks: its tokens, untagged extra keys and LoRA.
+/// The events of a request's blocks: its tokens, untagged extra keys, LoRA and session.
 impl StoredBlockSource for Request {
     fn token_ids(&self) -> &[u32] {
         self.all_token_ids()
@@ -304,6 +304,9 @@ impl StoredBlockSource for Request {
     }
     fn lora_name(&self) -> Option<&str> {
         self.lora().map(|l| l.name.as_str())
+    }
+    fn session_id(&self) -> Option<&str> {
+        self.session_id.as_deref()
     }
 }
 

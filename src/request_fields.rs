@@ -8,7 +8,7 @@ use crate::kv_cache_manager::KvCacheManager;
 /// The optional fields of a request that one manager call reads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RequestFields {
-    /// Its tokens and LoRA (for `BlockStored` events).
+    /// Its tokens, LoRA and session (for `BlockStored` events).
     pub event_tokens: bool,
     /// Its status (for the admission watermark).
     pub status: bool,

@@ -5,8 +5,10 @@ Run in the vLLM 0.33 venv, .venv-vllm-0.33 (it needs vllm, msgspec and torch):
     .venv-vllm-0.33/bin/python tools/gen_event_fixtures.py tests/data
 
 It replays a small trace through vLLM's own KVCacheManager (a full-attention group and a
-sliding-window group, few blocks so blocks get evicted, requests with LoRA, cache salt and
-multimodal inputs, a prefix-cache reset), takes the events after every step, and writes:
+sliding-window group, few blocks so blocks get evicted, requests with LoRA, cache salt,
+multimodal inputs and sessions, a prefix-cache reset), takes the events after every step,
+adds one batch of a `BlockStored` as an offloading tier with hash lookahead publishes it
+(`locality`, `ownership`, `session_id`, `lookahead_token_ids`), and writes:
 
 - events_trace.json: per step, ts, data_parallel_rank and the events as plain JSON
   (bytes as {"bytes": hex}, tuples as lists);
@@ -126,8 +128,8 @@ def main(out_dir: Path) -> None:
     ]
     big = 70000  # a token id needing a uint32, hashes up to 2**64 - 1 come for free
     requests = [
-        request("plain", list(range(1, 14))),
-        request("shared", [*range(1, 9), big, 300, 301, 302]),
+        request("plain", list(range(1, 14)), session_id="chat-1"),
+        request("shared", [*range(1, 9), big, 300, 301, 302], session_id="chat-2"),
         request("lora", list(range(1, 11)), lora_request=LoRARequest("adapter-x", 7, "/p")),
         request("salt", list(range(1, 10)), cache_salt="s" * 40),
         request("mm", [5] * 12, mm_features=mm),
@@ -139,8 +141,8 @@ def main(out_dir: Path) -> None:
     array_payloads: list[bytes] = []
     encoder = msgspec.msgpack.Encoder()
 
-    def flush(dp_rank: int | None) -> None:
-        events = km.take_events()
+    def flush(dp_rank: int | None, events: list[Any] | None = None) -> None:
+        events = km.take_events() if events is None else events
         if not events:
             return
         ts = 1_700_000_000.0 + len(steps) * 0.125
@@ -176,6 +178,22 @@ def main(out_dir: Path) -> None:
     blocks, hit, _ = km.get_computed_blocks(after)
     km.allocate_slots(after, after.num_tokens - hit, hit, blocks)
     flush(1)
+    tier_event = ke.BlockStored(
+        block_hashes=[2**64 - 1, 7],
+        parent_block_hash=5,
+        token_ids=list(range(8)),
+        block_size=BLOCK_SIZE,
+        lora_id=None,
+        medium=ke.MEDIUM_CPU,
+        lora_name=None,
+        extra_keys=[None, None],
+        group_idx=0,
+        locality="REMOTE",
+        ownership="kvcr",
+        session_id="chat-3",
+        lookahead_token_ids=[[4, 5], [big, 9]],
+    )
+    flush(None, [tier_event])
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "events_trace.json").write_text(json.dumps({"steps": steps}, indent=1) + "\n")

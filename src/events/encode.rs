@@ -14,8 +14,9 @@
 //!   `array_like=True`: `[class name, every field in order]`, defaults included:
 //!   [`WireFormat::Array`]. `BlockStored` thus has 16 elements, `BlockRemoved` 6.
 //!
-//! Fields vLLM 0.33.0 has but kvblocks never sets (`locality`, `ownership`, `session_id`,
-//! `lookahead_token_ids`) are always `None`.
+//! `BlockStored`'s last four fields (`locality`, `ownership`, `session_id`,
+//! `lookahead_token_ids`) are written as any other defaulted field. `BlockRemoved`'s
+//! `locality` and `ownership` are always `None` in kvblocks.
 
 use super::msgpack::MsgpackWriter;
 use crate::events::event::{BlockRemoved, BlockStored, KvCacheEvent};
@@ -41,8 +42,6 @@ impl WireFormat {
     }
 }
 
-/// Fields of `BlockStored` after `kv_cache_spec_sliding_window`, all `None` in kvblocks.
-const STORED_TRAILING_NONE: usize = 4;
 /// Fields of `BlockRemoved` after `group_idx`, all `None` in kvblocks.
 const REMOVED_TRAILING_NONE: usize = 2;
 
@@ -137,8 +136,12 @@ fn write_stored(w: &mut MsgpackWriter<'_>, e: &BlockStored, format: WireFormat) 
     let map_len = 9
         + u16::from(e.extra_keys.is_some())
         + u16::from(e.kv_cache_spec_kind.is_some())
-        + u16::from(e.kv_cache_spec_sliding_window.is_some());
-    let array_len = 12 + STORED_TRAILING_NONE;
+        + u16::from(e.kv_cache_spec_sliding_window.is_some())
+        + u16::from(e.locality.is_some())
+        + u16::from(e.ownership.is_some())
+        + u16::from(e.session_id.is_some())
+        + u16::from(e.lookahead_token_ids.is_some());
+    let array_len = 16;
     begin(
         w,
         format,
@@ -184,7 +187,25 @@ fn write_stored(w: &mut MsgpackWriter<'_>, e: &BlockStored, format: WireFormat) 
         key(w, format, "kv_cache_spec_sliding_window");
         w.opt(e.kv_cache_spec_sliding_window, |w, v| w.uint(v.into()));
     }
-    end(w, format, STORED_TRAILING_NONE);
+    for (name, value) in [
+        ("locality", &e.locality),
+        ("ownership", &e.ownership),
+        ("session_id", &e.session_id),
+    ] {
+        if format == WireFormat::Array || value.is_some() {
+            key(w, format, name);
+            w.opt(value.as_deref(), MsgpackWriter::str);
+        }
+    }
+    if format == WireFormat::Array || e.lookahead_token_ids.is_some() {
+        key(w, format, "lookahead_token_ids");
+        w.opt(e.lookahead_token_ids.as_deref(), |w, per_block| {
+            w.array_len(per_block.len());
+            for tokens in per_block {
+                w.uint_array(tokens);
+            }
+        });
+    }
 }
 
 fn write_removed(w: &mut MsgpackWriter<'_>, e: &BlockRemoved, format: WireFormat) {
@@ -229,6 +250,10 @@ mod tests {
             group_idx: 0,
             kv_cache_spec_kind: None,
             kv_cache_spec_sliding_window: None,
+            locality: None,
+            ownership: None,
+            session_id: None,
+            lookahead_token_ids: None,
         }
     }
 
@@ -244,7 +269,7 @@ mod tests {
     #[test]
     fn map_form_matches_msgspec() {
         let events = [
-            KvCacheEvent::BlockStored(stored()),
+            KvCacheEvent::BlockStored(Box::new(stored())),
             KvCacheEvent::BlockRemoved(removed()),
             KvCacheEvent::AllBlocksCleared,
         ];
@@ -271,7 +296,7 @@ mod tests {
         );
         let got = encode_batch(
             1.0,
-            &[KvCacheEvent::BlockStored(stored())],
+            &[KvCacheEvent::BlockStored(Box::new(stored()))],
             None,
             WireFormat::Array,
         );
@@ -286,13 +311,54 @@ mod tests {
         e.kv_cache_spec_kind = Some("sliding_window");
         e.kv_cache_spec_sliding_window = Some(128);
         e.lora_id = Some(-3);
-        let got = encode_batch(0.0, &[KvCacheEvent::BlockStored(e)], None, WireFormat::Map);
+        let got = encode_batch(
+            0.0,
+            &[KvCacheEvent::BlockStored(Box::new(e))],
+            None,
+            WireFormat::Map,
+        );
         // type + 7 + group_idx + kind + window = 11 entries, in a map16 header
         assert_eq!(got[11..14], [0xde, 0, 11]);
         let tail: &[u8] = b"\xa9group_idx\x00\xb2kv_cache_spec_kind\xaesliding_window\
 \xbckv_cache_spec_sliding_window\xcc\x80\xc0";
         assert!(got.ends_with(tail));
         assert!(got.windows(9).any(|s| s == b"lora_id\xfd\xa6"));
+    }
+
+    // Bytes printed by msgspec 0.22 for vLLM 0.33.0's `BlockStored` with its last four
+    // fields set (an offloading tier's locality and ownership, a session, lookahead).
+    #[test]
+    fn map_form_writes_session_tier_and_lookahead() {
+        let e = BlockStored {
+            block_hashes: vec![1],
+            token_ids: vec![1, 2],
+            block_size: 2,
+            extra_keys: None,
+            locality: Some("LOCAL".into()),
+            ownership: Some("kvcr".into()),
+            session_id: Some("s1".into()),
+            lookahead_token_ids: Some(vec![vec![3, 70000]]),
+            ..stored()
+        };
+        let got = encode_batch(
+            0.0,
+            &[KvCacheEvent::BlockStored(Box::new(e.clone()))],
+            None,
+            WireFormat::Map,
+        );
+        let want: &[u8] = b"\x93\xcb\x00\x00\x00\x00\x00\x00\x00\x00\x91\xde\x00\r\xa4type\
+\xabBlockStored\xacblock_hashes\x91\x01\xb1parent_block_hash\xc0\xa9token_ids\x92\x01\x02\
+\xaablock_size\x02\xa7lora_id\xc0\xa6medium\xa3GPU\xa9lora_name\xc0\xa9group_idx\x00\
+\xa8locality\xa5LOCAL\xa9ownership\xa4kvcr\xaasession_id\xa2s1\xb3lookahead_token_ids\x91\
+\x92\x03\xce\x00\x01\x11p\xc0";
+        assert_eq!(got, want);
+        let got = encode_batch(
+            0.0,
+            &[KvCacheEvent::BlockStored(Box::new(e))],
+            None,
+            WireFormat::Array,
+        );
+        assert!(got.ends_with(b"\xa5LOCAL\xa4kvcr\xa2s1\x91\x92\x03\xce\x00\x01\x11p\xc0"));
     }
 
     #[test]

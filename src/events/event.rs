@@ -34,6 +34,16 @@ pub struct BlockStored {
     pub kv_cache_spec_kind: Option<&'static str>,
     /// The group's sliding window, filled in by the manager.
     pub kv_cache_spec_sliding_window: Option<u32>,
+    /// `"LOCAL"` or `"REMOTE"` relative to the publisher (offloading tiers); `None` from
+    /// a GPU pool.
+    pub locality: Option<String>,
+    /// The secondary offloading tier that generated the event; `None` from a GPU pool.
+    pub ownership: Option<String>,
+    /// The session of the request whose blocks are stored (its `session_id`).
+    pub session_id: Option<String>,
+    /// Per stored block, the tokens after it that its hash covers; `None` without hash
+    /// lookahead (always, from kvblocks' pool: its manager refuses lookahead).
+    pub lookahead_token_ids: Option<Vec<Vec<u32>>>,
 }
 
 /// One cached (hash, group) entry dropped from the prefix cache.
@@ -50,8 +60,8 @@ pub struct BlockRemoved {
 /// A KV cache event, in emission order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum KvCacheEvent {
-    /// See [`BlockStored`].
-    BlockStored(BlockStored),
+    /// See [`BlockStored`] (boxed: it is several times the size of the other variants).
+    BlockStored(Box<BlockStored>),
     /// See [`BlockRemoved`].
     BlockRemoved(BlockRemoved),
     /// The whole prefix cache was reset.
@@ -70,6 +80,10 @@ pub trait StoredBlockSource {
     }
     /// The request's LoRA name.
     fn lora_name(&self) -> Option<&str> {
+        None
+    }
+    /// The request's session.
+    fn session_id(&self) -> Option<&str> {
         None
     }
 }

@@ -39,6 +39,11 @@ struct Entry {
     has_extra_keys: bool,
     kind: Option<&'static str>,
     sliding_window: Option<u32>,
+    locality: Option<Arc<str>>,
+    ownership: Option<Arc<str>>,
+    session_id: Option<Arc<str>>,
+    /// The block's `lookahead_token_ids` entry; `None` when the source event had none.
+    lookahead: Option<Vec<u32>>,
 }
 
 /// The cached (external hash, group) set, with what it takes to re-announce each entry.
@@ -101,7 +106,13 @@ impl CacheIndex {
             return;
         }
         let tokens: Arc<[u32]> = e.token_ids.as_slice().into();
-        let lora_name: Option<Arc<str>> = e.lora_name.as_deref().map(Arc::from);
+        let shared = |v: &Option<String>| v.as_deref().map(Arc::<str>::from);
+        let lora_name = shared(&e.lora_name);
+        let (locality, ownership, session_id) = (
+            shared(&e.locality),
+            shared(&e.ownership),
+            shared(&e.session_id),
+        );
         let bs = e.block_size as usize;
         // Leading tokens belong to skipped blocks; clamp for malformed (short) events.
         let skip = tokens.len().saturating_sub(n * bs);
@@ -130,6 +141,13 @@ impl CacheIndex {
                     has_extra_keys: e.extra_keys.is_some(),
                     kind: e.kv_cache_spec_kind,
                     sliding_window: e.kv_cache_spec_sliding_window,
+                    locality: locality.clone(),
+                    ownership: ownership.clone(),
+                    session_id: session_id.clone(),
+                    lookahead: e
+                        .lookahead_token_ids
+                        .as_ref()
+                        .map(|per_block| per_block.get(i).cloned().unwrap_or_default()),
                 });
             if entry.count == 0 {
                 self.next_order += 1;
@@ -163,7 +181,9 @@ impl CacheIndex {
             for k in chain.drain(..).rev() {
                 let entry = &self.entries[&k];
                 for _ in 0..entry.count {
-                    out.push(KvCacheEvent::BlockStored(self.entry_event(k, entry)));
+                    out.push(KvCacheEvent::BlockStored(Box::new(
+                        self.entry_event(k, entry),
+                    )));
                 }
             }
         }
@@ -185,6 +205,10 @@ impl CacheIndex {
             group_idx: group,
             kv_cache_spec_kind: e.kind,
             kv_cache_spec_sliding_window: e.sliding_window,
+            locality: e.locality.as_deref().map(str::to_owned),
+            ownership: e.ownership.as_deref().map(str::to_owned),
+            session_id: e.session_id.as_deref().map(str::to_owned),
+            lookahead_token_ids: e.lookahead.clone().map(|tokens| vec![tokens]),
         }
     }
 }
@@ -195,7 +219,7 @@ mod tests {
     use crate::events::event::{BlockRemoved, MEDIUM_GPU};
 
     fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>, group: u32) -> KvCacheEvent {
-        KvCacheEvent::BlockStored(BlockStored {
+        KvCacheEvent::BlockStored(Box::new(BlockStored {
             block_hashes: hashes.to_vec(),
             parent_block_hash: parent,
             token_ids: tokens,
@@ -207,7 +231,11 @@ mod tests {
             group_idx: group,
             kv_cache_spec_kind: Some("full_attention"),
             kv_cache_spec_sliding_window: None,
-        })
+            locality: None,
+            ownership: None,
+            session_id: None,
+            lookahead_token_ids: None,
+        }))
     }
 
     fn removed(h: u64, group: u32) -> KvCacheEvent {

@@ -490,19 +490,24 @@ impl BlockPool {
                 .iter()
                 .map(|&i| source.event_extra_keys(i * block_size, (i + 1) * block_size))
                 .collect();
-            self.events.push(KvCacheEvent::BlockStored(BlockStored {
-                block_hashes: stored.iter().map(|&i| hash_at(i).external()).collect(),
-                parent_block_hash: (num_cached > 0).then(|| hash_at(num_cached - 1).external()),
-                token_ids,
-                block_size: block_size as u32,
-                lora_id: source.lora_id(),
-                medium: MEDIUM_GPU,
-                lora_name: source.lora_name().map(str::to_owned),
-                extra_keys: (!extra_keys.is_empty()).then_some(extra_keys),
-                group_idx: group,
-                kv_cache_spec_kind: None,
-                kv_cache_spec_sliding_window: None,
-            }));
+            self.events
+                .push(KvCacheEvent::BlockStored(Box::new(BlockStored {
+                    block_hashes: stored.iter().map(|&i| hash_at(i).external()).collect(),
+                    parent_block_hash: (num_cached > 0).then(|| hash_at(num_cached - 1).external()),
+                    token_ids,
+                    block_size: block_size as u32,
+                    lora_id: source.lora_id(),
+                    medium: MEDIUM_GPU,
+                    lora_name: source.lora_name().map(str::to_owned),
+                    extra_keys: (!extra_keys.is_empty()).then_some(extra_keys),
+                    group_idx: group,
+                    kv_cache_spec_kind: None,
+                    kv_cache_spec_sliding_window: None,
+                    locality: None,
+                    ownership: None,
+                    session_id: source.session_id().map(str::to_owned),
+                    lookahead_token_ids: None,
+                })));
         }
         Ok(())
     }
@@ -557,19 +562,25 @@ impl BlockPool {
         if self.enable_events && !already {
             let start = (n - 1) * h;
             let tokens = source.token_ids();
-            self.events.push(KvCacheEvent::BlockStored(BlockStored {
-                block_hashes: vec![key.hash.external()],
-                parent_block_hash: (n > 1).then(|| request_hashes[n - 2].external()),
-                token_ids: tokens[start.min(tokens.len())..num_tokens.min(tokens.len())].to_vec(),
-                block_size: h as u32,
-                lora_id: source.lora_id(),
-                medium: MEDIUM_GPU,
-                lora_name: source.lora_name().map(str::to_owned),
-                extra_keys: Some(vec![source.event_extra_keys(start, num_tokens)]),
-                group_idx: group,
-                kv_cache_spec_kind: None,
-                kv_cache_spec_sliding_window: None,
-            }));
+            self.events
+                .push(KvCacheEvent::BlockStored(Box::new(BlockStored {
+                    block_hashes: vec![key.hash.external()],
+                    parent_block_hash: (n > 1).then(|| request_hashes[n - 2].external()),
+                    token_ids: tokens[start.min(tokens.len())..num_tokens.min(tokens.len())]
+                        .to_vec(),
+                    block_size: h as u32,
+                    lora_id: source.lora_id(),
+                    medium: MEDIUM_GPU,
+                    lora_name: source.lora_name().map(str::to_owned),
+                    extra_keys: Some(vec![source.event_extra_keys(start, num_tokens)]),
+                    group_idx: group,
+                    kv_cache_spec_kind: None,
+                    kv_cache_spec_sliding_window: None,
+                    locality: None,
+                    ownership: None,
+                    session_id: source.session_id().map(str::to_owned),
+                    lookahead_token_ids: None,
+                })));
         }
         Ok(())
     }

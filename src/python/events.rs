@@ -318,10 +318,10 @@ pub(crate) fn event_to_py(py: Python<'_>, event: &KvCacheEvent) -> PyResult<PyOb
                 group_idx: Some(e.group_idx),
                 kv_cache_spec_kind: e.kv_cache_spec_kind.map(str::to_owned),
                 kv_cache_spec_sliding_window: e.kv_cache_spec_sliding_window,
-                locality: None,
-                ownership: None,
-                session_id: None,
-                lookahead_token_ids: None,
+                locality: e.locality.clone(),
+                ownership: e.ownership.clone(),
+                session_id: e.session_id.clone(),
+                lookahead_token_ids: e.lookahead_token_ids.clone(),
             },
         )?
         .into_any()

@@ -21,9 +21,9 @@ use crate::events::{encode_batch, EventBatch, EventSink, PayloadEncoder, WireFor
 
 /// Media a kvblocks event may name (vLLM's `MEDIUM_*` constants).
 const MEDIA: [&str; 3] = ["GPU", "CPU", "STORAGE"];
-/// `BlockStored` fields kvblocks never sets; a value other than `None` is refused.
-const STORED_UNSUPPORTED: [&str; 4] =
-    ["locality", "ownership", "session_id", "lookahead_token_ids"];
+/// `BlockRemoved` fields kvblocks' encoder does not write; a value other than `None` is
+/// refused.
+const REMOVED_UNSUPPORTED: [&str; 2] = ["locality", "ownership"];
 
 fn parse_format(name: &str) -> PyResult<WireFormat> {
     WireFormat::parse(name)
@@ -46,6 +46,16 @@ fn now() -> f64 {
 
 fn opt<'py, T: FromPyObject<'py>>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Option<T>> {
     obj.getattr(name)?.extract()
+}
+
+/// A field that an older vLLM's event class lacks (vLLM 0.32 has no
+/// `lookahead_token_ids`): `None` when absent.
+fn newer<'py, T: FromPyObject<'py>>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Option<T>> {
+    if obj.hasattr(name)? {
+        opt(obj, name)
+    } else {
+        Ok(None)
+    }
 }
 
 fn medium(obj: &Bound<'_, PyAny>) -> PyResult<&'static str> {
@@ -85,15 +95,8 @@ fn event_from_py(obj: &Bound<'_, PyAny>) -> PyResult<KvCacheEvent> {
     let ty = obj.get_type().name()?;
     match ty.to_str()? {
         "BlockStored" => {
-            for name in STORED_UNSUPPORTED {
-                if obj.hasattr(name)? && !obj.getattr(name)?.is_none() {
-                    return Err(invalid_argument(format!(
-                        "BlockStored.{name} is not supported by kvblocks' encoder"
-                    )));
-                }
-            }
             let kind: Option<String> = opt(obj, "kv_cache_spec_kind")?;
-            Ok(KvCacheEvent::BlockStored(BlockStored {
+            Ok(KvCacheEvent::BlockStored(Box::new(BlockStored {
                 block_hashes: obj.getattr("block_hashes")?.extract()?,
                 parent_block_hash: opt(obj, "parent_block_hash")?,
                 token_ids: obj.getattr("token_ids")?.extract()?,
@@ -107,11 +110,15 @@ fn event_from_py(obj: &Bound<'_, PyAny>) -> PyResult<KvCacheEvent> {
                     .map(|k| interned(&k, &SPEC_KINDS, "kv_cache_spec_kind"))
                     .transpose()?,
                 kv_cache_spec_sliding_window: opt(obj, "kv_cache_spec_sliding_window")?,
-            }))
+                locality: newer(obj, "locality")?,
+                ownership: newer(obj, "ownership")?,
+                session_id: newer(obj, "session_id")?,
+                lookahead_token_ids: newer(obj, "lookahead_token_ids")?,
+            })))
         }
         "BlockRemoved" => {
-            for name in &STORED_UNSUPPORTED[..2] {
-                if obj.hasattr(*name)? && !obj.getattr(*name)?.is_none() {
+            for name in REMOVED_UNSUPPORTED {
+                if obj.hasattr(name)? && !obj.getattr(name)?.is_none() {
                     return Err(invalid_argument(format!(
                         "BlockRemoved.{name} is not supported by kvblocks' encoder"
                     )));

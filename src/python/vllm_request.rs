@@ -190,6 +190,7 @@ pub(crate) struct VllmRequest<'a> {
     awaiting_admission: bool,
     memo: &'a RequestMemo,
     lora: Option<(i64, String)>,
+    session_id: Option<String>,
     hints: RetentionHints,
 }
 
@@ -242,6 +243,11 @@ impl<'a> VllmRequest<'a> {
         } else {
             None
         };
+        let session_id = if fields.event_tokens {
+            session_of(&a)?
+        } else {
+            None
+        };
         let hints = if fields.retention {
             retention_hints_of(&a, lora.as_ref())?
         } else {
@@ -281,6 +287,7 @@ impl<'a> VllmRequest<'a> {
             awaiting_admission,
             memo,
             lora,
+            session_id,
             hints,
         })
     }
@@ -312,6 +319,17 @@ fn retention_hints_of(a: &Attrs<'_, '_>, lora: Option<&(i64, String)>) -> PyResu
     ))
 }
 
+/// The request's `session_id` (for `BlockStored` events). A look-alike without it has none.
+fn session_of(a: &Attrs<'_, '_>) -> PyResult<Option<String>> {
+    match a.get(intern!(a.obj.py(), attr::SESSION_ID)) {
+        Ok(v) if !v.is_none() => v
+            .extract::<String>()
+            .map(Some)
+            .map_err(|_| invalid_type("request.session_id must be a str or None")),
+        _ => Ok(None),
+    }
+}
+
 /// `(lora_int_id, lora_name)` of the request's LoRA adapter, if any.
 fn lora_of(a: &Attrs<'_, '_>) -> PyResult<Option<(i64, String)>> {
     let py = a.obj.py();
@@ -340,6 +358,9 @@ impl StoredBlockSource for VllmRequest<'_> {
     }
     fn lora_name(&self) -> Option<&str> {
         self.lora.as_ref().map(|l| l.1.as_str())
+    }
+    fn session_id(&self) -> Option<&str> {
+        self.session_id.as_deref()
     }
 }
 
@@ -414,6 +435,9 @@ impl StoredBlockSource for AnyRequest<'_> {
     }
     fn lora_name(&self) -> Option<&str> {
         self.view().lora_name()
+    }
+    fn session_id(&self) -> Option<&str> {
+        self.view().session_id()
     }
 }
 

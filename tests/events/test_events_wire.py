@@ -4,7 +4,8 @@ less).
 
 tests/data/events_{map,array}.bin were written by tools/gen_event_fixtures.py with the
 oracle: vLLM's KVCacheManager over a small trace (hybrid full + sliding-window groups,
-LoRA, cache salt, multimodal, evictions, a reset), encoded by msgspec.
+LoRA, cache salt, multimodal, sessions, evictions, a reset) and one offloading tier's
+`BlockStored` with locality, ownership and lookahead tokens, encoded by msgspec.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def test_fixture_covers_every_event_kind_and_field() -> None:
     assert any(e["kv_cache_spec_sliding_window"] for e in stored)
     assert any(e["parent_block_hash"] is not None for e in stored)
     assert any(k is not None for e in stored for k in e["extra_keys"])
+    for name in ("locality", "ownership", "session_id", "lookahead_token_ids"):
+        assert any(e[name] is not None for e in stored), name
     assert {s["data_parallel_rank"] for s in steps()} >= {None, 0}
 
 
@@ -82,9 +85,10 @@ def test_decodes_with_msgpack() -> None:
         (BlockRemoved([-1], "GPU", 0), OverflowError),
         (BlockRemoved([1], "DISK", 0), ValueError),
         (BlockRemoved([1], "GPU", None), ValueError),
+        (BlockRemoved([1], "GPU", 0, locality="LOCAL"), ValueError),
         (
-            BlockStored([1], None, [1], 2, None, "GPU", None, session_id="s", group_idx=0),
-            ValueError,
+            BlockStored([1], None, [1], 2, None, "GPU", None, group_idx=0, session_id=3),
+            TypeError,
         ),
         (BlockStored([1], None, [1], 2, None, "GPU", None, [(1.5,)], 0), TypeError),
         (BlockStored([1], None, [1], 2, None, "GPU", None, None, 0, "bogus"), ValueError),
@@ -207,7 +211,7 @@ def test_live_trace_bytes_equal_vllm() -> None:
     )
     big = 70000
     specs: list[tuple[str, list[int], dict[str, Any], dict[str, Any]]] = [
-        ("plain", list(range(1, 14)), {}, {}),
+        ("plain", list(range(1, 14)), {"session_id": "chat-1"}, {"session_id": "chat-1"}),
         ("shared", [*range(1, 9), big, 300, 301, 302], {}, {}),
         (
             "lora",
@@ -234,7 +238,7 @@ def test_live_trace_bytes_equal_vllm() -> None:
         )
         for c in (ke.BlockStored, ke.BlockRemoved, ke.AllBlocksCleared)
     }
-    compared = 0
+    compared = sessions = 0
     # kvblocks' encoder writes vLLM 0.33's `BlockStored` (15 fields, `lookahead_token_ids`
     # last). vLLM 0.32's has 14: msgspec gives it a fixmap header instead of a map16, and
     # one array element less; its decoder reads kvblocks' map bytes as the same events.
@@ -242,11 +246,12 @@ def test_live_trace_bytes_equal_vllm() -> None:
     decoder = msgspec.msgpack.Decoder(ke.KVEventBatch)
 
     def compare(ts: float) -> None:
-        nonlocal compared
+        nonlocal compared, sessions
         vev, kev = vm.take_events(), km.take_events()
         assert len(vev) == len(kev)
         if not vev:
             return
+        sessions += sum(getattr(e, "session_id", None) is not None for e in kev)
         want_map = encoder.encode(ke.KVEventBatch(ts=ts, events=vev))
         arr = [twins[type(e).__name__](**msgspec.structs.asdict(e)) for e in vev]
         want_array = encoder.encode(ke.KVEventBatch(ts=ts, events=arr))
@@ -273,3 +278,4 @@ def test_live_trace_bytes_equal_vllm() -> None:
     assert vm.reset_prefix_cache() and km.reset_prefix_cache()
     compare(100.0)
     assert compared > 40
+    assert sessions > 0

@@ -216,6 +216,7 @@ def event_view(e: Any) -> tuple[Any, ...]:
             e.group_idx,
             e.kv_cache_spec_kind,
             e.kv_cache_spec_sliding_window,
+            e.session_id,
         )
     if name == "BlockRemoved":
         return (name, list(e.block_hashes), e.group_idx)
@@ -250,8 +251,16 @@ class Driver:
     def make_pair(self, prompt: list[int], max_out: int) -> Pair:
         rid = f"r{self.next_id}"
         self.next_id += 1
-        v = VllmRequest(rid, prompt, SamplingParams(max_tokens=64), None, block_hasher=self.hasher)
-        k = kb.Request(rid, prompt, self.khasher)
+        session = self.rng.choice([None, "s0", "s1"])
+        v = VllmRequest(
+            rid,
+            prompt,
+            SamplingParams(max_tokens=64),
+            None,
+            block_hasher=self.hasher,
+            session_id=session,
+        )
+        k = kb.Request(rid, prompt, self.khasher, session_id=session)
         assert list(v.block_hashes) == list(k.block_hashes)
         return Pair(v, k, max_out)
 

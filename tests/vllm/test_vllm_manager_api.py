@@ -50,7 +50,7 @@ def managers(cfg: Any, **kw: Any) -> tuple[Any, Any]:
     return VllmManager(cfg, **args), kv.KVCacheManager(cfg, **args)
 
 
-def request(rid: str, tokens: list[int]) -> Any:
+def request(rid: str, tokens: list[int], session_id: str | None = None) -> Any:
     return Request(
         rid,
         tokens,
@@ -58,6 +58,7 @@ def request(rid: str, tokens: list[int]) -> Any:
         None,
         arrival_time=0.0,
         block_hasher=get_request_block_hasher(BS, sha256),
+        session_id=session_id,
     )
 
 
@@ -72,8 +73,8 @@ def admit(mgr: Any, req: Any) -> tuple[Any, int]:
     return new, hit
 
 
-def pair(rid: str, tokens: list[int]) -> tuple[Any, Any]:
-    return request(rid, tokens), request(rid, tokens)
+def pair(rid: str, tokens: list[int], session_id: str | None = None) -> tuple[Any, Any]:
+    return request(rid, tokens, session_id), request(rid, tokens, session_id)
 
 
 SHARED = list(range(100, 100 + 3 * BS))
@@ -81,7 +82,10 @@ SHARED = list(range(100, 100 + 3 * BS))
 
 def test_same_answers_as_vllm_call_by_call() -> None:
     stock, ours = managers(config(), log_stats=True, enable_kv_cache_events=True)
-    reqs = [pair(f"r{i}", SHARED + list(range(1000 * i, 1000 * i + BS + i))) for i in range(4)]
+    reqs = [
+        pair(f"r{i}", SHARED + list(range(1000 * i, 1000 * i + BS + i)), [None, f"s{i}"][i % 2])
+        for i in range(4)
+    ]
     for (a, b), i in zip(reqs, range(4), strict=True):
         new_a, hit_a = admit(stock, a)
         new_b, hit_b = admit(ours, b)
@@ -100,6 +104,7 @@ def test_same_answers_as_vllm_call_by_call() -> None:
     events = ours.take_events()
     assert events == stock.take_events()
     assert events and all(isinstance(e, BlockStored) for e in events)
+    assert {e.session_id for e in events} == {None, "s1", "s3"}  # each names its session
     # Deferred frees, as vLLM's scheduler does them under async scheduling.
     for a, b in reqs[:2]:
         popped_a = stock.pop_blocks_for_free(a)
