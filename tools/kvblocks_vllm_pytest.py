@@ -9,6 +9,10 @@ By default the install is strict (`fallback=False`): a configuration kvblocks re
 fails its test instead of quietly running on vLLM's own manager. With
 `KVBLOCKS_VLLM_TESTS_FALLBACK=1` it falls back as a deployment would, and the terminal
 summary counts the fallbacks.
+
+With `KVBLOCKS_VLLM_TESTS_EVERYWHERE=1` (`tools/vllm_tests.py --core`) kvblocks' manager also
+stands in for `vllm.v1.core.kv_cache_manager.KVCacheManager`, where vLLM's own manager tests
+import it from, so they test kvblocks' manager too.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from typing import Any
 import pytest
 
 FALLBACK = os.environ.get("KVBLOCKS_VLLM_TESTS_FALLBACK", "") == "1"
+EVERYWHERE = os.environ.get("KVBLOCKS_VLLM_TESTS_EVERYWHERE", "") == "1"
+# vLLM's own manager class in vllm.v1.core.kv_cache_manager, while EVERYWHERE replaced it.
+_vllm_manager: list[Any] = []
 _installed: list[str] = []
 # What the tests built through the installed names: manager classes, hasher modules.
 _built: Counter[str] = Counter()
@@ -49,6 +56,11 @@ def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> 
     # uninstall() puts vLLM's own objects back over these wrappers.
     _counting(sched, "KVCacheManager", lambda m: f"manager {type(m).__module__}")
     _counting(kcu, "get_request_block_hasher", lambda h: f"hasher {type(h).__module__}")
+    if EVERYWHERE:
+        import vllm.v1.core.kv_cache_manager as kcm
+
+        _vllm_manager.append(kcm.KVCacheManager)
+        kcm.KVCacheManager = sched.KVCacheManager
 
 
 def pytest_report_header(config: Any) -> str:
@@ -82,3 +94,7 @@ def pytest_unconfigure(config: Any) -> None:
     import kvblocks.vllm
 
     kvblocks.vllm.uninstall()
+    if _vllm_manager:
+        import vllm.v1.core.kv_cache_manager as kcm
+
+        kcm.KVCacheManager = _vllm_manager.pop()

@@ -10,11 +10,17 @@
     python tools/vllm_tests.py all --vllm 0.32   # the same for vLLM 0.32 (default: 0.33)
     python tools/vllm_tests.py run --kvblocks -- -k preempt -x    # after --: pytest's own
     python tools/vllm_tests.py all --offload     # the offload tests, kvblocks' cache policies
+    python tools/vllm_tests.py all --core        # all of tests/v1/core, kvblocks' manager everywhere
 
 `--offload` runs vLLM's offload tests (tests/v1/kv_offload/cpu and
 tests/v1/kv_connector/unit/offloading_connector) instead, stock and with kvblocks' cache
 policies selected in place of vLLM's `lru` and `arc` (tools/kvblocks_offload_pytest.py),
 with their results in .vllm-tests/V/results-offload/.
+
+`--core` runs all of vLLM's tests/v1/core, and with `--kvblocks` puts kvblocks' manager
+wherever vLLM's is named: the scheduler module and `vllm.v1.core.kv_cache_manager`, which
+vLLM's manager tests import it from (strict unless `--fallback`). Results go to
+.vllm-tests/V/results-core/.
 
 `--vllm V` picks one of the releases kvblocks supports (kvblocks.vllm._versions.SUPPORTED):
 its venv, .venv-vllm-V (tools/vllm_env/setup.sh V; `--venv` for another), the sdist of the
@@ -24,7 +30,7 @@ from a site folder put first on PYTHONPATH (default .oracle-site.harness-V), nev
 venv itself. `run` writes junit xml and a plain `OUTCOME NODEID` list per run; `compare`
 (and `run --compare`) exits 1 when any test that passes on stock fails on kvblocks, and
 writes those tests grouped by cause, with the head of a traceback each, to
-.vllm-tests/V/failures.md (failures-offload.md).
+.vllm-tests/V/failures.md (failures-offload.md, failures-core.md).
 
 The vLLM sdist cannot be built here, so pip is only asked to unpack it: `pip download
 --no-binary :all: --no-deps --no-clean --no-build-isolation` fails at "Preparing metadata"
@@ -50,6 +56,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILES = ("tests/v1/core/test_scheduler.py", "tests/v1/core/test_async_scheduler.py")
 # vLLM 0.33's tests of the host-memory (CPU offload) tier: `--offload`.
 OFFLOAD_FILES = ("tests/v1/kv_offload/cpu", "tests/v1/kv_connector/unit/offloading_connector")
+# `--core`: every test of the KV cache manager, the scheduler and the coordinators.
+CORE_FILES = ("tests/v1/core",)
 WHEELS = Path.home() / ".cache" / "kvblocks-wheels"
 PYTEST_DEPS = ("pytest", "iniconfig", "pluggy", "packaging")
 
@@ -297,12 +305,15 @@ def run(args: argparse.Namespace) -> int:
             [str(ROOT / "python")] * args.tree + [str(args.site), str(ROOT / "tools")]
         ),
         KVBLOCKS_VLLM_TESTS_FALLBACK="1" if args.fallback else "0",
+        KVBLOCKS_VLLM_TESTS_EVERYWHERE="1" if args.core else "0",
     )
     cmd = [str(args.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "pytest.ini"]
     cmd += ["--rootdir", ".", f"--junitxml={xml_path}", "-o", "junit_family=xunit1"]
     if args.kvblocks:
         cmd += ["-p", "kvblocks_offload_pytest" if args.offload else "kvblocks_vllm_pytest"]
-    files = args.files or (OFFLOAD_FILES if args.offload else DEFAULT_FILES)
+    files = args.files or (
+        OFFLOAD_FILES if args.offload else CORE_FILES if args.core else DEFAULT_FILES
+    )
     cmd += [*args.pytest_args, *files]
     log(f"{name}: {' '.join(cmd[1:])}")
     start = time.monotonic()
@@ -326,13 +337,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def results_dir(args: argparse.Namespace) -> Path:
-    """Where a run's results go: results/, or results-offload/ with `--offload`."""
-    return args.dest / ("results-offload" if args.offload else "results")
+    """Where a run's results go: results/, or results-offload/ (`--offload`), or
+    results-core/ (`--core`)."""
+    return args.dest / ("results-offload" if args.offload else "results-core" if args.core else "results")
 
 
 def compare(dest: Path, results: Path) -> int:
     """List the tests that pass on stock vLLM and do not pass with kvblocks installed."""
-    failures = dest / ("failures.md" if results.name == "results" else "failures-offload.md")
+    failures = dest / results.name.replace("results", "failures", 1)
+    failures = failures.with_name(failures.name + ".md")
     runs = {}
     for name in ("stock", "kvblocks"):
         path = results / f"{name}.xml"
@@ -376,6 +389,12 @@ def main() -> int:
         "--offload",
         action="store_true",
         help="vLLM's offload tests; --kvblocks selects kvblocks' cache policies",
+    )
+    p.add_argument(
+        "--core",
+        action="store_true",
+        help="all of vLLM's tests/v1/core; --kvblocks puts kvblocks' manager wherever vLLM's "
+        "is named",
     )
     p.add_argument(
         "--fallback",
