@@ -314,6 +314,10 @@ def run(args: argparse.Namespace) -> int:
     files = args.files or (
         OFFLOAD_FILES if args.offload else CORE_FILES if args.core else DEFAULT_FILES
     )
+    if args.core:
+        # A few of tests/v1/core's modules need what the venv lacks (httpx, a server): they
+        # count as errors instead of stopping the run.
+        cmd.append("--continue-on-collection-errors")
     cmd += [*args.pytest_args, *files]
     log(f"{name}: {' '.join(cmd[1:])}")
     start = time.monotonic()
