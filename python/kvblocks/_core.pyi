@@ -893,11 +893,18 @@ def external_block_hashes(block_hashes: Sequence[bytes]) -> list[int]:
 class BlockHasher:
     """The block size and algorithm a `Request` hashes its full blocks with."""
 
-    def __new__(cls, hash_block_size: int, algo: str = "sha256_cbor") -> BlockHasher: ...
+    def __new__(
+        cls, hash_block_size: int, algo: str = "sha256_cbor", num_hash_lookahead_tokens: int = 0
+    ) -> BlockHasher:
+        """With `num_hash_lookahead_tokens` L > 0, each block's hash also covers the L
+        tokens after it (vLLM 0.33's lookahead hashes): a request hashes a block once
+        those tokens exist."""
     @property
     def hash_block_size(self) -> int: ...
     @property
     def algo(self) -> str: ...
+    @property
+    def num_hash_lookahead_tokens(self) -> int: ...
 
 @final
 class RequestBlockHasher:

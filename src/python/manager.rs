@@ -333,8 +333,14 @@ impl PyKVCacheManager {
                         enable_caching=true, use_eagle=false, log_stats=false,
                         enable_kv_cache_events=false, watermark=0.0,
                         record_new_block_ids=false, count_null_block_refs=false,
-                        retention=None, num_prefill_lookahead=0,
-                        num_hash_lookahead_tokens=0))]
+                        retention=None, num_prefill_lookahead=NonNegativeInt(0),
+                        num_hash_lookahead_tokens=NonNegativeInt(0)),
+                  text_signature = "(kv_cache_config, max_model_len, hash_block_size, *, \
+                        scheduler_block_size=None, max_in_flight_tokens=None, \
+                        enable_caching=True, use_eagle=False, log_stats=False, \
+                        enable_kv_cache_events=False, watermark=0.0, \
+                        record_new_block_ids=False, count_null_block_refs=False, \
+                        retention=None, num_prefill_lookahead=0, num_hash_lookahead_tokens=0)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
