@@ -72,6 +72,12 @@ pub struct CoordinatorOptions {
     pub record_new_block_ids: bool,
     /// Count references to the null block as vLLM 0.32 does (`pool/null_block.rs`).
     pub count_null_block_refs: bool,
+    /// Multi-module MTP's prefill lookahead (vLLM's `num_prefill_lookahead`): the last
+    /// `num_prefill_lookahead - 1` computed tokens may be re-prefilled, so are not cached.
+    pub num_prefill_lookahead: usize,
+    /// Tokens after each block that its hash also covers (vLLM's
+    /// `num_hash_lookahead_tokens`): the pool publishes them in `BlockStored`.
+    pub num_hash_lookahead_tokens: usize,
 }
 
 /// vLLM 0.33's `KVCacheCoordinator` family.
@@ -82,6 +88,9 @@ pub struct Coordinator {
     managers: Vec<SingleTypeManager>,
     scheduler_block_size: usize,
     hash_block_size: usize,
+    /// Computed tokens that multi-module MTP may re-prefill, kept out of the cache
+    /// (vLLM's `num_reprefillable_tokens`).
+    num_reprefillable_tokens: usize,
     /// Whether any group drops the EAGLE block (vLLM's `drop_eagle_group_ids` non-empty).
     any_drop_eagle: bool,
     /// Per group: whether its hits drop the EAGLE block.
@@ -105,6 +114,7 @@ impl Coordinator {
             opts.enable_kv_cache_events,
         )?;
         pool.set_count_null_block_refs(opts.count_null_block_refs);
+        pool.set_num_hash_lookahead_tokens(opts.num_hash_lookahead_tokens);
         let drop_eagle = drop_eagle_groups(&groups, opts.use_eagle);
         let mut managers = Vec::with_capacity(groups.len());
         for (i, params) in groups.into_iter().enumerate() {
@@ -130,6 +140,7 @@ impl Coordinator {
             managers,
             scheduler_block_size: sbs,
             hash_block_size: hbs,
+            num_reprefillable_tokens: opts.num_prefill_lookahead.saturating_sub(1),
             any_drop_eagle: drop_eagle.iter().any(|&d| d),
             drop_eagle,
             spec_groups: Vec::new(),
@@ -521,20 +532,31 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Tokens group `group` may cache out of `num_tokens` (hybrid: aligned down to the
-    /// scheduler block size; EAGLE groups one block further).
+    /// Tokens group `group` may cache out of `num_tokens` computed ones: all but the
+    /// last `num_reprefillable_tokens` (multi-module MTP re-prefills them); hybrid:
+    /// aligned down to the scheduler block size, and an EAGLE group one block further,
+    /// within the tokens no MTP module re-prefills.
     #[inline]
     pub fn num_cacheable_tokens(&self, num_tokens: usize, group: usize) -> usize {
+        let finalized = num_tokens.saturating_sub(self.num_reprefillable_tokens);
         if self.kind != CoordinatorKind::Hybrid {
-            return num_tokens;
+            return finalized;
         }
-        let aligned = num_tokens / self.scheduler_block_size * self.scheduler_block_size;
+        let sbs = self.scheduler_block_size;
+        let aligned = num_tokens / sbs * sbs;
         let m = &self.managers[group];
         if m.use_eagle && aligned > 0 {
-            num_tokens.min(aligned + m.block_size())
+            finalized.min(finalized / sbs * sbs + m.block_size())
         } else {
             aligned
         }
+    }
+
+    /// Computed tokens that multi-module MTP may re-prefill, never cached (vLLM's
+    /// `num_reprefillable_tokens`: `num_prefill_lookahead - 1`).
+    #[inline]
+    pub fn num_reprefillable_tokens(&self) -> usize {
+        self.num_reprefillable_tokens
     }
 
     /// Caches the request's newly full blocks in every caching group.
@@ -659,6 +681,7 @@ fn validate(
     }
     if opts.enable_caching {
         validate_prefix_caching(groups, hbs, opts.retention_interval.is_some())?;
+        validate_prefill_lookahead(groups, opts)?;
     }
     let sparse_caching = validate_sparse_caching(opts.retention_interval, sbs, groups)?;
     Ok((kind, sparse_caching))
@@ -683,6 +706,21 @@ fn validate_prefix_caching(groups: &[ManagerParams], hbs: usize, sparse: bool) -
                 g.block_size
             )));
         }
+    }
+    Ok(())
+}
+
+/// vLLM 0.33's multi-module MTP check: with prefix caching and an EAGLE group (a
+/// flagged group, or any group under `use_eagle`), the EAGLE drop of one scheduler block
+/// must cover the `num_prefill_lookahead` tokens written past a chunk's end.
+fn validate_prefill_lookahead(groups: &[ManagerParams], opts: &CoordinatorOptions) -> Result<()> {
+    let eagle_groups = groups.iter().any(|g| g.is_eagle_group) || opts.use_eagle;
+    let (sbs, lookahead) = (opts.scheduler_block_size, opts.num_prefill_lookahead);
+    if eagle_groups && !groups.is_empty() && sbs < lookahead {
+        return Err(KvError::InvalidArgument(format!(
+            "Multi-module MTP with prefix caching requires scheduler_block_size (={sbs}) >= \
+             num_speculative_tokens (={lookahead})."
+        )));
     }
     Ok(())
 }

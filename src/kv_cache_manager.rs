@@ -68,6 +68,12 @@ pub struct ManagerOptions {
     /// Count references to the null block as vLLM 0.32 does (`pool/null_block.rs`);
     /// off (vLLM 0.33) by default.
     pub count_null_block_refs: bool,
+    /// Multi-module MTP's `num_prefill_lookahead`: the last `num_prefill_lookahead - 1`
+    /// computed tokens are not cached (they may be re-prefilled).
+    pub num_prefill_lookahead: usize,
+    /// `num_hash_lookahead_tokens`: tokens after each block that its hash covers,
+    /// published in `BlockStored.lookahead_token_ids`.
+    pub num_hash_lookahead_tokens: usize,
 }
 
 impl ManagerOptions {
@@ -85,6 +91,8 @@ impl ManagerOptions {
             watermark_blocks: 0,
             record_new_block_ids: false,
             count_null_block_refs: false,
+            num_prefill_lookahead: 0,
+            num_hash_lookahead_tokens: 0,
         }
     }
 }
@@ -226,6 +234,8 @@ impl KvCacheManager {
                 retention_interval,
                 record_new_block_ids: opts.record_new_block_ids,
                 count_null_block_refs: opts.count_null_block_refs,
+                num_prefill_lookahead: opts.num_prefill_lookahead,
+                num_hash_lookahead_tokens: opts.num_hash_lookahead_tokens,
             },
         )?;
         Ok(Self {
@@ -831,6 +841,8 @@ impl KvCacheManager {
     }
 }
 
+#[cfg(test)]
+mod lookahead_tests;
 mod lookup;
 mod retention;
 mod slots;

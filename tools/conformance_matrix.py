@@ -38,6 +38,8 @@ CONFIGS = {  # name -> replay.py flags
     "full+eagle": ["--config", "eagle"],
     "bs32/hash16": ["--config", "bs32"],
     "caching-off": ["--config", "full", "--no-prefix-caching"],
+    "mtp": ["--config", "mtp"],
+    "spec-lookahead": ["--config", "spec-lookahead", "--sliding-window", "1024"],
 }
 
 

@@ -540,11 +540,19 @@ class KVCacheManager:
         record_new_block_ids: bool = False,
         count_null_block_refs: bool = False,
         retention: RetentionPolicy | None = None,
+        num_prefill_lookahead: int = 0,
+        num_hash_lookahead_tokens: int = 0,
     ) -> Self:
         """With `count_null_block_refs`, references to the null block are counted as
         vLLM 0.32 does: `touch` and `free_blocks` count its `ref_cnt` up and down (it may
         go negative) and a table's leading nulls are freed and popped with it. Off, as
-        vLLM 0.33, they are never counted (docs/vllm-versions.md)."""
+        vLLM 0.33, they are never counted (docs/vllm-versions.md).
+
+        `num_prefill_lookahead` (multi-module MTP) keeps the last
+        `num_prefill_lookahead - 1` computed tokens out of the cache; with prefix caching
+        and an EAGLE group it must not exceed the scheduler block size.
+        `num_hash_lookahead_tokens` is the request hasher's lookahead: each block's
+        `BlockStored` then carries the tokens after it (`lookahead_token_ids`)."""
     def get_computed_blocks(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int]: ...
@@ -562,6 +570,11 @@ class KVCacheManager:
     @property
     def coordinator_kind(self) -> str:
         """vLLM's coordinator class name for this manager's coordinator."""
+    @property
+    def num_reprefillable_tokens(self) -> int:
+        """Computed tokens multi-module MTP may re-prefill, never cached."""
+    @property
+    def num_hash_lookahead_tokens(self) -> int: ...
     @property
     def group_block_sizes(self) -> list[int]: ...
     @property
@@ -880,11 +893,18 @@ def external_block_hashes(block_hashes: Sequence[bytes]) -> list[int]:
 class BlockHasher:
     """The block size and algorithm a `Request` hashes its full blocks with."""
 
-    def __new__(cls, hash_block_size: int, algo: str = "sha256_cbor") -> BlockHasher: ...
+    def __new__(
+        cls, hash_block_size: int, algo: str = "sha256_cbor", num_hash_lookahead_tokens: int = 0
+    ) -> BlockHasher:
+        """With `num_hash_lookahead_tokens` L > 0, each block's hash also covers the L
+        tokens after it (vLLM 0.33's lookahead hashes): a request hashes a block once
+        those tokens exist."""
     @property
     def hash_block_size(self) -> int: ...
     @property
     def algo(self) -> str: ...
+    @property
+    def num_hash_lookahead_tokens(self) -> int: ...
 
 @final
 class RequestBlockHasher:

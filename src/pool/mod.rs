@@ -12,6 +12,7 @@
 //! ```
 
 pub mod free_queue;
+mod hash_lookahead;
 mod id_set;
 pub mod null_block;
 pub mod pins;
@@ -28,6 +29,7 @@ use crate::events::event::{
 use crate::hashing::BlockHashView;
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 use free_queue::FreeQueue;
+use hash_lookahead::HashLookahead;
 use id_set::IdSet;
 pub use null_block::NullBlockRefs;
 use pins::Pins;
@@ -52,6 +54,8 @@ pub struct BlockPool {
     enable_caching: bool,
     hash_block_size: usize,
     enable_events: bool,
+    /// Tokens after each block that its hash covers (events publish them).
+    lookahead: HashLookahead,
     ref_cnt: Vec<u32>,
     /// References to the null block, counted as vLLM 0.32 does or not at all (0.33).
     null_refs: NullBlockRefs,
@@ -110,6 +114,7 @@ impl BlockPool {
             enable_caching,
             hash_block_size,
             enable_events: enable_kv_cache_events,
+            lookahead: HashLookahead::default(),
             ref_cnt,
             null_refs: NullBlockRefs::default(),
             hash_of,
@@ -199,6 +204,19 @@ impl BlockPool {
     /// (vLLM 0.33). Set on a fresh pool; setting it restarts the count at 0.
     pub fn set_count_null_block_refs(&mut self, on: bool) {
         self.null_refs = NullBlockRefs::new(on);
+    }
+
+    /// Sets vLLM 0.33's `num_hash_lookahead_tokens`: each block's `BlockStored` entry
+    /// then carries the tokens after it that its hash covers (`lookahead_token_ids`) and
+    /// the extra keys of the block with them.
+    pub fn set_num_hash_lookahead_tokens(&mut self, n: usize) {
+        self.lookahead = HashLookahead(n);
+    }
+
+    /// vLLM 0.33's `num_hash_lookahead_tokens` (0 by default).
+    #[inline]
+    pub fn num_hash_lookahead_tokens(&self) -> usize {
+        self.lookahead.0
     }
 
     /// Whether references to the null block are counted (vLLM 0.32).
@@ -486,9 +504,10 @@ impl BlockPool {
             let tokens = source.token_ids();
             let (start, end) = (num_cached * block_size, num_full * block_size);
             let token_ids = tokens[start.min(tokens.len())..end.min(tokens.len())].to_vec();
+            let la = self.lookahead;
             let extra_keys: Vec<_> = stored
                 .iter()
-                .map(|&i| source.event_extra_keys(i * block_size, (i + 1) * block_size))
+                .map(|&i| la.extra_keys(source, i * block_size, (i + 1) * block_size))
                 .collect();
             self.events
                 .push(KvCacheEvent::BlockStored(Box::new(BlockStored {
@@ -506,7 +525,8 @@ impl BlockPool {
                     locality: None,
                     ownership: None,
                     session_id: source.session_id().map(str::to_owned),
-                    lookahead_token_ids: None,
+                    lookahead_token_ids: la
+                        .token_ids(source, stored.iter().map(|&i| (i + 1) * block_size)),
                 })));
         }
         Ok(())
@@ -572,14 +592,14 @@ impl BlockPool {
                     lora_id: source.lora_id(),
                     medium: MEDIUM_GPU,
                     lora_name: source.lora_name().map(str::to_owned),
-                    extra_keys: Some(vec![source.event_extra_keys(start, num_tokens)]),
+                    extra_keys: Some(vec![self.lookahead.extra_keys(source, start, num_tokens)]),
                     group_idx: group,
                     kv_cache_spec_kind: None,
                     kv_cache_spec_sliding_window: None,
                     locality: None,
                     ownership: None,
                     session_id: source.session_id().map(str::to_owned),
-                    lookahead_token_ids: None,
+                    lookahead_token_ids: self.lookahead.token_ids(source, [num_tokens]),
                 })));
         }
         Ok(())

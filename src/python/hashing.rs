@@ -7,6 +7,7 @@ use pyo3::types::{PyBytes, PyTuple};
 
 use super::events::key_value_from_py;
 use super::ids::extract_u32s;
+use super::non_negative::NonNegativeInt;
 use crate::hashing::{self, BlockHasher, HashAlgo};
 use crate::types::BlockHash;
 
@@ -70,12 +71,19 @@ pub(crate) struct PyBlockHasher {
 #[pymethods]
 impl PyBlockHasher {
     #[new]
-    #[pyo3(signature = (hash_block_size, algo="sha256_cbor"))]
-    fn new(hash_block_size: i64, algo: &str) -> PyResult<Self> {
+    #[pyo3(signature = (hash_block_size, algo="sha256_cbor",
+                        num_hash_lookahead_tokens=NonNegativeInt(0)),
+                  text_signature = "(hash_block_size, algo='sha256_cbor', \
+                        num_hash_lookahead_tokens=0)")]
+    fn new(
+        hash_block_size: i64,
+        algo: &str,
+        num_hash_lookahead_tokens: NonNegativeInt,
+    ) -> PyResult<Self> {
         let algo = parse_algo(algo)?;
         let size = usize::try_from(hash_block_size).unwrap_or(0);
         Ok(Self {
-            inner: BlockHasher::new(size, algo)?,
+            inner: BlockHasher::new(size, algo)?.with_lookahead(num_hash_lookahead_tokens.0),
         })
     }
 
@@ -91,11 +99,19 @@ impl PyBlockHasher {
         self.inner.algo().name()
     }
 
+    /// Tokens after each block that its hash also covers (vLLM 0.33's
+    /// `num_hash_lookahead_tokens`; 0: none).
+    #[getter]
+    fn num_hash_lookahead_tokens(&self) -> usize {
+        self.inner.num_hash_lookahead_tokens()
+    }
+
     fn __repr__(&self) -> String {
         format!(
-            "BlockHasher(hash_block_size={}, algo={:?})",
+            "BlockHasher(hash_block_size={}, algo={:?}, num_hash_lookahead_tokens={})",
             self.inner.hash_block_size(),
-            self.inner.algo().name()
+            self.inner.algo().name(),
+            self.inner.num_hash_lookahead_tokens()
         )
     }
 }

@@ -14,6 +14,7 @@ use crate::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions, NewB
 use crate::python::config::PyKVCacheConfig;
 use crate::python::events::events_to_py;
 use crate::python::ids::{extract_u32s, IdObjects};
+use crate::python::non_negative::NonNegativeInt;
 use crate::python::pool::PyBlockPool;
 use crate::python::request::{request_list, PyRequest};
 use crate::python::retention::PyRetentionPolicy;
@@ -332,7 +333,14 @@ impl PyKVCacheManager {
                         enable_caching=true, use_eagle=false, log_stats=false,
                         enable_kv_cache_events=false, watermark=0.0,
                         record_new_block_ids=false, count_null_block_refs=false,
-                        retention=None))]
+                        retention=None, num_prefill_lookahead=NonNegativeInt(0),
+                        num_hash_lookahead_tokens=NonNegativeInt(0)),
+                  text_signature = "(kv_cache_config, max_model_len, hash_block_size, *, \
+                        scheduler_block_size=None, max_in_flight_tokens=None, \
+                        enable_caching=True, use_eagle=False, log_stats=False, \
+                        enable_kv_cache_events=False, watermark=0.0, \
+                        record_new_block_ids=False, count_null_block_refs=False, \
+                        retention=None, num_prefill_lookahead=0, num_hash_lookahead_tokens=0)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -349,6 +357,8 @@ impl PyKVCacheManager {
         record_new_block_ids: bool,
         count_null_block_refs: bool,
         retention: Option<PyRef<'_, PyRetentionPolicy>>,
+        num_prefill_lookahead: NonNegativeInt,
+        num_hash_lookahead_tokens: NonNegativeInt,
     ) -> PyResult<Self> {
         let cfg = &kv_cache_config.inner;
         let watermark_blocks = admission::watermark_blocks(watermark, cfg.num_blocks)?;
@@ -365,6 +375,8 @@ impl PyKVCacheManager {
             watermark_blocks,
             record_new_block_ids,
             count_null_block_refs,
+            num_prefill_lookahead: num_prefill_lookahead.0,
+            num_hash_lookahead_tokens: num_hash_lookahead_tokens.0,
         };
         let retention_interval = cfg.prefix_cache_retention_interval.map(|n| n as usize);
         let mut inner = KvCacheManager::new(groups, cfg.num_blocks, retention_interval, opts)?;
@@ -494,6 +506,19 @@ impl PyKVCacheManager {
             CoordinatorKind::Unitary => "UnitaryKVCacheCoordinator",
             CoordinatorKind::Hybrid => "HybridKVCacheCoordinator",
         }
+    }
+
+    /// Computed tokens multi-module MTP may re-prefill, never cached
+    /// (`num_prefill_lookahead - 1`, at least 0; vLLM's coordinator attribute).
+    #[getter]
+    fn num_reprefillable_tokens(&self) -> usize {
+        self.inner.coordinator().num_reprefillable_tokens()
+    }
+
+    /// Tokens after each block that its hash covers (`num_hash_lookahead_tokens`).
+    #[getter]
+    fn num_hash_lookahead_tokens(&self) -> usize {
+        self.inner.pool().num_hash_lookahead_tokens()
     }
 
     /// Each group's block size in tokens, in group order.

@@ -182,7 +182,10 @@ def test_batched_decode_gives_the_same_digest(config: str, kind: str, num_blocks
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_KB, reason="kvblocks manager not built")
-@pytest.mark.parametrize("config", ["full", "hybrid", "swa", "chunked", "mamba", "eagle", "bs32"])
+@pytest.mark.parametrize(
+    "config",
+    ["full", "hybrid", "swa", "chunked", "mamba", "eagle", "bs32", "mtp", "spec-lookahead"],
+)
 def test_kvblocks_matches_vllm(config: str) -> None:
     pytest.importorskip("vllm")
     trace = _small("shared-prefix")

@@ -56,6 +56,10 @@ class Config:
     lookahead: int = 0
     retention: int | None = None
     events: bool = True
+    # Multi-module MTP's `num_prefill_lookahead` and the hash lookahead (hashers and
+    # manager), as vLLM 0.33's scheduler passes them.
+    prefill_lookahead: int = 0
+    hash_lookahead: int = 0
 
 
 CONFIGS = [
@@ -120,6 +124,35 @@ CONFIGS = [
         (("full", {"block_size": 16}), ("swa", {"block_size": 16, "sliding_window": 48})),
         enable_caching=False,
     ),
+    Config("full_mtp", (("full", {"block_size": 16}),), num_blocks=40, prefill_lookahead=3),
+    Config(
+        "full_swa_eagle_mtp",
+        (("full", {"block_size": 16}), ("swa", {"block_size": 16, "sliding_window": 32})),
+        use_eagle=True,
+        lookahead=3,
+        prefill_lookahead=3,
+    ),
+    *(
+        [
+            Config(
+                "full_mtp_hash_lookahead",
+                (("full", {"block_size": 16}),),
+                num_blocks=40,
+                lookahead=3,
+                prefill_lookahead=3,
+                hash_lookahead=3,
+            ),
+            Config(
+                "full_swa_hash_lookahead",
+                (("full", {"block_size": 16}), ("swa", {"block_size": 16, "sliding_window": 48})),
+                lookahead=1,
+                prefill_lookahead=1,
+                hash_lookahead=1,
+            ),
+        ]
+        if rules().hash_lookahead
+        else []
+    ),
 ]
 
 ATTN: dict[str, Any] = {"num_kv_heads": 2, "head_size": 8}
@@ -173,6 +206,8 @@ def build(cfg: Config) -> tuple[Any, Any]:
         use_eagle=cfg.use_eagle,
         enable_kv_cache_events=cfg.events,
         log_stats=True,
+        num_prefill_lookahead=cfg.prefill_lookahead,
+        **({"num_hash_lookahead_tokens": cfg.hash_lookahead} if cfg.hash_lookahead else {}),
     )
     kcfg = kb.KVCacheConfig(
         cfg.num_blocks,
@@ -189,6 +224,8 @@ def build(cfg: Config) -> tuple[Any, Any]:
         enable_kv_cache_events=cfg.events,
         log_stats=True,
         count_null_block_refs=rules().count_null_block_refs,
+        num_prefill_lookahead=cfg.prefill_lookahead,
+        num_hash_lookahead_tokens=cfg.hash_lookahead,
     )
     return vm, km
 
@@ -217,6 +254,8 @@ def event_view(e: Any) -> tuple[Any, ...]:
             e.kv_cache_spec_kind,
             e.kv_cache_spec_sliding_window,
             e.session_id,
+            getattr(e, "lookahead_token_ids", None),
+            None if e.extra_keys is None else [tuple(x) if x else x for x in e.extra_keys],
         )
     if name == "BlockRemoved":
         return (name, list(e.block_hashes), e.group_idx)
@@ -232,8 +271,9 @@ class Driver:
         self.cfg = cfg
         self.rng = random.Random(seed)
         self.vm, self.km = build(cfg)
-        self.hasher = get_request_block_hasher(cfg.hash_block_size, sha256_cbor)
-        self.khasher = kb.BlockHasher(cfg.hash_block_size, "sha256_cbor")
+        la = (cfg.hash_lookahead,) if cfg.hash_lookahead else ()
+        self.hasher = get_request_block_hasher(cfg.hash_block_size, sha256_cbor, *la)
+        self.khasher = kb.BlockHasher(cfg.hash_block_size, "sha256_cbor", cfg.hash_lookahead)
         self.prefixes = [
             [self.rng.randrange(1000) for _ in range(self.rng.randrange(30, 300))] for _ in range(3)
         ]

@@ -69,7 +69,9 @@ class KvblocksBackend:
         self.retention = retention
         self.manager = build_kvblocks_manager(layout, events, retention)
         self._request = k.Request
-        self._hasher = k.BlockHasher(layout.hash_block_size, hash_algo)
+        self._hasher = k.BlockHasher(
+            layout.hash_block_size, hash_algo, layout.num_hash_lookahead_tokens
+        )
         self.batch = self.manager.allocate_slots_batch if batch else None
         self.append_batch = k.append_token_ids_batch if batch else None
 
@@ -114,7 +116,9 @@ class VllmBackend:
         self._params = importlib.import_module("vllm.sampling_params").SamplingParams
         hash_fn = hashing.get_hash_fn_by_name(hash_algo)
         utils.init_none_hash(hash_fn)
-        self._hasher = utils.get_request_block_hasher(layout.hash_block_size, hash_fn)
+        self._hasher = utils.get_request_block_hasher(
+            layout.hash_block_size, hash_fn, layout.num_hash_lookahead_tokens
+        )
 
     def make_request(
         self,

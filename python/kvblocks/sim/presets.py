@@ -130,6 +130,10 @@ class KVLayout:
     enable_caching: bool = True
     use_eagle: bool = False
     max_in_flight_tokens: int | None = None
+    num_prefill_lookahead: int = 0
+    """Multi-module MTP's prefill lookahead (vLLM's ``num_prefill_lookahead_tokens``)."""
+    num_hash_lookahead_tokens: int = 0
+    """Tokens after each block that its hash covers (the request hashers' too)."""
 
     @property
     def bytes_per_block(self) -> int:
@@ -186,6 +190,8 @@ def build_kvblocks_manager(layout: KVLayout, events: bool = False, retention: An
         enable_caching=layout.enable_caching,
         use_eagle=layout.use_eagle,
         enable_kv_cache_events=events,
+        num_prefill_lookahead=layout.num_prefill_lookahead,
+        num_hash_lookahead_tokens=layout.num_hash_lookahead_tokens,
         **extra,
     )
 
@@ -239,12 +245,30 @@ def build_vllm_manager(layout: KVLayout) -> Any:
         max_in_flight_tokens=layout.max_in_flight_tokens,
         enable_caching=layout.enable_caching,
         use_eagle=layout.use_eagle,
+        num_prefill_lookahead=layout.num_prefill_lookahead,
+        num_hash_lookahead_tokens=layout.num_hash_lookahead_tokens,
         log_stats=False,
     )
 
 
 # ------------------------------------------------------------- replay configs
-REPLAY_CONFIGS = ("full", "hybrid", "swa", "chunked", "mamba", "eagle", "bs32")
+REPLAY_CONFIGS = (
+    "full",
+    "hybrid",
+    "swa",
+    "chunked",
+    "mamba",
+    "eagle",
+    "bs32",
+    "mtp",
+    "spec-lookahead",
+)
+
+# Speculative configs as vLLM 0.33's scheduler builds the manager for them, with prefix
+# caching: config -> (num_prefill_lookahead, num_hash_lookahead_tokens). Lookahead hashes
+# clear `use_eagle`. "mtp": multi-module MTP with 3 speculative tokens; "spec-lookahead":
+# EAGLE (one token) on full + sliding-window attention.
+_SPEC_LOOKAHEAD = {"mtp": (3, 3), "spec-lookahead": (1, 1)}
 
 # A small Mamba2-like state: conv (3, 2048) bf16 and SSM (32, 64, 128) fp32.
 _MAMBA_SHAPES = ((3, 2048), (32, 64, 128))
@@ -291,7 +315,9 @@ def replay_layout(
     only; ``chunked``: full + chunked local; ``mamba``: full + mamba; ``eagle``: full with
     ``use_eagle``; ``bs32``: full attention with 32-token blocks over 16-token hashes (plus a
     16-token full-attention group: vLLM 0.33 accepts mixed block sizes only in the hybrid
-    coordinator), scheduler block size 32.
+    coordinator), scheduler block size 32; ``mtp``: full attention with multi-module MTP
+    (3 tokens of prefill and hash lookahead); ``spec-lookahead``: full + sliding window with
+    EAGLE's lookahead hashes (1 token).
     """
     if config not in REPLAY_CONFIGS:
         raise InvalidArgumentError(
@@ -299,7 +325,7 @@ def replay_layout(
         )
     full = GroupDesc("full", 1, block_size)
     groups: tuple[GroupDesc, ...] = (full,)
-    if config == "hybrid":
+    if config in ("hybrid", "spec-lookahead"):
         groups = (
             full,
             GroupDesc(
@@ -320,6 +346,7 @@ def replay_layout(
         # coarser than the hash need the hybrid coordinator: a second full-attention group.
         groups = (GroupDesc("full", 1, 2 * block_size), replace(full, layer_offset=1))
     sched_bs, hash_bs = resolve_block_sizes(groups, enable_caching)
+    prefill_lookahead, hash_lookahead = _SPEC_LOOKAHEAD.get(config, (0, 0))
     return KVLayout(
         groups,
         num_blocks,
@@ -329,6 +356,8 @@ def replay_layout(
         enable_caching=enable_caching,
         use_eagle=config == "eagle",
         max_in_flight_tokens=max_in_flight_tokens,
+        num_prefill_lookahead=prefill_lookahead,
+        num_hash_lookahead_tokens=hash_lookahead if enable_caching else 0,
     )
 
 

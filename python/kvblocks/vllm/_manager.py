@@ -202,7 +202,6 @@ class CoordinatorView:
     dry-run `get_num_blocks_to_allocate`."""
 
     enable_partial_hash_hits = False
-    num_reprefillable_tokens = 0
     eagle_group_ids: tuple[int, ...] = ()
 
     def __init__(self, manager: KVCacheManager, config: Any) -> None:
@@ -215,6 +214,7 @@ class CoordinatorView:
             )
         ]
         self.full_attention_group_id: int | None = manager.full_attention_group_id
+        self.num_reprefillable_tokens = manager.num_reprefillable_tokens
 
     def find_longest_cache_hit_per_group(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
@@ -314,8 +314,6 @@ class KVCacheManager(kb.KVCacheManager):
             "dcp_world_size > 1 (decode context parallel)": dcp_world_size > 1,
             "pcp_world_size > 1 (prefill context parallel)": pcp_world_size > 1,
             "a KV cache metrics collector": metrics_collector is not None,
-            "num_prefill_lookahead > 1 (multi-module MTP)": num_prefill_lookahead > 1,
-            "num_hash_lookahead_tokens > 0 in the manager": num_hash_lookahead_tokens > 0,
         }
         for what, hit in refused.items():
             if hit:
@@ -338,6 +336,8 @@ class KVCacheManager(kb.KVCacheManager):
             record_new_block_ids=kv_cache_config.needs_kv_cache_zeroing,
             count_null_block_refs=release.count_null_block_refs,
             retention=retention,
+            num_prefill_lookahead=num_prefill_lookahead,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
