@@ -29,7 +29,7 @@
 //! ```
 
 use crate::admission;
-use crate::attention::{ManagerParams, RequestView};
+use crate::attention::{ContextParallel, ManagerParams, RequestView};
 use crate::config;
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
@@ -68,6 +68,8 @@ pub struct ManagerOptions {
     /// Count references to the null block as vLLM 0.32 does (`pool/null_block.rs`);
     /// off (vLLM 0.33) by default.
     pub count_null_block_refs: bool,
+    /// Decode / prefill context parallelism (`attention/context_parallel.rs`).
+    pub context_parallel: ContextParallel,
 }
 
 impl ManagerOptions {
@@ -85,6 +87,7 @@ impl ManagerOptions {
             watermark_blocks: 0,
             record_new_block_ids: false,
             count_null_block_refs: false,
+            context_parallel: ContextParallel::NONE,
         }
     }
 }
@@ -190,7 +193,7 @@ impl KvCacheManager {
     /// Builds the manager for the given groups (in group order) and pool size.
     /// `retention_interval` is `KVCacheConfig.prefix_cache_retention_interval`.
     pub fn new(
-        groups: Vec<ManagerParams>,
+        mut groups: Vec<ManagerParams>,
         num_blocks: usize,
         retention_interval: Option<usize>,
         opts: ManagerOptions,
@@ -203,6 +206,8 @@ impl KvCacheManager {
         if groups.iter().any(|g| g.block_size == 0) {
             return Err(KvError::InvalidSpec("block_size must be positive".into()));
         }
+        opts.context_parallel
+            .apply(&mut groups, opts.enable_caching)?;
         let scheduler_block_size = match opts.scheduler_block_size {
             Some(s) => s,
             None if groups.is_empty() => opts.hash_block_size,

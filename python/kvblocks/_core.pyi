@@ -539,12 +539,18 @@ class KVCacheManager:
         watermark: float = 0.0,
         record_new_block_ids: bool = False,
         count_null_block_refs: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
         retention: RetentionPolicy | None = None,
     ) -> Self:
         """With `count_null_block_refs`, references to the null block are counted as
         vLLM 0.32 does: `touch` and `free_blocks` count its `ref_cnt` up and down (it may
         go negative) and a table's leading nulls are freed and popped with it. Off, as
-        vLLM 0.33, they are never counted (docs/vllm-versions.md)."""
+        vLLM 0.33, they are never counted (docs/vllm-versions.md).
+
+        `dcp_world_size` and `pcp_world_size` are vLLM's decode and prefill context
+        parallelism: a DCP-sharded group's blocks hold `block_size * dcp_world_size`
+        tokens (`group_block_sizes`)."""
     def get_computed_blocks(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int]: ...
@@ -564,6 +570,8 @@ class KVCacheManager:
         """vLLM's coordinator class name for this manager's coordinator."""
     @property
     def group_block_sizes(self) -> list[int]: ...
+    @property
+    def group_context_parallel_sizes(self) -> list[tuple[int, int]]: ...
     @property
     def full_attention_group_id(self) -> int | None: ...
     def allocate_slots(

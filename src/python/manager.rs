@@ -8,7 +8,7 @@ use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
 use pyo3::{intern, PyTraverseError, PyVisit};
 
 use crate::admission;
-use crate::attention::{ManagerParams, RequestView};
+use crate::attention::{ContextParallel, ManagerParams, RequestView};
 use crate::coordinator::CoordinatorKind;
 use crate::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions, NewBlocks};
 use crate::python::config::PyKVCacheConfig;
@@ -332,7 +332,7 @@ impl PyKVCacheManager {
                         enable_caching=true, use_eagle=false, log_stats=false,
                         enable_kv_cache_events=false, watermark=0.0,
                         record_new_block_ids=false, count_null_block_refs=false,
-                        retention=None))]
+                        dcp_world_size=1, pcp_world_size=1, retention=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -348,6 +348,8 @@ impl PyKVCacheManager {
         watermark: f64,
         record_new_block_ids: bool,
         count_null_block_refs: bool,
+        dcp_world_size: usize,
+        pcp_world_size: usize,
         retention: Option<PyRef<'_, PyRetentionPolicy>>,
     ) -> PyResult<Self> {
         let cfg = &kv_cache_config.inner;
@@ -365,6 +367,7 @@ impl PyKVCacheManager {
             watermark_blocks,
             record_new_block_ids,
             count_null_block_refs,
+            context_parallel: ContextParallel::new(dcp_world_size, pcp_world_size)?,
         };
         let retention_interval = cfg.prefix_cache_retention_interval.map(|n| n as usize);
         let mut inner = KvCacheManager::new(groups, cfg.num_blocks, retention_interval, opts)?;
@@ -504,6 +507,21 @@ impl PyKVCacheManager {
             .managers()
             .iter()
             .map(|m| m.block_size())
+            .collect()
+    }
+
+    /// Each group's `(dcp_world_size, pcp_world_size)`, in group order: the manager's
+    /// world sizes for a DCP-sharded group, `(1, 1)` for a replicated one.
+    #[getter]
+    fn group_context_parallel_sizes(&self) -> Vec<(usize, usize)> {
+        self.inner
+            .coordinator()
+            .managers()
+            .iter()
+            .map(|m| {
+                let cp = m.params().context_parallel;
+                (cp.dcp_world_size, cp.pcp_world_size)
+            })
             .collect()
     }
 
