@@ -38,6 +38,8 @@ CONFIGS = {  # name -> replay.py flags
     "full+eagle": ["--config", "eagle"],
     "bs32/hash16": ["--config", "bs32"],
     "caching-off": ["--config", "full", "--no-prefix-caching"],
+    "dcp2": ["--config", "full", "--dcp-world-size", "2"],
+    "dcp4": ["--config", "full", "--dcp-world-size", "4"],
 }
 
 

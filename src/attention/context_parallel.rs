@@ -15,6 +15,21 @@
 use super::ManagerParams;
 use crate::error::{KvError, Result};
 
+/// The tokens one block of a group holds under DCP (vLLM's `resolve_dcp_kv_block_size`):
+/// `block_size × dcp_world_size` if DCP shards the group, else `block_size`.
+pub fn dcp_block_size(
+    block_size: usize,
+    dcp_sharded: bool,
+    dcp_world_size: usize,
+) -> Result<usize> {
+    if !dcp_sharded {
+        return Ok(block_size);
+    }
+    block_size
+        .checked_mul(dcp_world_size)
+        .ok_or_else(|| KvError::InvalidSpec("block_size * dcp_world_size overflows".into()))
+}
+
 /// The context-parallel world sizes of a manager, or (in [`ManagerParams`]) of one
 /// group: `1` for a replicated group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,10 +110,7 @@ impl ContextParallel {
                     g.spec_kind
                 )));
             }
-            g.block_size = g
-                .block_size
-                .checked_mul(own.dcp_world_size)
-                .ok_or_else(|| KvError::InvalidArgument("block_size × dcp overflows".into()))?;
+            g.block_size = dcp_block_size(g.block_size, g.dcp_sharded, self.dcp_world_size)?;
             g.context_parallel = own;
         }
         Ok(())

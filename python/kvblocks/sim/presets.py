@@ -130,6 +130,7 @@ class KVLayout:
     enable_caching: bool = True
     use_eagle: bool = False
     max_in_flight_tokens: int | None = None
+    dcp_world_size: int = 1
 
     @property
     def bytes_per_block(self) -> int:
@@ -156,15 +157,18 @@ def build_kvblocks_config(layout: KVLayout) -> Any:
     return _kvblocks_config(layout.groups, layout.num_blocks)
 
 
-def resolve_block_sizes(groups: tuple[GroupDesc, ...], enable_caching: bool) -> tuple[int, int]:
+def resolve_block_sizes(
+    groups: tuple[GroupDesc, ...], enable_caching: bool, dcp_world_size: int = 1
+) -> tuple[int, int]:
     """``(scheduler_block_size, hash_block_size)`` of ``groups``, as the core resolves them
-    (``KVCacheConfig.resolve_block_sizes``, vLLM 0.33's ``resolve_kv_cache_block_sizes``).
+    (``KVCacheConfig.resolve_block_sizes``, vLLM 0.33's ``resolve_kv_cache_block_sizes``),
+    with decode context parallelism over ``dcp_world_size`` ranks.
 
     Raises:
         ValueError: The core rejects the groups (no group, block sizes it cannot combine).
     """
     sizes: tuple[int, int] = _kvblocks_config(groups, 1).resolve_block_sizes(
-        enable_prefix_caching=enable_caching
+        enable_prefix_caching=enable_caching, dcp_world_size=dcp_world_size
     )
     return sizes
 
@@ -186,6 +190,7 @@ def build_kvblocks_manager(layout: KVLayout, events: bool = False, retention: An
         enable_caching=layout.enable_caching,
         use_eagle=layout.use_eagle,
         enable_kv_cache_events=events,
+        dcp_world_size=layout.dcp_world_size,
         **extra,
     )
 
@@ -240,6 +245,7 @@ def build_vllm_manager(layout: KVLayout) -> Any:
         enable_caching=layout.enable_caching,
         use_eagle=layout.use_eagle,
         log_stats=False,
+        dcp_world_size=layout.dcp_world_size,
     )
 
 
@@ -284,6 +290,7 @@ def replay_layout(
     chunk_size: int = 8192,
     enable_caching: bool = True,
     max_in_flight_tokens: int | None = None,
+    dcp_world_size: int = 1,
 ) -> KVLayout:
     """The layout of one of :data:`REPLAY_CONFIGS` (one layer per group, 8 heads x 128, bf16).
 
@@ -291,7 +298,9 @@ def replay_layout(
     only; ``chunked``: full + chunked local; ``mamba``: full + mamba; ``eagle``: full with
     ``use_eagle``; ``bs32``: full attention with 32-token blocks over 16-token hashes (plus a
     16-token full-attention group: vLLM 0.33 accepts mixed block sizes only in the hybrid
-    coordinator), scheduler block size 32.
+    coordinator), scheduler block size 32. ``dcp_world_size`` shards every attention group
+    over that many decode context parallel ranks (its blocks then hold ``block_size *
+    dcp_world_size`` tokens).
     """
     if config not in REPLAY_CONFIGS:
         raise InvalidArgumentError(
@@ -319,7 +328,7 @@ def replay_layout(
         # vLLM 0.33's unitary coordinator asserts hash_block_size == block_size, so blocks
         # coarser than the hash need the hybrid coordinator: a second full-attention group.
         groups = (GroupDesc("full", 1, 2 * block_size), replace(full, layer_offset=1))
-    sched_bs, hash_bs = resolve_block_sizes(groups, enable_caching)
+    sched_bs, hash_bs = resolve_block_sizes(groups, enable_caching, dcp_world_size)
     return KVLayout(
         groups,
         num_blocks,
@@ -329,6 +338,7 @@ def replay_layout(
         enable_caching=enable_caching,
         use_eagle=config == "eagle",
         max_in_flight_tokens=max_in_flight_tokens,
+        dcp_world_size=dcp_world_size,
     )
 
 
