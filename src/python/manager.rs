@@ -14,6 +14,7 @@ use crate::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions, NewB
 use crate::python::config::PyKVCacheConfig;
 use crate::python::events::events_to_py;
 use crate::python::ids::{extract_u32s, IdObjects};
+use crate::python::non_negative::NonNegativeInt;
 use crate::python::pool::PyBlockPool;
 use crate::python::request::{request_list, PyRequest};
 use crate::python::retention::PyRetentionPolicy;
@@ -332,7 +333,8 @@ impl PyKVCacheManager {
                         enable_caching=true, use_eagle=false, log_stats=false,
                         enable_kv_cache_events=false, watermark=0.0,
                         record_new_block_ids=false, count_null_block_refs=false,
-                        dcp_world_size=1, pcp_world_size=1, retention=None))]
+                        dcp_world_size=NonNegativeInt(1), pcp_world_size=NonNegativeInt(1),
+                        retention=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -348,8 +350,8 @@ impl PyKVCacheManager {
         watermark: f64,
         record_new_block_ids: bool,
         count_null_block_refs: bool,
-        dcp_world_size: usize,
-        pcp_world_size: usize,
+        dcp_world_size: NonNegativeInt,
+        pcp_world_size: NonNegativeInt,
         retention: Option<PyRef<'_, PyRetentionPolicy>>,
     ) -> PyResult<Self> {
         let cfg = &kv_cache_config.inner;
@@ -367,7 +369,7 @@ impl PyKVCacheManager {
             watermark_blocks,
             record_new_block_ids,
             count_null_block_refs,
-            context_parallel: ContextParallel::new(dcp_world_size, pcp_world_size)?,
+            context_parallel: ContextParallel::new(dcp_world_size.0, pcp_world_size.0)?,
         };
         let retention_interval = cfg.prefix_cache_retention_interval.map(|n| n as usize);
         let mut inner = KvCacheManager::new(groups, cfg.num_blocks, retention_interval, opts)?;

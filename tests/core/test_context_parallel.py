@@ -51,9 +51,10 @@ def test_hits_land_on_sharded_blocks() -> None:
     assert hit == 96
 
 
-def test_world_size_zero_is_an_argument_error() -> None:
-    with pytest.raises(kb.InvalidArgumentError, match="dcp_world_size"):
-        manager([full()], 16, dcp_world_size=0)
+@pytest.mark.parametrize("sizes", [{"dcp_world_size": 0}, {"pcp_world_size": -1}])
+def test_world_size_below_one_is_an_argument_error(sizes: dict[str, int]) -> None:
+    with pytest.raises(kb.InvalidArgumentError):
+        manager([full()], 16, **sizes)
 
 
 def test_hash_block_size_must_be_the_sharded_block_size() -> None:
