@@ -334,7 +334,13 @@ impl PyKVCacheManager {
                         enable_kv_cache_events=false, watermark=0.0,
                         record_new_block_ids=false, count_null_block_refs=false,
                         dcp_world_size=NonNegativeInt(1), pcp_world_size=NonNegativeInt(1),
-                        retention=None))]
+                        retention=None),
+                 text_signature = "(kv_cache_config, max_model_len, hash_block_size, *, \
+                        scheduler_block_size=None, max_in_flight_tokens=None, \
+                        enable_caching=True, use_eagle=False, log_stats=False, \
+                        enable_kv_cache_events=False, watermark=0.0, \
+                        record_new_block_ids=False, count_null_block_refs=False, \
+                        dcp_world_size=1, pcp_world_size=1, retention=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
