@@ -6,6 +6,7 @@
 //! groups draw block ids from one pool of `num_blocks` blocks, the null block included.
 
 use crate::arith::{gcd, lcm};
+use crate::attention::context_parallel;
 use crate::error::{KvError, Result};
 use crate::spec::{KvCacheSpec, MambaCacheMode};
 
@@ -70,12 +71,7 @@ impl Default for BlockSizeParams {
 
 /// The token span of one block of `spec` under DCP (`resolve_dcp_kv_block_size`).
 fn dcp_block_size(spec: &KvCacheSpec, dcp_world_size: usize) -> Result<usize> {
-    if !spec.dcp_sharded() {
-        return Ok(spec.block_size());
-    }
-    spec.block_size()
-        .checked_mul(dcp_world_size)
-        .ok_or_else(|| KvError::InvalidSpec("block_size * dcp_world_size overflows".into()))
+    context_parallel::dcp_block_size(spec.block_size(), spec.dcp_sharded(), dcp_world_size)
 }
 
 /// The scheduler block size of groups with block sizes `sizes`: their lcm (vLLM's

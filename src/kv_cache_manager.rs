@@ -29,7 +29,7 @@
 //! ```
 
 use crate::admission;
-use crate::attention::{ManagerParams, RequestView};
+use crate::attention::{ContextParallel, ManagerParams, RequestView};
 use crate::config;
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
@@ -74,6 +74,8 @@ pub struct ManagerOptions {
     /// `num_hash_lookahead_tokens`: tokens after each block that its hash covers,
     /// published in `BlockStored.lookahead_token_ids`.
     pub num_hash_lookahead_tokens: usize,
+    /// Decode / prefill context parallelism (`attention/context_parallel.rs`).
+    pub context_parallel: ContextParallel,
 }
 
 impl ManagerOptions {
@@ -93,6 +95,7 @@ impl ManagerOptions {
             count_null_block_refs: false,
             num_prefill_lookahead: 0,
             num_hash_lookahead_tokens: 0,
+            context_parallel: ContextParallel::NONE,
         }
     }
 }
@@ -198,7 +201,7 @@ impl KvCacheManager {
     /// Builds the manager for the given groups (in group order) and pool size.
     /// `retention_interval` is `KVCacheConfig.prefix_cache_retention_interval`.
     pub fn new(
-        groups: Vec<ManagerParams>,
+        mut groups: Vec<ManagerParams>,
         num_blocks: usize,
         retention_interval: Option<usize>,
         opts: ManagerOptions,
@@ -211,6 +214,8 @@ impl KvCacheManager {
         if groups.iter().any(|g| g.block_size == 0) {
             return Err(KvError::InvalidSpec("block_size must be positive".into()));
         }
+        opts.context_parallel
+            .apply(&mut groups, opts.enable_caching)?;
         let scheduler_block_size = match opts.scheduler_block_size {
             Some(s) => s,
             None if groups.is_empty() => opts.hash_block_size,

@@ -40,6 +40,8 @@ CONFIGS = {  # name -> replay.py flags
     "caching-off": ["--config", "full", "--no-prefix-caching"],
     "mtp": ["--config", "mtp"],
     "spec-lookahead": ["--config", "spec-lookahead", "--sliding-window", "1024"],
+    "dcp2": ["--config", "full", "--dcp-world-size", "2"],
+    "dcp4": ["--config", "full", "--dcp-world-size", "4"],
 }
 
 

@@ -96,6 +96,7 @@ def summary(
             "block_size": args.block_size,
             "sliding_window": args.sliding_window if args.config in ("hybrid", "swa") else None,
             "chunk_size": args.chunk_size if args.config == "chunked" else None,
+            "dcp_world_size": args.dcp_world_size,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "max_num_seqs": args.max_num_seqs,
             "max_model_len": args.max_model_len,
@@ -195,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--sliding-window", type=int, default=1024)
     ap.add_argument("--chunk-size", type=int, default=8192, help="chunked local attention chunk")
+    ap.add_argument("--dcp-world-size", type=int, default=1, help="decode context parallel ranks")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=262144)
@@ -224,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_model_len",
         "sliding_window",
         "chunk_size",
+        "dcp_world_size",
         "repeat",
     ):
         if getattr(args, name) < 1:
@@ -246,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         chunk_size=args.chunk_size,
         enable_caching=not args.no_prefix_caching,
         max_in_flight_tokens=args.max_num_batched_tokens,
+        dcp_world_size=args.dcp_world_size,
     )
     args.timer_overhead = timer_overhead_ns()
     args.timer_window = timer_window_ns()

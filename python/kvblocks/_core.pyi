@@ -539,6 +539,8 @@ class KVCacheManager:
         watermark: float = 0.0,
         record_new_block_ids: bool = False,
         count_null_block_refs: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
         retention: RetentionPolicy | None = None,
         num_prefill_lookahead: int = 0,
         num_hash_lookahead_tokens: int = 0,
@@ -552,7 +554,10 @@ class KVCacheManager:
         `num_prefill_lookahead - 1` computed tokens out of the cache; with prefix caching
         and an EAGLE group it must not exceed the scheduler block size.
         `num_hash_lookahead_tokens` is the request hasher's lookahead: each block's
-        `BlockStored` then carries the tokens after it (`lookahead_token_ids`)."""
+        `BlockStored` then carries the tokens after it (`lookahead_token_ids`).
+        `dcp_world_size` and `pcp_world_size` are vLLM's decode and prefill context
+        parallelism: a DCP-sharded group's blocks hold `block_size * dcp_world_size`
+        tokens (`group_block_sizes`)."""
     def get_computed_blocks(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int]: ...
@@ -577,6 +582,8 @@ class KVCacheManager:
     def num_hash_lookahead_tokens(self) -> int: ...
     @property
     def group_block_sizes(self) -> list[int]: ...
+    @property
+    def group_context_parallel_sizes(self) -> list[tuple[int, int]]: ...
     @property
     def full_attention_group_id(self) -> int | None: ...
     def allocate_slots(

@@ -197,6 +197,21 @@ impl AttentionKind {
         !matches!(self, Self::Mamba { .. })
     }
 
+    /// Whether the group holds attention KV (every type but Mamba, vLLM's
+    /// `AttentionSpec`).
+    #[inline]
+    pub fn is_attention(&self) -> bool {
+        !matches!(self, Self::Mamba { .. })
+    }
+
+    /// Whether the type's prefix-cache hits work on a group sharded over context-parallel
+    /// ranks: full attention only (vLLM 0.33's sliding-window, chunked-local and Mamba
+    /// lookups assert `dcp_world_size == pcp_world_size == 1`).
+    #[inline]
+    pub fn supports_context_parallel_hits(&self) -> bool {
+        self.is_full_attention()
+    }
+
     /// Whether sparse prefix caching (`prefix_cache_retention_interval`) applies to the
     /// type: sliding window and Mamba, whose hits need only the blocks near a boundary.
     #[inline]

@@ -9,12 +9,13 @@
 //! file: no dynamic dispatch on the hot path).
 //!
 //! The shared code is split by job: the kind and its dispatch (`kind.rs`), the group
-//! parameters (`params.rs`), the request interface (`request_view.rs`), a request's
+//! parameters (`params.rs`) and their context-parallel sharding (`context_parallel.rs`), the request interface (`request_view.rs`), a request's
 //! table (`request_blocks.rs`), hit lookups (`hit_query.rs`), allocation
 //! (`allocate.rs`), caching and sparse caching (`caching.rs`) and freeing (`free.rs`). This
 //! file holds [`SingleTypeManager`] itself: its fields, construction and accessors.
 
 pub mod chunked_local;
+pub mod context_parallel;
 pub mod cross_attention;
 pub mod full;
 pub mod mamba;
@@ -30,6 +31,7 @@ mod request_blocks;
 mod request_view;
 
 pub use caching::SparseCaching;
+pub use context_parallel::ContextParallel;
 pub use hit_query::HitQuery;
 pub(crate) use kind::UNKNOWN_SPEC_KIND;
 pub use kind::{AttentionKind, SPEC_KINDS};

@@ -1,7 +1,7 @@
 //! [`ManagerParams`]: what a group's manager needs to know about its group, and the
 //! mapping from a config's groups to it.
 
-use super::AttentionKind;
+use super::{AttentionKind, ContextParallel};
 use crate::config::KvCacheConfig;
 use crate::error::Result;
 
@@ -21,12 +21,19 @@ pub struct ManagerParams {
     /// Groups with equal `spec_class` have equal specs: the hybrid coordinator looks
     /// them up together (vLLM compares specs with `==`).
     pub spec_class: usize,
+    /// Whether decode context parallelism shards this group's tokens (vLLM's
+    /// `dcp_sharded`: attention by default, never Mamba).
+    pub dcp_sharded: bool,
+    /// The context-parallel world sizes this group sees (set by
+    /// [`ContextParallel::apply`], which also scales `block_size`).
+    pub context_parallel: ContextParallel,
 }
 
 impl ManagerParams {
     /// Parameters of a group with default annotations and its own spec class.
     pub fn new(kind: AttentionKind, block_size: usize, spec_class: usize) -> Self {
         let window = kind.sliding_window().and_then(|w| u32::try_from(w).ok());
+        let kind_is_attention = kind.is_attention();
         Self {
             spec_kind: kind.spec_kind(),
             kind,
@@ -34,6 +41,8 @@ impl ManagerParams {
             event_sliding_window: window,
             is_eagle_group: false,
             spec_class,
+            dcp_sharded: kind_is_attention,
+            context_parallel: ContextParallel::NONE,
         }
     }
 }
@@ -61,6 +70,8 @@ impl ManagerParams {
                     event_sliding_window: spec.sliding_window().map(|w| w as u32),
                     is_eagle_group: g.is_eagle_group,
                     spec_class: class,
+                    dcp_sharded: spec.dcp_sharded(),
+                    context_parallel: ContextParallel::NONE,
                 })
             })
             .collect()

@@ -8,7 +8,7 @@ use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
 use pyo3::{intern, PyTraverseError, PyVisit};
 
 use crate::admission;
-use crate::attention::{ManagerParams, RequestView};
+use crate::attention::{ContextParallel, ManagerParams, RequestView};
 use crate::coordinator::CoordinatorKind;
 use crate::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions, NewBlocks};
 use crate::python::config::PyKVCacheConfig;
@@ -333,14 +333,16 @@ impl PyKVCacheManager {
                         enable_caching=true, use_eagle=false, log_stats=false,
                         enable_kv_cache_events=false, watermark=0.0,
                         record_new_block_ids=false, count_null_block_refs=false,
+                        dcp_world_size=NonNegativeInt(1), pcp_world_size=NonNegativeInt(1),
                         retention=None, num_prefill_lookahead=NonNegativeInt(0),
                         num_hash_lookahead_tokens=NonNegativeInt(0)),
-                  text_signature = "(kv_cache_config, max_model_len, hash_block_size, *, \
+                 text_signature = "(kv_cache_config, max_model_len, hash_block_size, *, \
                         scheduler_block_size=None, max_in_flight_tokens=None, \
                         enable_caching=True, use_eagle=False, log_stats=False, \
                         enable_kv_cache_events=False, watermark=0.0, \
                         record_new_block_ids=False, count_null_block_refs=False, \
-                        retention=None, num_prefill_lookahead=0, num_hash_lookahead_tokens=0)")]
+                        dcp_world_size=1, pcp_world_size=1, retention=None, \
+                        num_prefill_lookahead=0, num_hash_lookahead_tokens=0)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -356,6 +358,8 @@ impl PyKVCacheManager {
         watermark: f64,
         record_new_block_ids: bool,
         count_null_block_refs: bool,
+        dcp_world_size: NonNegativeInt,
+        pcp_world_size: NonNegativeInt,
         retention: Option<PyRef<'_, PyRetentionPolicy>>,
         num_prefill_lookahead: NonNegativeInt,
         num_hash_lookahead_tokens: NonNegativeInt,
@@ -377,6 +381,7 @@ impl PyKVCacheManager {
             count_null_block_refs,
             num_prefill_lookahead: num_prefill_lookahead.0,
             num_hash_lookahead_tokens: num_hash_lookahead_tokens.0,
+            context_parallel: ContextParallel::new(dcp_world_size.0, pcp_world_size.0)?,
         };
         let retention_interval = cfg.prefix_cache_retention_interval.map(|n| n as usize);
         let mut inner = KvCacheManager::new(groups, cfg.num_blocks, retention_interval, opts)?;
@@ -529,6 +534,21 @@ impl PyKVCacheManager {
             .managers()
             .iter()
             .map(|m| m.block_size())
+            .collect()
+    }
+
+    /// Each group's `(dcp_world_size, pcp_world_size)`, in group order: the manager's
+    /// world sizes for a DCP-sharded group, `(1, 1)` for a replicated one.
+    #[getter]
+    fn group_context_parallel_sizes(&self) -> Vec<(usize, usize)> {
+        self.inner
+            .coordinator()
+            .managers()
+            .iter()
+            .map(|m| {
+                let cp = m.params().context_parallel;
+                (cp.dcp_world_size, cp.pcp_world_size)
+            })
             .collect()
     }
 

@@ -60,6 +60,8 @@ class Config:
     # manager), as vLLM 0.33's scheduler passes them.
     prefill_lookahead: int = 0
     hash_lookahead: int = 0
+    dcp: int = 1
+    pcp: int = 1
 
 
 CONFIGS = [
@@ -153,6 +155,41 @@ CONFIGS = [
         if rules().hash_lookahead
         else []
     ),
+    # Decode context parallelism: a sharded group's blocks hold block_size * dcp tokens,
+    # the hashes follow (hash_block_size = the effective block size).
+    Config("full_dcp2", (("full", {"block_size": 16}),), hash_block_size=32, dcp=2),
+    Config(
+        "full_dcp4_pcp2",
+        (("full", {"block_size": 8}),),
+        hash_block_size=32,
+        num_blocks=30,
+        dcp=4,
+        pcp=2,
+    ),
+    Config(
+        "full_dcp2_eagle",
+        (("full", {"block_size": 16}),),
+        hash_block_size=32,
+        use_eagle=True,
+        lookahead=2,
+        dcp=2,
+    ),
+    # A replicated (dcp_sharded=False) sliding-window draft beside a sharded target.
+    Config(
+        "full_dcp2_swa_replicated",
+        (
+            ("full", {"block_size": 16}),
+            ("swa", {"block_size": 16, "sliding_window": 48, "dcp_sharded": False}),
+        ),
+        dcp=2,
+    ),
+    Config(
+        "full_dcp2_swa_sharded_nocache",
+        (("full", {"block_size": 16}), ("swa", {"block_size": 16, "sliding_window": 48})),
+        hash_block_size=32,
+        enable_caching=False,
+        dcp=2,
+    ),
 ]
 
 ATTN: dict[str, Any] = {"num_kv_heads": 2, "head_size": 8}
@@ -185,7 +222,14 @@ def kb_spec(kind: str, kw: dict[str, Any]) -> Any:
 
 
 def scheduler_block_size(cfg: Config) -> int:
-    return math.lcm(*(kw["block_size"] for _, kw in cfg.groups))
+    """The lcm of the groups' effective block sizes (attention is DCP-sharded unless
+    `dcp_sharded=False`; Mamba never)."""
+    return math.lcm(
+        *(
+            kw["block_size"] * (cfg.dcp if k != "mamba" and kw.get("dcp_sharded", True) else 1)
+            for k, kw in cfg.groups
+        )
+    )
 
 
 def build(cfg: Config) -> tuple[Any, Any]:
@@ -208,6 +252,8 @@ def build(cfg: Config) -> tuple[Any, Any]:
         log_stats=True,
         num_prefill_lookahead=cfg.prefill_lookahead,
         **({"num_hash_lookahead_tokens": cfg.hash_lookahead} if cfg.hash_lookahead else {}),
+        dcp_world_size=cfg.dcp,
+        pcp_world_size=cfg.pcp,
     )
     kcfg = kb.KVCacheConfig(
         cfg.num_blocks,
@@ -226,6 +272,8 @@ def build(cfg: Config) -> tuple[Any, Any]:
         count_null_block_refs=rules().count_null_block_refs,
         num_prefill_lookahead=cfg.prefill_lookahead,
         num_hash_lookahead_tokens=cfg.hash_lookahead,
+        dcp_world_size=cfg.dcp,
+        pcp_world_size=cfg.pcp,
     )
     return vm, km
 

@@ -301,8 +301,15 @@ def test_a_configuration_kvblocks_cannot_serve_fails_at_construction() -> None:
     args = dict(max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)
     with pytest.raises(kv.UnsupportedConfigError, match="EncoderOnlyAttentionSpec"):
         kv.KVCacheManager(config(enc), **args)
-    with pytest.raises(kv.UnsupportedConfigError, match="dcp_world_size"):
-        kv.KVCacheManager(config(), dcp_world_size=2, **args)
+    # vLLM 0.33 cannot look a DCP-sharded sliding window up either (it asserts there).
+    import kvblocks as kb
+
+    swa = SlidingWindowSpec(
+        block_size=BS, num_kv_heads=2, head_size=8, dtype=torch.half, sliding_window=4 * BS
+    )
+    sharded = dict(max_model_len=256, scheduler_block_size=2 * BS, hash_block_size=2 * BS)
+    with pytest.raises(kb.UnsupportedError, match="context parallelism"):
+        kv.KVCacheManager(config(swa), dcp_world_size=2, **sharded)
     assert isinstance(kv.UnsupportedConfigError("x"), NotImplementedError)
 
 

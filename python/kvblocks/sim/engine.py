@@ -327,7 +327,7 @@ def ceiling_block_size(layout: KVLayout) -> int:
     attention = tuple(g for g in layout.groups if g.kind != "mamba")
     if not attention:
         return layout.hash_block_size
-    return resolve_block_sizes(attention, enable_caching=False)[0]
+    return resolve_block_sizes(attention, False, layout.dcp_world_size)[0]
 
 
 class _Slot:

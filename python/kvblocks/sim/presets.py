@@ -134,6 +134,7 @@ class KVLayout:
     """Multi-module MTP's prefill lookahead (vLLM's ``num_prefill_lookahead_tokens``)."""
     num_hash_lookahead_tokens: int = 0
     """Tokens after each block that its hash covers (the request hashers' too)."""
+    dcp_world_size: int = 1
 
     @property
     def bytes_per_block(self) -> int:
@@ -160,15 +161,18 @@ def build_kvblocks_config(layout: KVLayout) -> Any:
     return _kvblocks_config(layout.groups, layout.num_blocks)
 
 
-def resolve_block_sizes(groups: tuple[GroupDesc, ...], enable_caching: bool) -> tuple[int, int]:
+def resolve_block_sizes(
+    groups: tuple[GroupDesc, ...], enable_caching: bool, dcp_world_size: int = 1
+) -> tuple[int, int]:
     """``(scheduler_block_size, hash_block_size)`` of ``groups``, as the core resolves them
-    (``KVCacheConfig.resolve_block_sizes``, vLLM 0.33's ``resolve_kv_cache_block_sizes``).
+    (``KVCacheConfig.resolve_block_sizes``, vLLM 0.33's ``resolve_kv_cache_block_sizes``),
+    with decode context parallelism over ``dcp_world_size`` ranks.
 
     Raises:
         ValueError: The core rejects the groups (no group, block sizes it cannot combine).
     """
     sizes: tuple[int, int] = _kvblocks_config(groups, 1).resolve_block_sizes(
-        enable_prefix_caching=enable_caching
+        enable_prefix_caching=enable_caching, dcp_world_size=dcp_world_size
     )
     return sizes
 
@@ -192,6 +196,7 @@ def build_kvblocks_manager(layout: KVLayout, events: bool = False, retention: An
         enable_kv_cache_events=events,
         num_prefill_lookahead=layout.num_prefill_lookahead,
         num_hash_lookahead_tokens=layout.num_hash_lookahead_tokens,
+        dcp_world_size=layout.dcp_world_size,
         **extra,
     )
 
@@ -248,6 +253,7 @@ def build_vllm_manager(layout: KVLayout) -> Any:
         num_prefill_lookahead=layout.num_prefill_lookahead,
         num_hash_lookahead_tokens=layout.num_hash_lookahead_tokens,
         log_stats=False,
+        dcp_world_size=layout.dcp_world_size,
     )
 
 
@@ -308,6 +314,7 @@ def replay_layout(
     chunk_size: int = 8192,
     enable_caching: bool = True,
     max_in_flight_tokens: int | None = None,
+    dcp_world_size: int = 1,
 ) -> KVLayout:
     """The layout of one of :data:`REPLAY_CONFIGS` (one layer per group, 8 heads x 128, bf16).
 
@@ -317,7 +324,9 @@ def replay_layout(
     16-token full-attention group: vLLM 0.33 accepts mixed block sizes only in the hybrid
     coordinator), scheduler block size 32; ``mtp``: full attention with multi-module MTP
     (3 tokens of prefill and hash lookahead); ``spec-lookahead``: full + sliding window with
-    EAGLE's lookahead hashes (1 token).
+    EAGLE's lookahead hashes (1 token). ``dcp_world_size`` shards every attention group
+    over that many decode context parallel ranks (its blocks then hold ``block_size *
+    dcp_world_size`` tokens).
     """
     if config not in REPLAY_CONFIGS:
         raise InvalidArgumentError(
@@ -345,7 +354,7 @@ def replay_layout(
         # vLLM 0.33's unitary coordinator asserts hash_block_size == block_size, so blocks
         # coarser than the hash need the hybrid coordinator: a second full-attention group.
         groups = (GroupDesc("full", 1, 2 * block_size), replace(full, layer_offset=1))
-    sched_bs, hash_bs = resolve_block_sizes(groups, enable_caching)
+    sched_bs, hash_bs = resolve_block_sizes(groups, enable_caching, dcp_world_size)
     prefill_lookahead, hash_lookahead = _SPEC_LOOKAHEAD.get(config, (0, 0))
     return KVLayout(
         groups,
@@ -358,6 +367,7 @@ def replay_layout(
         max_in_flight_tokens=max_in_flight_tokens,
         num_prefill_lookahead=prefill_lookahead,
         num_hash_lookahead_tokens=hash_lookahead if enable_caching else 0,
+        dcp_world_size=dcp_world_size,
     )
 
 

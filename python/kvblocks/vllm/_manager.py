@@ -150,12 +150,14 @@ class _NumCachedBlocks(Mapping[str, int]):
 
 class SingleTypeManagerView:
     """One group's manager as vLLM's callers read it (`block_size`, `kv_cache_spec`,
-    `req_to_blocks`, `num_cached_block`)."""
+    `req_to_blocks`, `num_cached_block`, the group's context-parallel world sizes)."""
 
     def __init__(self, manager: KVCacheManager, group_id: int, spec: Any, block_size: int):
         self.kv_cache_group_id = group_id
         self.kv_cache_spec = spec
         self.block_size = block_size
+        sizes = manager.group_context_parallel_sizes[group_id]
+        self.dcp_world_size, self.pcp_world_size = sizes
         self.block_pool = manager.block_pool
         self.req_to_blocks = _RequestTables(manager, group_id)
         self.num_cached_block = _NumCachedBlocks(manager, group_id)
@@ -213,6 +215,7 @@ class CoordinatorView:
                 zip(config.kv_cache_groups, manager.group_block_sizes, strict=True)
             )
         ]
+        self.group_block_sizes = tuple(manager.group_block_sizes)
         self.full_attention_group_id: int | None = manager.full_attention_group_id
         self.num_reprefillable_tokens = manager.num_reprefillable_tokens
 
@@ -311,8 +314,6 @@ class KVCacheManager(kb.KVCacheManager):
         retention: kb.RetentionPolicy | None = None,
     ) -> KVCacheManager:
         refused = {
-            "dcp_world_size > 1 (decode context parallel)": dcp_world_size > 1,
-            "pcp_world_size > 1 (prefill context parallel)": pcp_world_size > 1,
             "a KV cache metrics collector": metrics_collector is not None,
         }
         for what, hit in refused.items():
@@ -335,6 +336,8 @@ class KVCacheManager(kb.KVCacheManager):
             watermark=watermark,
             record_new_block_ids=kv_cache_config.needs_kv_cache_zeroing,
             count_null_block_refs=release.count_null_block_refs,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
             retention=retention,
             num_prefill_lookahead=num_prefill_lookahead,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
