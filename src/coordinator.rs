@@ -72,6 +72,8 @@ pub struct CoordinatorOptions {
     pub record_new_block_ids: bool,
     /// Count references to the null block as vLLM 0.32 does (`pool/null_block.rs`).
     pub count_null_block_refs: bool,
+    /// Record the pool's calls for a KV cache metrics collector (`pool/metrics.rs`).
+    pub record_block_metrics: bool,
 }
 
 /// vLLM 0.33's `KVCacheCoordinator` family.
@@ -105,6 +107,9 @@ impl Coordinator {
             opts.enable_kv_cache_events,
         )?;
         pool.set_count_null_block_refs(opts.count_null_block_refs);
+        if opts.record_block_metrics {
+            pool.record_block_metrics();
+        }
         let drop_eagle = drop_eagle_groups(&groups, opts.use_eagle);
         let mut managers = Vec::with_capacity(groups.len());
         for (i, params) in groups.into_iter().enumerate() {

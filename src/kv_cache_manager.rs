@@ -68,6 +68,8 @@ pub struct ManagerOptions {
     /// Count references to the null block as vLLM 0.32 does (`pool/null_block.rs`);
     /// off (vLLM 0.33) by default.
     pub count_null_block_refs: bool,
+    /// Record the pool's calls for a KV cache metrics collector (`pool/metrics.rs`).
+    pub record_block_metrics: bool,
 }
 
 impl ManagerOptions {
@@ -85,6 +87,7 @@ impl ManagerOptions {
             watermark_blocks: 0,
             record_new_block_ids: false,
             count_null_block_refs: false,
+            record_block_metrics: false,
         }
     }
 }
@@ -226,6 +229,7 @@ impl KvCacheManager {
                 retention_interval,
                 record_new_block_ids: opts.record_new_block_ids,
                 count_null_block_refs: opts.count_null_block_refs,
+                record_block_metrics: opts.record_block_metrics,
             },
         )?;
         Ok(Self {

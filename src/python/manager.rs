@@ -332,7 +332,7 @@ impl PyKVCacheManager {
                         enable_caching=true, use_eagle=false, log_stats=false,
                         enable_kv_cache_events=false, watermark=0.0,
                         record_new_block_ids=false, count_null_block_refs=false,
-                        retention=None))]
+                        retention=None, record_block_metrics=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -349,6 +349,7 @@ impl PyKVCacheManager {
         record_new_block_ids: bool,
         count_null_block_refs: bool,
         retention: Option<PyRef<'_, PyRetentionPolicy>>,
+        record_block_metrics: bool,
     ) -> PyResult<Self> {
         let cfg = &kv_cache_config.inner;
         let watermark_blocks = admission::watermark_blocks(watermark, cfg.num_blocks)?;
@@ -365,6 +366,7 @@ impl PyKVCacheManager {
             watermark_blocks,
             record_new_block_ids,
             count_null_block_refs,
+            record_block_metrics,
         };
         let retention_interval = cfg.prefix_cache_retention_interval.map(|n| n as usize);
         let mut inner = KvCacheManager::new(groups, cfg.num_blocks, retention_interval, opts)?;
@@ -818,6 +820,15 @@ impl PyKVCacheManager {
     /// Zeros per group (vLLM 0.33).
     fn get_num_common_prefix_blocks(&self, running_request_id: &str) -> Vec<usize> {
         self.inner.get_num_common_prefix_blocks(running_request_id)
+    }
+
+    /// The calls vLLM's pool would have made on a KV cache metrics collector since the
+    /// last call, oldest first, as `(op, block_id)` with op 0 `on_block_allocated`, 1
+    /// `on_block_accessed`, 2 `on_block_evicted`; empty unless built with
+    /// `record_block_metrics=True`.
+    fn take_block_metrics(&mut self) -> Vec<(u8, BlockId)> {
+        let ops = self.core_pool_mut().take_block_metrics();
+        ops.into_iter().map(|(op, b)| (op as u8, b)).collect()
     }
 
     /// The recorded KV cache events, annotated per group.

@@ -18,6 +18,7 @@ from typing import Any
 import kvblocks as kb
 from kvblocks._core import KVCacheBlock
 from kvblocks.vllm._config import UnsupportedConfigError, convert_config
+from kvblocks.vllm._metrics import attach as attach_metrics_collector
 from kvblocks.vllm._version_rules import rules
 
 
@@ -54,6 +55,8 @@ class BlockPool:
         self.hash_block_size: int = self._pool.hash_block_size
         self.enable_kv_cache_events: bool = self._pool.enable_kv_cache_events
         self.free_block_queue = _FreeQueueView(manager, self._pool)
+        #: vLLM's `KVCacheMetricsCollector`, if the manager was given one (`_metrics.py`).
+        self.metrics_collector: Any = None
 
     @property
     def core(self) -> kb.BlockPool:
@@ -313,7 +316,6 @@ class KVCacheManager(kb.KVCacheManager):
         refused = {
             "dcp_world_size > 1 (decode context parallel)": dcp_world_size > 1,
             "pcp_world_size > 1 (prefill context parallel)": pcp_world_size > 1,
-            "a KV cache metrics collector": metrics_collector is not None,
             "num_prefill_lookahead > 1 (multi-module MTP)": num_prefill_lookahead > 1,
             "num_hash_lookahead_tokens > 0 in the manager": num_hash_lookahead_tokens > 0,
         }
@@ -338,6 +340,7 @@ class KVCacheManager(kb.KVCacheManager):
             record_new_block_ids=kv_cache_config.needs_kv_cache_zeroing,
             count_null_block_refs=release.count_null_block_refs,
             retention=retention,
+            record_block_metrics=metrics_collector is not None,
         )
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
@@ -358,6 +361,8 @@ class KVCacheManager(kb.KVCacheManager):
         self.stats_mirror = self.prefix_cache_stats
         if retention is not None:
             self._start_clock()
+        if metrics_collector is not None:
+            attach_metrics_collector(self, metrics_collector)
         return self
 
     def _start_clock(self) -> None:
