@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+#: The collector method of each op code of the core's record (`take_block_metrics`).
+_CALLS = ("on_block_allocated", "on_block_accessed", "on_block_evicted")
+
 
 def attach(manager: Any, collector: Any) -> None:
     """Hands `manager`'s recorded pool calls to `collector` after each call that makes
@@ -27,18 +30,14 @@ def attach(manager: Any, collector: Any) -> None:
         collector: vLLM's `KVCacheMetricsCollector` (or any object with its
             `on_block_allocated`, `on_block_accessed`, `on_block_evicted` and `reset`).
     """
-    handlers = (
-        collector.on_block_allocated,
-        collector.on_block_accessed,
-        collector.on_block_evicted,
-    )
 
     def replay() -> None:
         ops = manager.take_block_metrics()
         if ops:
             blocks = manager.block_objects([block_id for _, block_id in ops])
             for (op, _), block in zip(ops, blocks, strict=True):
-                handlers[op](block)
+                # Looked up per call, as vLLM's pool does.
+                getattr(collector, _CALLS[op])(block)
 
     def replaying(call: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
