@@ -512,5 +512,8 @@ fn block_metrics_follow_vllm_pool_calls() {
     let mut off = BlockPool::new(4, false, 16, false).unwrap();
     off.record_block_metrics();
     off.get_new_blocks(2).unwrap();
-    assert_eq!(off.take_block_metrics(), vec![(Allocated, 1), (Allocated, 2)]);
+    assert_eq!(
+        off.take_block_metrics(),
+        vec![(Allocated, 1), (Allocated, 2)]
+    );
 }
