@@ -78,6 +78,8 @@ pub struct CoordinatorOptions {
     /// Tokens after each block that its hash also covers (vLLM's
     /// `num_hash_lookahead_tokens`): the pool publishes them in `BlockStored`.
     pub num_hash_lookahead_tokens: usize,
+    /// Record the pool's calls for a KV cache metrics collector (`pool/metrics.rs`).
+    pub record_block_metrics: bool,
 }
 
 /// vLLM 0.33's `KVCacheCoordinator` family.
@@ -115,6 +117,9 @@ impl Coordinator {
         )?;
         pool.set_count_null_block_refs(opts.count_null_block_refs);
         pool.set_num_hash_lookahead_tokens(opts.num_hash_lookahead_tokens);
+        if opts.record_block_metrics {
+            pool.record_block_metrics();
+        }
         let drop_eagle = drop_eagle_groups(&groups, opts.use_eagle);
         let mut managers = Vec::with_capacity(groups.len());
         for (i, params) in groups.into_iter().enumerate() {

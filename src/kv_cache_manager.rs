@@ -76,6 +76,8 @@ pub struct ManagerOptions {
     pub num_hash_lookahead_tokens: usize,
     /// Decode / prefill context parallelism (`attention/context_parallel.rs`).
     pub context_parallel: ContextParallel,
+    /// Record the pool's calls for a KV cache metrics collector (`pool/metrics.rs`).
+    pub record_block_metrics: bool,
 }
 
 impl ManagerOptions {
@@ -96,6 +98,7 @@ impl ManagerOptions {
             num_prefill_lookahead: 0,
             num_hash_lookahead_tokens: 0,
             context_parallel: ContextParallel::NONE,
+            record_block_metrics: false,
         }
     }
 }
@@ -241,6 +244,7 @@ impl KvCacheManager {
                 count_null_block_refs: opts.count_null_block_refs,
                 num_prefill_lookahead: opts.num_prefill_lookahead,
                 num_hash_lookahead_tokens: opts.num_hash_lookahead_tokens,
+                record_block_metrics: opts.record_block_metrics,
             },
         )?;
         Ok(Self {

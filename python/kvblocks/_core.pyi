@@ -544,6 +544,7 @@ class KVCacheManager:
         retention: RetentionPolicy | None = None,
         num_prefill_lookahead: int = 0,
         num_hash_lookahead_tokens: int = 0,
+        record_block_metrics: bool = False,
     ) -> Self:
         """With `count_null_block_refs`, references to the null block are counted as
         vLLM 0.32 does: `touch` and `free_blocks` count its `ref_cnt` up and down (it may
@@ -557,7 +558,8 @@ class KVCacheManager:
         `BlockStored` then carries the tokens after it (`lookahead_token_ids`).
         `dcp_world_size` and `pcp_world_size` are vLLM's decode and prefill context
         parallelism: a DCP-sharded group's blocks hold `block_size * dcp_world_size`
-        tokens (`group_block_sizes`)."""
+        tokens (`group_block_sizes`). With `record_block_metrics`, the pool records the calls vLLM's pool makes on a KV cache
+        metrics collector (`take_block_metrics`)."""
     def get_computed_blocks(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int]: ...
@@ -654,6 +656,11 @@ class KVCacheManager:
     def evict_blocks(self, block_ids: Iterable[int]) -> None: ...
     def reset_prefix_cache(self) -> bool: ...
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]: ...
+    def take_block_metrics(self) -> list[tuple[int, int]]:
+        """The calls vLLM's pool would have made on a KV cache metrics collector since the
+        last call, oldest first, as `(op, block_id)`: op 0 `on_block_allocated`, 1
+        `on_block_accessed`, 2 `on_block_evicted`. Empty unless built with
+        `record_block_metrics=True`."""
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None: ...
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None: ...

@@ -14,6 +14,7 @@
 pub mod free_queue;
 mod hash_lookahead;
 mod id_set;
+pub mod metrics;
 pub mod null_block;
 pub mod pins;
 pub mod prefix_map;
@@ -31,6 +32,8 @@ use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 use free_queue::FreeQueue;
 use hash_lookahead::HashLookahead;
 use id_set::IdSet;
+use metrics::BlockMetricsLog;
+pub use metrics::BlockMetricsOp;
 pub use null_block::NullBlockRefs;
 use pins::Pins;
 pub use prefix_map::HashKey;
@@ -82,6 +85,8 @@ pub struct BlockPool {
     now: f64,
     /// Scratch list of quota evictions.
     over_quota: Vec<BlockId>,
+    /// The calls vLLM's pool makes on a metrics collector, while one is attached.
+    metrics: Option<Box<BlockMetricsLog>>,
 }
 
 impl BlockPool {
@@ -130,6 +135,7 @@ impl BlockPool {
             retention: None,
             now: 0.0,
             over_quota: Vec::new(),
+            metrics: None,
         })
     }
 
@@ -287,6 +293,9 @@ impl BlockPool {
                 self.evict_hash(b);
             }
         }
+        if let Some(log) = self.metrics.as_deref_mut() {
+            log.allocated(&out[start..], self.enable_caching);
+        }
         Ok(())
     }
 
@@ -332,6 +341,9 @@ impl BlockPool {
                 self.unlink_free(b);
             }
             self.ref_cnt[b as usize] += 1;
+        }
+        if let Some(log) = self.metrics.as_deref_mut() {
+            log.accessed(blocks);
         }
         Ok(())
     }
@@ -632,6 +644,9 @@ impl BlockPool {
                 self.uncached_while_free(b);
             }
         }
+        if let Some(log) = self.metrics.as_deref_mut() {
+            log.evicted(blocks);
+        }
         Ok(())
     }
 
@@ -666,6 +681,19 @@ impl BlockPool {
             self.events.push(KvCacheEvent::AllBlocksCleared);
         }
         true
+    }
+
+    /// Starts recording the calls vLLM's pool makes on a KV cache metrics collector
+    /// (`metrics.rs`); a pool records none until this is called.
+    pub fn record_block_metrics(&mut self) {
+        self.metrics.get_or_insert_with(Box::default);
+    }
+
+    /// Returns and clears the recorded collector calls (empty when not recording).
+    pub fn take_block_metrics(&mut self) -> Vec<(BlockMetricsOp, BlockId)> {
+        self.metrics
+            .as_deref_mut()
+            .map_or_else(Vec::new, BlockMetricsLog::take)
     }
 
     /// Returns and clears the recorded events (empty when events are off).

@@ -479,3 +479,41 @@ fn unhashed_block_ids_keep_nulls_for_one_group_and_drop_them_for_all() {
     assert_eq!(all, [vec![blocks[1], blocks[2]], vec![]]);
     assert!(p.unhashed_block_ids(&[99]).is_err());
 }
+
+/// The collector calls of vLLM 0.33's pool: each handed-out block evicted then allocated
+/// (caching on), touches without the null block, every block named to `evict_blocks`;
+/// nothing recorded before `record_block_metrics` or after a failed call.
+#[test]
+fn block_metrics_follow_vllm_pool_calls() {
+    use BlockMetricsOp::{Accessed, Allocated, Evicted};
+    let mut p = BlockPool::new(6, true, 16, false).unwrap();
+    p.get_new_blocks(1).unwrap();
+    assert!(p.take_block_metrics().is_empty());
+    p.record_block_metrics();
+    let b = p.get_new_blocks(2).unwrap();
+    assert_eq!(b, vec![2, 3]);
+    p.touch(&[NULL_BLOCK_ID, 2]).unwrap();
+    p.evict_blocks(&[3, 1]).unwrap();
+    assert!(p.get_new_blocks(9).is_err());
+    assert!(p.touch(&[99]).is_err());
+    assert_eq!(
+        p.take_block_metrics(),
+        vec![
+            (Evicted, 2),
+            (Allocated, 2),
+            (Evicted, 3),
+            (Allocated, 3),
+            (Accessed, 2),
+            (Evicted, 3),
+            (Evicted, 1),
+        ]
+    );
+    assert!(p.take_block_metrics().is_empty());
+    let mut off = BlockPool::new(4, false, 16, false).unwrap();
+    off.record_block_metrics();
+    off.get_new_blocks(2).unwrap();
+    assert_eq!(
+        off.take_block_metrics(),
+        vec![(Allocated, 1), (Allocated, 2)]
+    );
+}

@@ -335,14 +335,15 @@ impl PyKVCacheManager {
                         record_new_block_ids=false, count_null_block_refs=false,
                         dcp_world_size=NonNegativeInt(1), pcp_world_size=NonNegativeInt(1),
                         retention=None, num_prefill_lookahead=NonNegativeInt(0),
-                        num_hash_lookahead_tokens=NonNegativeInt(0)),
+                        num_hash_lookahead_tokens=NonNegativeInt(0), record_block_metrics=false),
                  text_signature = "(kv_cache_config, max_model_len, hash_block_size, *, \
                         scheduler_block_size=None, max_in_flight_tokens=None, \
                         enable_caching=True, use_eagle=False, log_stats=False, \
                         enable_kv_cache_events=False, watermark=0.0, \
                         record_new_block_ids=False, count_null_block_refs=False, \
                         dcp_world_size=1, pcp_world_size=1, retention=None, \
-                        num_prefill_lookahead=0, num_hash_lookahead_tokens=0)")]
+                        num_prefill_lookahead=0, num_hash_lookahead_tokens=0, \
+                        record_block_metrics=False)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -363,6 +364,7 @@ impl PyKVCacheManager {
         retention: Option<PyRef<'_, PyRetentionPolicy>>,
         num_prefill_lookahead: NonNegativeInt,
         num_hash_lookahead_tokens: NonNegativeInt,
+        record_block_metrics: bool,
     ) -> PyResult<Self> {
         let cfg = &kv_cache_config.inner;
         let watermark_blocks = admission::watermark_blocks(watermark, cfg.num_blocks)?;
@@ -382,6 +384,7 @@ impl PyKVCacheManager {
             num_prefill_lookahead: num_prefill_lookahead.0,
             num_hash_lookahead_tokens: num_hash_lookahead_tokens.0,
             context_parallel: ContextParallel::new(dcp_world_size.0, pcp_world_size.0)?,
+            record_block_metrics,
         };
         let retention_interval = cfg.prefix_cache_retention_interval.map(|n| n as usize);
         let mut inner = KvCacheManager::new(groups, cfg.num_blocks, retention_interval, opts)?;
@@ -863,6 +866,15 @@ impl PyKVCacheManager {
     /// Zeros per group (vLLM 0.33).
     fn get_num_common_prefix_blocks(&self, running_request_id: &str) -> Vec<usize> {
         self.inner.get_num_common_prefix_blocks(running_request_id)
+    }
+
+    /// The calls vLLM's pool would have made on a KV cache metrics collector since the
+    /// last call, oldest first, as `(op, block_id)` with op 0 `on_block_allocated`, 1
+    /// `on_block_accessed`, 2 `on_block_evicted`; empty unless built with
+    /// `record_block_metrics=True`.
+    fn take_block_metrics(&mut self) -> Vec<(u8, BlockId)> {
+        let ops = self.core_pool_mut().take_block_metrics();
+        ops.into_iter().map(|(op, b)| (op as u8, b)).collect()
     }
 
     /// The recorded KV cache events, annotated per group.

@@ -398,6 +398,7 @@ def calls() -> list[Call]:
         ("evict_blocks", [{1}]),
         ("reset_prefix_cache", []),
         ("get_num_common_prefix_blocks", ["r"]),
+        ("take_block_metrics", []),
         ("take_events", []),
         ("record_prefix_cache_stats", [fresh_request(), 4]),
         ("make_prefix_cache_stats", []),

@@ -32,7 +32,13 @@ torch = pytest.importorskip("torch")
 
 import kvblocks.vllm  # noqa: E402
 import vllm.v1.core.kv_cache_utils as kv_cache_utils  # noqa: E402
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    ModelConfig,
+    ObservabilityConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.sched import scheduler as vllm_scheduler  # noqa: E402
@@ -100,8 +106,11 @@ def kvblocks_vllm() -> Any:
     assert vllm_scheduler.KVCacheManager is STOCK_MANAGER
 
 
-def make_scheduler(model_dir: Path, async_scheduling: bool) -> Scheduler:
-    """A scheduler as vLLM's engine core builds one: one full-attention group."""
+def make_scheduler(
+    model_dir: Path, async_scheduling: bool, kv_cache_metrics_sample: float | None = None
+) -> Scheduler:
+    """A scheduler as vLLM's engine core builds one: one full-attention group; with
+    `kv_cache_metrics_sample`, vLLM's KV cache metrics collector on at that rate."""
     model_config = ModelConfig(
         model=str(model_dir),
         dtype="float16",
@@ -125,10 +134,18 @@ def make_scheduler(model_dir: Path, async_scheduling: bool) -> Scheduler:
         enable_prefix_caching=True,
         prefix_caching_hash_algo="sha256",
     )
+    observability = (
+        ObservabilityConfig()
+        if kv_cache_metrics_sample is None
+        else ObservabilityConfig(
+            kv_cache_metrics=True, kv_cache_metrics_sample=kv_cache_metrics_sample
+        )
+    )
     vllm_config = VllmConfig(
         scheduler_config=scheduler_config,
         model_config=model_config,
         cache_config=cache_config,
+        observability_config=observability,
     )
     spec = FullAttentionSpec(
         block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
@@ -302,3 +319,48 @@ def test_block_tables_equal_stock_at_every_step(
         assert a == b, f"step {a['step']} differs"
     assert len(stock) == len(ours)
     assert our_preemptions == stock_preemptions
+
+
+def collector_calls(model_dir: Path) -> tuple[list[tuple[str, int, bool]], int]:
+    """The scheduler's KV cache metrics collector (sampling a quarter of the blocks, from a
+    seeded `random`) over the workload: each call with its block id and whether the block
+    is sampled after it, and the eviction events the scheduler's stats carried."""
+    random.seed(3)
+    scheduler = make_scheduler(model_dir, False, kv_cache_metrics_sample=0.25)
+    collector = scheduler.kv_metrics_collector
+    assert scheduler.kv_cache_manager.metrics_collector is collector
+    calls: list[tuple[str, int, bool]] = []
+    for name in ("on_block_allocated", "on_block_accessed", "on_block_evicted"):
+        method = getattr(collector, name)
+
+        def logged(block: Any, name: str = name, method: Any = method) -> None:
+            method(block)
+            calls.append((name, block.block_id, block.block_id in collector.block_metrics))
+
+        setattr(collector, name, logged)
+    events = 0
+    make_stats = scheduler.make_stats
+
+    def counting_stats(*args: Any, **kwargs: Any) -> Any:
+        nonlocal events
+        stats = make_stats(*args, **kwargs)
+        events += len(stats.kv_cache_eviction_events) if stats is not None else 0
+        return stats
+
+    scheduler.make_stats = counting_stats  # type: ignore[method-assign]
+    drive(scheduler, make_requests(seed=12), False)
+    return calls, events
+
+
+def test_kv_cache_metrics_collector_equal_stock(model_dir: Path, kvblocks_vllm: Any) -> None:
+    """With `kv_cache_metrics` on, the scheduler's collector gets the same calls on the same
+    blocks, samples the same blocks and reports as many evictions on kvblocks as stock."""
+    if "kv_cache_metrics" not in ObservabilityConfig.__dataclass_fields__:
+        pytest.skip("this vLLM has no KV cache metrics collector")
+    stock = collector_calls(model_dir)
+    kvblocks_vllm.install()
+    ours = collector_calls(model_dir)
+    kinds = {name for name, _, _ in stock[0]}
+    assert kinds == {"on_block_allocated", "on_block_accessed", "on_block_evicted"}
+    assert stock[1] > 0
+    assert ours == stock

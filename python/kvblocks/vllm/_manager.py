@@ -18,6 +18,7 @@ from typing import Any
 import kvblocks as kb
 from kvblocks._core import KVCacheBlock
 from kvblocks.vllm._config import UnsupportedConfigError, convert_config
+from kvblocks.vllm._metrics import attach as attach_metrics_collector
 from kvblocks.vllm._version_rules import rules
 
 
@@ -54,6 +55,8 @@ class BlockPool:
         self.hash_block_size: int = self._pool.hash_block_size
         self.enable_kv_cache_events: bool = self._pool.enable_kv_cache_events
         self.free_block_queue = _FreeQueueView(manager, self._pool)
+        #: vLLM's `KVCacheMetricsCollector`, if the manager was given one (`_metrics.py`).
+        self.metrics_collector: Any = None
 
     @property
     def core(self) -> kb.BlockPool:
@@ -313,12 +316,6 @@ class KVCacheManager(kb.KVCacheManager):
         *,
         retention: kb.RetentionPolicy | None = None,
     ) -> KVCacheManager:
-        refused = {
-            "a KV cache metrics collector": metrics_collector is not None,
-        }
-        for what, hit in refused.items():
-            if hit:
-                raise UnsupportedConfigError(f"kvblocks does not support {what}")
         release = rules()
         flagged = any(g.is_eagle_group for g in kv_cache_config.kv_cache_groups)
         self = super().__new__(
@@ -341,6 +338,7 @@ class KVCacheManager(kb.KVCacheManager):
             retention=retention,
             num_prefill_lookahead=num_prefill_lookahead,
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+            record_block_metrics=metrics_collector is not None,
         )
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
@@ -361,6 +359,8 @@ class KVCacheManager(kb.KVCacheManager):
         self.stats_mirror = self.prefix_cache_stats
         if retention is not None:
             self._start_clock()
+        if metrics_collector is not None:
+            attach_metrics_collector(self, metrics_collector)
         return self
 
     def _start_clock(self) -> None:
