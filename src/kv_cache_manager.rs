@@ -518,7 +518,9 @@ impl KvCacheManager {
             }
             if !m.params().kind.caches_prefix() && !h.is_empty() {
                 return Err(KvError::InvalidArgument(
-                    "cross-attention groups have no prefix hits".into(),
+                    "groups that are not prefix cached (cross-attention, circular buffers) have \
+                     no prefix hits"
+                        .into(),
                 ));
             }
         }

@@ -25,6 +25,7 @@ __all__ = [
     "BlockStored",
     "CeilingLog",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferSpec",
     "CrossAttentionSpec",
     "DoubleFreeError",
     "EventSink",
@@ -53,6 +54,7 @@ __all__ = [
     "RequestBlockHasher",
     "RetentionPolicy",
     "SinkFullAttentionSpec",
+    "SlidingWindowMLASpec",
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
     "UnknownAlgorithmError",
@@ -285,7 +287,6 @@ class SinkFullAttentionSpec(FullAttentionSpec):
     @property
     def sink_len(self) -> int: ...
 
-@final
 class SlidingWindowSpec(AttentionSpec):
     def __new__(
         cls,
@@ -311,6 +312,30 @@ class SlidingWindowSpec(AttentionSpec):
         self, max_in_flight_tokens: int, max_model_len: int
     ) -> int | None:
         """`cdiv(min(sliding_window - 1 + extra + T, max_model_len), block_size) + 1`."""
+
+@final
+class SlidingWindowMLASpec(SlidingWindowSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        sliding_window: int,
+        extra_retained_tokens: int = 0,
+        cache_dtype_str: str | None = None,
+        alignment: int | None = None,
+        page_size_padded: int | None = None,
+        num_head_slots: int | None = None,
+        state_content_bytes: int | None = None,
+        tokens_per_state: int = 1,
+        dcp_sharded: bool = True,
+    ) -> SlidingWindowMLASpec: ...
+    @property
+    def cache_dtype_str(self) -> str | None: ...
+    @property
+    def alignment(self) -> int | None: ...
 
 @final
 class ChunkedLocalAttentionSpec(AttentionSpec):
@@ -352,6 +377,23 @@ class CrossAttentionSpec(AttentionSpec):
         tokens_per_state: int = 1,
         dcp_sharded: bool = True,
     ) -> CrossAttentionSpec: ...
+
+@final
+class CircularBufferSpec(AttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        head_size_v: int | None = None,
+        page_size_padded: int | None = None,
+        num_head_slots: int | None = None,
+        state_content_bytes: int | None = None,
+        tokens_per_state: int = 1,
+        dcp_sharded: bool = True,
+    ) -> CircularBufferSpec: ...
 
 @final
 class MambaSpec(KVCacheSpec):

@@ -6,7 +6,7 @@
 
 use rustc_hash::FxHashSet;
 
-use super::{chunked_local, cross_attention, full, mamba, sliding_window};
+use super::{chunked_local, circular_buffer, cross_attention, full, mamba, sliding_window};
 use super::{HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching};
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
@@ -46,6 +46,8 @@ pub enum AttentionKind {
     },
     /// Cross-attention over encoder tokens (encoder-decoder models).
     CrossAttention,
+    /// A ring buffer: one block per request, never cached (see [`circular_buffer`]).
+    CircularBuffer,
 }
 
 /// The `kv_cache_spec_kind` of an empty uniform group (vLLM's `"unknown"`).
@@ -57,7 +59,7 @@ pub const SPEC_KINDS: [&str; 10] = [
     full::SPEC_KIND,
     full::MLA_SPEC_KIND,
     sliding_window::SPEC_KIND,
-    "sliding_window_mla",
+    sliding_window::MLA_SPEC_KIND,
     mamba::SPEC_KIND,
     chunked_local::SPEC_KIND,
     full::SINK_SPEC_KIND,
@@ -74,15 +76,18 @@ impl AttentionKind {
     }
 
     /// The attention type that serves `spec` (vLLM's spec-to-manager mapping): MLA is
-    /// full attention, and a uniform group is served as its first layer's spec.
+    /// full attention, sliding-window MLA is sliding window, and a uniform group is
+    /// served as its first layer's spec.
     pub fn from_spec(spec: &KvCacheSpec) -> Result<Self> {
         Ok(match spec {
             KvCacheSpec::FullAttention(_) | KvCacheSpec::MlaAttention(_) => Self::FullAttention,
             KvCacheSpec::SinkFullAttention(s) => full::sink_kind(s),
             KvCacheSpec::SlidingWindow(s) => sliding_window::kind(s),
+            KvCacheSpec::SlidingWindowMla(s) => sliding_window::kind(&s.window),
             KvCacheSpec::ChunkedLocalAttention(s) => chunked_local::kind(s),
             KvCacheSpec::Mamba(m) => mamba::kind(m)?,
             KvCacheSpec::CrossAttention(_) => Self::CrossAttention,
+            KvCacheSpec::CircularBuffer(_) => Self::CircularBuffer,
             KvCacheSpec::UniformType(u) => {
                 let layer =
                     u.kv_cache_specs.specs().next().ok_or_else(|| {
@@ -106,6 +111,7 @@ impl AttentionKind {
             Self::ChunkedLocal { .. } => chunked_local::SPEC_KIND,
             Self::Mamba { .. } => mamba::SPEC_KIND,
             Self::CrossAttention => cross_attention::SPEC_KIND,
+            Self::CircularBuffer => UNKNOWN_SPEC_KIND,
         }
     }
 
@@ -160,12 +166,13 @@ impl AttentionKind {
 /// What each type decides for the code shared by all types: asked by the coordinator,
 /// the manager facade and the generic files of `src/attention/`.
 impl AttentionKind {
-    /// Whether the group's blocks are prefix cached at all: every type but
-    /// cross-attention, whose blocks hold encoder tokens (Mamba without "align" is
-    /// refused with caching on, see [`check_prefix_caching`](Self::check_prefix_caching)).
+    /// Whether the group's blocks are prefix cached at all (vLLM's `prefix_cacheable`):
+    /// every type but cross-attention, whose blocks hold encoder tokens, and circular
+    /// buffers, whose ring is per-request scratch (Mamba without "align" is refused with
+    /// caching on, see [`check_prefix_caching`](Self::check_prefix_caching)).
     #[inline]
     pub fn caches_prefix(&self) -> bool {
-        !matches!(self, Self::CrossAttention)
+        !matches!(self, Self::CrossAttention | Self::CircularBuffer)
     }
 
     /// Whether the group's table follows the request's encoder tokens instead of its
@@ -291,6 +298,7 @@ impl AttentionKind {
             }
             Self::Mamba { .. } => Err(mamba::unsupported("prefix caching in mode \"none\"")),
             Self::CrossAttention => Err(cross_attention::unsupported_lookup()),
+            Self::CircularBuffer => Ok(0),
         }
     }
 
@@ -314,6 +322,7 @@ impl AttentionKind {
                 new_computed,
                 pool,
             ),
+            Self::CircularBuffer => Some(circular_buffer::num_blocks_to_allocate(rb)),
             _ => None,
         }
     }
@@ -332,7 +341,21 @@ impl AttentionKind {
             Self::Mamba { align: true, .. } => {
                 mamba::allocate_new_blocks(mgr, rb, num_tokens_main_model, pool)
             }
+            Self::CircularBuffer => circular_buffer::claim_ring_block(rb, pool),
             _ => mgr.extend_table(rb, num_tokens, pool),
+        }
+    }
+
+    /// Allocates for KV-connector tokens by the type's own rule (a circular buffer claims
+    /// its ring); `None` for the common rule (blocks for the external tokens in the window).
+    pub(super) fn own_external_blocks(
+        &self,
+        rb: &mut RequestBlocks,
+        pool: &mut BlockPool,
+    ) -> Option<Result<()>> {
+        match self {
+            Self::CircularBuffer => Some(circular_buffer::claim_ring_block(rb, pool)),
+            _ => None,
         }
     }
 

@@ -15,6 +15,7 @@
 //! file holds [`SingleTypeManager`] itself: its fields, construction and accessors.
 
 pub mod chunked_local;
+pub mod circular_buffer;
 pub mod cross_attention;
 pub mod full;
 pub mod mamba;
@@ -86,9 +87,9 @@ impl SingleTypeManager {
             n => pool.get_new_blocks(n)?,
         };
         Ok(Self {
+            enable_caching: enable_caching && params.kind.caches_prefix(),
             params,
             group,
-            enable_caching,
             max_admission_blocks,
             use_eagle: false,
             alignment_tokens: scheduler_block_size,
@@ -115,7 +116,7 @@ impl SingleTypeManager {
         self.group
     }
 
-    /// Whether this manager caches blocks.
+    /// Whether this manager caches blocks (never for a type that is not prefix cached).
     #[inline]
     pub fn enable_caching(&self) -> bool {
         self.enable_caching

@@ -88,12 +88,23 @@ impl fmt::Display for KvCacheSpec {
                 "SlidingWindowSpec({}, sliding_window={}, extra_retained_tokens={})",
                 s.attn, s.sliding_window, s.extra_retained_tokens
             ),
+            KvCacheSpec::SlidingWindowMla(s) => write!(
+                f,
+                "SlidingWindowMLASpec({}, sliding_window={}, extra_retained_tokens={}, \
+                 cache_dtype_str={}, alignment={})",
+                s.window.attn,
+                s.window.sliding_window,
+                s.window.extra_retained_tokens,
+                Opt(s.cache_dtype_str.as_deref().map(py_str)),
+                Opt(s.alignment)
+            ),
             KvCacheSpec::ChunkedLocalAttention(c) => write!(
                 f,
                 "ChunkedLocalAttentionSpec({}, attention_chunk_size={})",
                 c.attn, c.attention_chunk_size
             ),
             KvCacheSpec::CrossAttention(c) => write!(f, "CrossAttentionSpec({})", c.attn),
+            KvCacheSpec::CircularBuffer(c) => write!(f, "CircularBufferSpec({})", c.attn),
             KvCacheSpec::Mamba(m) => {
                 let shapes: Vec<String> = m
                     .shapes
