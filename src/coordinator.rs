@@ -150,7 +150,7 @@ impl Coordinator {
         let mut groups: Vec<(usize, SpecGroup)> = Vec::new();
         for (i, m) in self.managers.iter().enumerate() {
             let p = m.params();
-            if !p.kind.caches_prefix() {
+            if !p.caches_prefix() {
                 // Scratch groups (circular buffers) take no part in the hit search.
                 continue;
             }
@@ -674,7 +674,7 @@ fn validate(
 fn validate_prefix_caching(groups: &[ManagerParams], hbs: usize, sparse: bool) -> Result<()> {
     for g in groups {
         g.kind.check_prefix_caching(g.block_size, hbs, sparse)?;
-        if g.kind.caches_prefix() && g.block_size % hbs != 0 {
+        if g.caches_prefix() && g.block_size % hbs != 0 {
             return Err(KvError::InvalidArgument(format!(
                 "block_size {} is not divisible by hash_block_size {hbs}",
                 g.block_size

@@ -516,7 +516,7 @@ impl KvCacheManager {
                     "prefix hits ending inside a block (0.33 partial-hit copy-on-write)".into(),
                 ));
             }
-            if !m.params().kind.caches_prefix() && !h.is_empty() {
+            if !m.params().caches_prefix() && !h.is_empty() {
                 return Err(KvError::InvalidArgument(
                     "groups that are not prefix cached (cross-attention, circular buffers) have \
                      no prefix hits"
@@ -700,7 +700,7 @@ impl KvCacheManager {
             let hashes = request.block_hashes().len();
             let hash_bs = self.coord.pool().hash_block_size();
             let would_cache = self.coord.managers().iter().any(|m| {
-                m.params().kind.caches_prefix()
+                m.params().caches_prefix()
                     && m.num_full_blocks(num_computed_tokens, hashes, hash_bs) > 0
             });
             return if would_cache {

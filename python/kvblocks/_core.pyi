@@ -326,6 +326,7 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
         extra_retained_tokens: int = 0,
         cache_dtype_str: str | None = None,
         alignment: int | None = None,
+        bounded_replay: bool = False,
         page_size_padded: int | None = None,
         num_head_slots: int | None = None,
         state_content_bytes: int | None = None,
@@ -336,6 +337,8 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
     def cache_dtype_str(self) -> str | None: ...
     @property
     def alignment(self) -> int | None: ...
+    @property
+    def bounded_replay(self) -> bool: ...
 
 @final
 class ChunkedLocalAttentionSpec(AttentionSpec):

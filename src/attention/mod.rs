@@ -87,7 +87,7 @@ impl SingleTypeManager {
             n => pool.get_new_blocks(n)?,
         };
         Ok(Self {
-            enable_caching: enable_caching && params.kind.caches_prefix(),
+            enable_caching: enable_caching && params.caches_prefix(),
             params,
             group,
             max_admission_blocks,

@@ -21,6 +21,9 @@ pub struct ManagerParams {
     /// Groups with equal `spec_class` have equal specs: the hybrid coordinator looks
     /// them up together (vLLM compares specs with `==`).
     pub spec_class: usize,
+    /// Whether the spec takes part in prefix caching (vLLM's `prefix_cacheable`: false
+    /// for a sliding-window MLA with bounded replay; see also [`Self::caches_prefix`]).
+    pub prefix_cacheable: bool,
 }
 
 impl ManagerParams {
@@ -34,7 +37,15 @@ impl ManagerParams {
             event_sliding_window: window,
             is_eagle_group: false,
             spec_class,
+            prefix_cacheable: true,
         }
+    }
+
+    /// Whether the group's blocks are prefix cached at all: its type caches them
+    /// ([`AttentionKind::caches_prefix`]) and its spec takes part in prefix caching.
+    #[inline]
+    pub fn caches_prefix(&self) -> bool {
+        self.prefix_cacheable && self.kind.caches_prefix()
     }
 }
 
@@ -61,6 +72,7 @@ impl ManagerParams {
                     event_sliding_window: spec.sliding_window().map(|w| w as u32),
                     is_eagle_group: g.is_eagle_group,
                     spec_class: class,
+                    prefix_cacheable: spec.prefix_cacheable(),
                 })
             })
             .collect()

@@ -596,11 +596,12 @@ impl PySlidingWindowMLASpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, sliding_window,
         extra_retained_tokens = NonNegativeInt(0), cache_dtype_str = None, alignment = None,
-        page_size_padded = None, num_head_slots = None, state_content_bytes = None,
-        tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
+        bounded_replay = false, page_size_padded = None, num_head_slots = None,
+        state_content_bytes = None, tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
     ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, sliding_window, \
-        extra_retained_tokens=0, cache_dtype_str=None, alignment=None, page_size_padded=None, \
-        num_head_slots=None, state_content_bytes=None, tokens_per_state=1, dcp_sharded=True)")]
+        extra_retained_tokens=0, cache_dtype_str=None, alignment=None, bounded_replay=False, \
+        page_size_padded=None, num_head_slots=None, state_content_bytes=None, \
+        tokens_per_state=1, dcp_sharded=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         block_size: NonNegativeInt,
@@ -611,6 +612,7 @@ impl PySlidingWindowMLASpec {
         extra_retained_tokens: NonNegativeInt,
         cache_dtype_str: Option<String>,
         alignment: Option<NonNegativeInt>,
+        bounded_replay: bool,
         page_size_padded: Option<NonNegativeInt>,
         num_head_slots: Option<NonNegativeInt>,
         state_content_bytes: Option<NonNegativeInt>,
@@ -639,6 +641,7 @@ impl PySlidingWindowMLASpec {
             },
             cache_dtype_str,
             alignment: opt(alignment),
+            bounded_replay,
         })
         .build()?;
         Ok(attention_init(spec)
@@ -656,6 +659,12 @@ impl PySlidingWindowMLASpec {
     fn alignment(slf: PyRef<'_, Self>) -> Option<usize> {
         let spec = &slf.as_super().as_super().as_super().inner;
         sliding_window_mla_of(spec).and_then(|s| s.alignment)
+    }
+
+    #[getter]
+    fn bounded_replay(slf: PyRef<'_, Self>) -> bool {
+        let spec = &slf.as_super().as_super().as_super().inner;
+        sliding_window_mla_of(spec).is_some_and(|s| s.bounded_replay)
     }
 }
 

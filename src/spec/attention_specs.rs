@@ -167,6 +167,9 @@ pub struct SlidingWindowMlaSpec {
     pub cache_dtype_str: Option<String>,
     /// Pages are padded up to a multiple of this many bytes.
     pub alignment: Option<usize>,
+    /// DeepSeek-V4.1's bounded replay: the window is recomputed after a prefix hit (by
+    /// the scheduler), so the group is not prefix cached.
+    pub bounded_replay: bool,
 }
 
 /// Chunked local attention (vLLM's `ChunkedLocalAttentionSpec`).

@@ -91,12 +91,13 @@ impl fmt::Display for KvCacheSpec {
             KvCacheSpec::SlidingWindowMla(s) => write!(
                 f,
                 "SlidingWindowMLASpec({}, sliding_window={}, extra_retained_tokens={}, \
-                 cache_dtype_str={}, alignment={})",
+                 cache_dtype_str={}, alignment={}, bounded_replay={})",
                 s.window.attn,
                 s.window.sliding_window,
                 s.window.extra_retained_tokens,
                 Opt(s.cache_dtype_str.as_deref().map(py_str)),
-                Opt(s.alignment)
+                Opt(s.alignment),
+                py_bool(s.bounded_replay)
             ),
             KvCacheSpec::ChunkedLocalAttention(c) => write!(
                 f,

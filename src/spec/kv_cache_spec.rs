@@ -283,10 +283,12 @@ impl KvCacheSpec {
     }
 
     /// Whether the group takes part in prefix caching (vLLM's `prefix_cacheable`): every
-    /// spec but a circular buffer, and a uniform group whose members all do.
+    /// spec but a circular buffer and a sliding-window MLA with bounded replay, and a
+    /// uniform group whose members all do.
     pub fn prefix_cacheable(&self) -> bool {
         match self {
             KvCacheSpec::CircularBuffer(_) => false,
+            KvCacheSpec::SlidingWindowMla(s) => !s.bounded_replay,
             KvCacheSpec::UniformType(u) => u.kv_cache_specs.specs().all(Self::prefix_cacheable),
             _ => true,
         }

@@ -25,7 +25,8 @@ impl KvCacheSpec {
     /// * MLA: every spec is MLA with the same `cache_dtype_str` and attention fields;
     ///   the result keeps the first page size and drops alignment and recorded windows.
     /// * sliding-window MLA: every spec is sliding-window MLA with the same
-    ///   `cache_dtype_str`, `tokens_per_state`, window, retained tokens and DCP sharding;
+    ///   `cache_dtype_str`, `tokens_per_state`, window, retained tokens, replay policy
+    ///   and DCP sharding;
     ///   the result is the first spec without its alignment (its other attention fields
     ///   are not compared, as in vLLM).
     /// * every other class: all specs must be equal.
@@ -155,16 +156,19 @@ fn merge_sliding_window_mla(specs: &[KvCacheSpec]) -> Result<KvCacheSpec> {
             && w.window.attn.dcp_sharded == first.window.attn.dcp_sharded
             && w.window.sliding_window == first.window.sliding_window
             && w.window.extra_retained_tokens == first.window.extra_retained_tokens
+            && w.bounded_replay == first.bounded_replay
     };
     if !windows.iter().all(agree) {
         return invalid(
             "All attention layers in the same KV cache group must use the same quantization \
-             method, tokens per state, sliding window size and retained token count.",
+             method, tokens per state, sliding window size, retained token count, and \
+             replay policy.",
         );
     }
     Ok(KvCacheSpec::SlidingWindowMla(SlidingWindowMlaSpec {
         window: first.window.clone(),
         cache_dtype_str: first.cache_dtype_str.clone(),
         alignment: None,
+        bounded_replay: first.bounded_replay,
     }))
 }

@@ -69,7 +69,8 @@ impl UniformTypeSpecs {
 /// Whether the specs can share one [`UniformTypeSpecs`] group (vLLM's
 /// `UniformTypeKVCacheSpecs.is_uniform_type`): one block size, one DCP sharding, and
 /// one type family: all full attention (MLA and sink included), all sliding window with
-/// one window (a sliding-window MLA first: all sliding-window MLA), all chunked local
+/// one window (a sliding-window MLA first: all sliding-window MLA with one window and
+/// one replay policy), all chunked local
 /// with one chunk size, all Mamba with the same page size and extra block counts, all
 /// cross attention, or all circular buffers. An empty list is not uniform.
 pub fn is_uniform_type<'a>(specs: impl IntoIterator<Item = &'a KvCacheSpec>) -> bool {
@@ -91,7 +92,8 @@ pub fn is_uniform_type<'a>(specs: impl IntoIterator<Item = &'a KvCacheSpec>) -> 
         }),
         KvCacheSpec::SlidingWindowMla(w) => same(&|s| {
             matches!(s, KvCacheSpec::SlidingWindowMla(o)
-                if o.window.sliding_window == w.window.sliding_window)
+                if o.window.sliding_window == w.window.sliding_window
+                    && o.bounded_replay == w.bounded_replay)
         }),
         KvCacheSpec::ChunkedLocalAttention(c) => same(&|s| {
             matches!(s, KvCacheSpec::ChunkedLocalAttention(o)

@@ -134,6 +134,15 @@ SPECS: dict[str, Callable[[], Any]] = {
         tokens_per_state=2,
         alignment=576,
     ),
+    # `test_prefix_replay.py`'s DeepSeek-V4.1 window: recomputed after a hit, not cached.
+    "sliding_window_mla_bounded_replay": lambda: vi.SlidingWindowMLASpec(
+        block_size=16,
+        num_kv_heads=1,
+        head_size=64,
+        dtype=torch.bfloat16,
+        sliding_window=32,
+        bounded_replay=True,
+    ),
     # `test_contiguous_kv_packing.py`'s DeepSeek-V4.1 compressor ring (one block a request).
     "circular_buffer": lambda: vi.CircularBufferSpec(
         block_size=8, num_kv_heads=1, head_size=1024, head_size_v=0, dtype=torch.float32
@@ -206,7 +215,13 @@ def _same_layers(name: str) -> list[Any]:
 
 
 @pytest.mark.parametrize(
-    "name", ["sliding_window_mla", "sliding_window_mla_aligned", "hidden_state_cache"]
+    "name",
+    [
+        "sliding_window_mla",
+        "sliding_window_mla_aligned",
+        "sliding_window_mla_bounded_replay",
+        "hidden_state_cache",
+    ],
 )
 def test_merge_equals_vllms(name: str) -> None:
     theirs = _same_layers(name)
@@ -234,6 +249,7 @@ def test_sliding_window_mla_merge_refuses_other_windows() -> None:
         ("sliding_window", "sliding_window_mla"),
         ("sliding_window_mla", "sliding_window"),
         ("sliding_window_mla", "sliding_window_mla_aligned"),
+        ("sliding_window_mla", "sliding_window_mla_bounded_replay"),
         ("circular_buffer", "circular_buffer"),
         ("circular_buffer", "cross"),
         ("hidden_state_cache", "mla"),
@@ -283,17 +299,3 @@ def test_spec_types_without_a_manager_raise_unsupported(name: str) -> None:
         pytest.skip(f"this vLLM has no {name}")
     with pytest.raises(kb.UnsupportedError, match=name):
         convert_spec(UNSUPPORTED[name]())
-
-
-def test_bounded_replay_is_refused() -> None:
-    # DeepSeek-V4.1's replayed window is not prefix cached; kvblocks has no such group.
-    theirs = vi.SlidingWindowMLASpec(
-        block_size=16,
-        num_kv_heads=1,
-        head_size=576,
-        dtype=torch.float32,
-        sliding_window=128,
-        bounded_replay=True,
-    )
-    with pytest.raises(kb.UnsupportedError, match="bounded_replay"):
-        convert_spec(theirs)

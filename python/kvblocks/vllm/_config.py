@@ -56,7 +56,14 @@ SPECS: dict[str, tuple[Callable[..., kb.KVCacheSpec], tuple[str, ...]]] = {
     ),
     "SlidingWindowMLASpec": (
         kb.SlidingWindowMLASpec,
-        (*_ATTENTION, "sliding_window", "extra_retained_tokens", "cache_dtype_str", "alignment"),
+        (
+            *_ATTENTION,
+            "sliding_window",
+            "extra_retained_tokens",
+            "cache_dtype_str",
+            "alignment",
+            "bounded_replay",
+        ),
     ),
     "CircularBufferSpec": (kb.CircularBufferSpec, (*_ATTENTION, "head_size_v")),
     "ChunkedLocalAttentionSpec": (
@@ -94,10 +101,9 @@ CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 #: Fields read where present only (a vLLM without them has nothing to refuse), so the
-#: drift guard does not require them: `bounded_replay` of a sliding-window MLA spec,
-#: `host_resident` of a group. (`is_draft` and `non_causal` need nothing: vLLM's manager
-#: never reads them; `is_draft` is not even part of a spec's equality.)
-OPTIONAL_FIELDS = ("bounded_replay", "host_resident")
+#: drift guard does not require them: `host_resident` of a group. (A spec's `is_draft`
+#: and `non_causal` are not read: vLLM's manager never reads them either.)
+OPTIONAL_FIELDS = ("host_resident",)
 
 
 def _value(name: str, value: Any) -> Any:
@@ -132,10 +138,6 @@ def convert_spec(spec: Any) -> kb.KVCacheSpec:
         raise UnsupportedConfigError(
             f"kvblocks has no manager for vLLM's {name}; supported: "
             + ", ".join([*SPECS, "UniformTypeKVCacheSpecs"])
-        )
-    if getattr(spec, "bounded_replay", False):
-        raise UnsupportedConfigError(
-            f"bounded prefix replay (DeepSeek-V4.1's {name}, bounded_replay=True)"
         )
     make, fields = SPECS[name]
     return make(**{f: _value(f, getattr(spec, f)) for f in fields})
