@@ -38,6 +38,10 @@ CONFIGS = {  # name -> replay.py flags
     "full+eagle": ["--config", "eagle"],
     "bs32/hash16": ["--config", "bs32"],
     "caching-off": ["--config", "full", "--no-prefix-caching"],
+    # vLLM 0.33's newer spec types: MLA + sliding-window MLA + a compressor ring, and
+    # MLA + a compressed MLA indexer + a tail ring.
+    "deepseek-v4": ["--config", "deepseek-v4", "--sliding-window", "128"],
+    "glm5-next": ["--config", "glm5-next"],
 }
 
 

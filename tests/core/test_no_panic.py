@@ -334,6 +334,28 @@ def calls() -> list[Call]:
             [BS, 8, None, None],
         ),
         (
+            "SlidingWindowMLASpec",
+            None,
+            lambda *a: kb.SlidingWindowMLASpec(
+                block_size=a[0],
+                num_kv_heads=1,
+                head_size=a[1],
+                dtype="float16",
+                sliding_window=a[2],
+                alignment=a[3],
+                bounded_replay=a[4],
+            ),
+            [BS, 8, 8, None, False],
+        ),
+        (
+            "CircularBufferSpec",
+            None,
+            lambda *a: kb.CircularBufferSpec(
+                block_size=a[0], num_kv_heads=a[1], head_size=8, dtype="float16"
+            ),
+            [BS, 1],
+        ),
+        (
             "SinkFullAttentionSpec",
             None,
             lambda *a: kb.SinkFullAttentionSpec(
