@@ -613,14 +613,16 @@ impl Coordinator {
         out
     }
 
-    /// Frees the blocks outside every group's attention window.
+    /// Frees the blocks outside every group's attention window (R-SWA groups: the gap
+    /// after a prompt of `num_prompt_tokens`, when given).
     pub fn remove_skipped_blocks(
         &mut self,
         rbs: &mut [RequestBlocks],
         num_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
     ) -> Result<()> {
         for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
-            m.remove_skipped_blocks(rb, num_computed_tokens, &mut self.pool)?;
+            m.remove_skipped_blocks(rb, num_computed_tokens, num_prompt_tokens, &mut self.pool)?;
         }
         Ok(())
     }

@@ -410,8 +410,11 @@ impl KvCacheManager {
         if let Some(s) = slot {
             self.set_free_tag_of_slot(s);
             let processed = total.saturating_sub(request.num_in_flight_tokens());
-            self.coord
-                .remove_skipped_blocks(self.slots.tables_mut(s), processed)?;
+            self.coord.remove_skipped_blocks(
+                self.slots.tables_mut(s),
+                processed,
+                Some(request.num_prompt_tokens()),
+            )?;
         }
         let need = self.coord.get_num_blocks_to_allocate(
             self.slots.tables_or_empty(slot),
@@ -813,18 +816,23 @@ impl KvCacheManager {
     }
 
     /// Frees the request's blocks that no token from `processed_computed_tokens` on
-    /// attends to (outside a sliding window, say), replacing them with nulls.
+    /// attends to (outside a sliding window, say), replacing them with nulls; with the
+    /// prompt length, R-SWA groups also free the gap after the prompt.
     pub fn remove_skipped_blocks(
         &mut self,
         request_id: &str,
         processed_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
     ) -> Result<()> {
         let Some(s) = self.slots.get(request_id) else {
             return Ok(());
         };
         self.set_free_tag_of_slot(s);
-        self.coord
-            .remove_skipped_blocks(self.slots.tables_mut(s), processed_computed_tokens)
+        self.coord.remove_skipped_blocks(
+            self.slots.tables_mut(s),
+            processed_computed_tokens,
+            num_prompt_tokens,
+        )
     }
 
     /// Number of requests holding a slot.

@@ -50,6 +50,7 @@ __all__ = [
     "OffloadRequest",
     "OutOfBlocksError",
     "PrefixCacheStats",
+    "RSWASpec",
     "Request",
     "RequestBlockHasher",
     "RetentionPolicy",
@@ -312,6 +313,26 @@ class SlidingWindowSpec(AttentionSpec):
         self, max_in_flight_tokens: int, max_model_len: int
     ) -> int | None:
         """`cdiv(min(sliding_window - 1 + extra + T, max_model_len), block_size) + 1`."""
+
+@final
+class RSWASpec(FullAttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        rswa_window: int,
+        head_size_v: int | None = None,
+        page_size_padded: int | None = None,
+        num_head_slots: int | None = None,
+        state_content_bytes: int | None = None,
+        tokens_per_state: int = 1,
+        dcp_sharded: bool = True,
+    ) -> RSWASpec: ...
+    @property
+    def rswa_window(self) -> int: ...
 
 @final
 class SlidingWindowMLASpec(SlidingWindowSpec):
@@ -703,7 +724,12 @@ class KVCacheManager:
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
     ) -> int: ...
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None: ...
+    def remove_skipped_blocks(
+        self,
+        request_id: str,
+        processed_computed_tokens: int,
+        num_prompt_tokens: int | None = None,
+    ) -> None: ...
     @property
     def usage(self) -> float: ...
     @property

@@ -6,7 +6,7 @@
 
 use rustc_hash::FxHashSet;
 
-use super::{chunked_local, circular_buffer, cross_attention, full, mamba, sliding_window};
+use super::{chunked_local, circular_buffer, cross_attention, full, mamba, rswa, sliding_window};
 use super::{HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching};
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
@@ -24,6 +24,12 @@ pub enum AttentionKind {
     SinkFullAttention {
         /// Sink tokens; a positive multiple of the block size.
         sink_len: usize,
+    },
+    /// Reference sliding window attention: full attention whose gap between the prompt
+    /// and the last `rswa_window` generated tokens is freed (see [`rswa`]).
+    Rswa {
+        /// Generated tokens kept.
+        rswa_window: usize,
     },
     /// Sliding-window attention.
     SlidingWindow {
@@ -69,10 +75,13 @@ pub const SPEC_KINDS: [&str; 10] = [
 ];
 
 impl AttentionKind {
-    /// Whether vLLM counts the spec as a `FullAttentionSpec` (full, MLA, sink).
+    /// Whether vLLM counts the spec as a `FullAttentionSpec` (full, MLA, sink, R-SWA).
     #[inline]
     pub fn is_full_attention(&self) -> bool {
-        matches!(self, Self::FullAttention | Self::SinkFullAttention { .. })
+        matches!(
+            self,
+            Self::FullAttention | Self::SinkFullAttention { .. } | Self::Rswa { .. }
+        )
     }
 
     /// The attention type that serves `spec` (vLLM's spec-to-manager mapping): MLA is
@@ -82,6 +91,7 @@ impl AttentionKind {
         Ok(match spec {
             KvCacheSpec::FullAttention(_) | KvCacheSpec::MlaAttention(_) => Self::FullAttention,
             KvCacheSpec::SinkFullAttention(s) => full::sink_kind(s),
+            KvCacheSpec::Rswa(s) => rswa::kind(s),
             KvCacheSpec::SlidingWindow(s) => sliding_window::kind(s),
             KvCacheSpec::SlidingWindowMla(s) => sliding_window::kind(&s.window),
             KvCacheSpec::ChunkedLocalAttention(s) => chunked_local::kind(s),
@@ -105,7 +115,7 @@ impl AttentionKind {
     /// its own kind, see [`KvCacheSpec::kind`]).
     pub fn spec_kind(&self) -> &'static str {
         match self {
-            Self::FullAttention => full::SPEC_KIND,
+            Self::FullAttention | Self::Rswa { .. } => full::SPEC_KIND,
             Self::SinkFullAttention { .. } => full::SINK_SPEC_KIND,
             Self::SlidingWindow { .. } => sliding_window::SPEC_KIND,
             Self::ChunkedLocal { .. } => chunked_local::SPEC_KIND,
@@ -284,7 +294,7 @@ impl AttentionKind {
         out: &mut [Vec<BlockId>],
     ) -> Result<usize> {
         match *self {
-            Self::FullAttention | Self::SinkFullAttention { .. } => {
+            Self::FullAttention | Self::SinkFullAttention { .. } | Self::Rswa { .. } => {
                 Ok(full::find_longest_cache_hit(query, bs, pool, out))
             }
             Self::SlidingWindow { sliding_window, .. } => Ok(
@@ -360,18 +370,28 @@ impl AttentionKind {
     }
 
     /// Frees the blocks outside the attention window of the next token: the window's
-    /// common rule, or the type's own (align-mode Mamba retires old states).
+    /// common rule, or the type's own (align-mode Mamba retires old states; R-SWA,
+    /// given the prompt length, frees the gap after the prompt).
     pub(super) fn remove_skipped_blocks(
         &self,
         mgr: &SingleTypeManager,
         rb: &mut RequestBlocks,
         num_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
         pool: &mut BlockPool,
     ) -> Result<()> {
-        match *self {
-            Self::Mamba { align: true, .. } => {
+        match (self, num_prompt_tokens) {
+            (Self::Mamba { align: true, .. }, _) => {
                 mamba::remove_skipped_blocks(mgr, rb, num_computed_tokens, pool)
             }
+            (Self::Rswa { rswa_window }, Some(prompt)) => rswa::remove_gap_blocks(
+                rb,
+                *rswa_window,
+                mgr.block_size(),
+                num_computed_tokens,
+                prompt,
+                pool,
+            ),
             _ => mgr.free_out_of_window(rb, num_computed_tokens, pool),
         }
     }

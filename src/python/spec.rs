@@ -13,8 +13,8 @@ use super::non_negative::NonNegativeInt;
 use crate::spec::{
     is_uniform_type, AttentionParams, ChunkedLocalAttentionSpec, CircularBufferSpec,
     CrossAttentionSpec, Dtype, FullAttentionSpec, KvCacheSpec, LayerSpecs, MambaCacheMode,
-    MambaSpec, MemoryParams, MlaAttentionSpec, SinkFullAttentionSpec, SlidingWindowMlaSpec,
-    SlidingWindowSpec, SpecClass, UniformTypeSpecs,
+    MambaSpec, MemoryParams, MlaAttentionSpec, RswaSpec, SinkFullAttentionSpec,
+    SlidingWindowMlaSpec, SlidingWindowSpec, SpecClass, UniformTypeSpecs,
 };
 
 fn opt(v: Option<NonNegativeInt>) -> Option<usize> {
@@ -93,6 +93,7 @@ pub(crate) fn spec_to_py(py: Python<'_>, inner: KvCacheSpec) -> PyResult<Bound<'
         SpecClass::SinkFullAttention => {
             Bound::new(py, full_init(inner).add_subclass(PySinkFullAttentionSpec))?.into_any()
         }
+        SpecClass::Rswa => Bound::new(py, full_init(inner).add_subclass(PyRSWASpec))?.into_any(),
         SpecClass::SlidingWindow => {
             Bound::new(py, attention_init(inner).add_subclass(PySlidingWindowSpec))?.into_any()
         }
@@ -127,6 +128,8 @@ fn class_of(cls: &Bound<'_, PyType>) -> PyResult<SpecClass> {
         SpecClass::MlaAttention
     } else if cls.is_subclass_of::<PySinkFullAttentionSpec>()? {
         SpecClass::SinkFullAttention
+    } else if cls.is_subclass_of::<PyRSWASpec>()? {
+        SpecClass::Rswa
     } else if cls.is_subclass_of::<PyFullAttentionSpec>()? {
         SpecClass::FullAttention
     } else if cls.is_subclass_of::<PySlidingWindowMLASpec>()? {
@@ -497,6 +500,67 @@ impl PySinkFullAttentionSpec {
     fn sink_len(slf: PyRef<'_, Self>) -> Option<usize> {
         match &slf.as_super().as_super().as_super().inner {
             KvCacheSpec::SinkFullAttention(s) => Some(s.sink_len),
+            _ => None,
+        }
+    }
+}
+
+/// Reference sliding window attention (vLLM's `RSWASpec`): the prompt stays, and of
+/// the generated tokens only the last `rswa_window`.
+#[pyclass(name = "RSWASpec", module = "kvblocks._core", extends = PyFullAttentionSpec)]
+pub(crate) struct PyRSWASpec;
+
+#[pymethods]
+impl PyRSWASpec {
+    #[new]
+    #[pyo3(signature = (
+        *, block_size, num_kv_heads, head_size, dtype, rswa_window, head_size_v = None,
+        page_size_padded = None, num_head_slots = None, state_content_bytes = None,
+        tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, rswa_window, \
+        head_size_v=None, page_size_padded=None, num_head_slots=None, \
+        state_content_bytes=None, tokens_per_state=1, dcp_sharded=True)")]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        block_size: NonNegativeInt,
+        num_kv_heads: NonNegativeInt,
+        head_size: NonNegativeInt,
+        dtype: PyDtype,
+        rswa_window: NonNegativeInt,
+        head_size_v: Option<NonNegativeInt>,
+        page_size_padded: Option<NonNegativeInt>,
+        num_head_slots: Option<NonNegativeInt>,
+        state_content_bytes: Option<NonNegativeInt>,
+        tokens_per_state: NonNegativeInt,
+        dcp_sharded: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let packing = PagePacking {
+            num_head_slots,
+            state_content_bytes,
+            tokens_per_state,
+        };
+        let attn = attention_params(
+            block_size,
+            num_kv_heads,
+            head_size,
+            dtype,
+            head_size_v,
+            page_size_padded,
+            packing,
+            dcp_sharded,
+        );
+        let spec = KvCacheSpec::from(RswaSpec {
+            full: FullAttentionSpec::new(attn),
+            rswa_window: rswa_window.0,
+        })
+        .build()?;
+        Ok(full_init(spec).add_subclass(PyRSWASpec))
+    }
+
+    #[getter]
+    fn rswa_window(slf: PyRef<'_, Self>) -> Option<usize> {
+        match &slf.as_super().as_super().as_super().inner {
+            KvCacheSpec::Rswa(r) => Some(r.rswa_window),
             _ => None,
         }
     }
@@ -965,6 +1029,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFullAttentionSpec>()?;
     m.add_class::<PyMLAAttentionSpec>()?;
     m.add_class::<PySinkFullAttentionSpec>()?;
+    m.add_class::<PyRSWASpec>()?;
     m.add_class::<PySlidingWindowSpec>()?;
     m.add_class::<PySlidingWindowMLASpec>()?;
     m.add_class::<PyChunkedLocalAttentionSpec>()?;

@@ -1,6 +1,6 @@
 //! The attention specs: the fields every attention layer shares ([`AttentionParams`],
 //! its page size and checks) and one struct per attention spec class of vLLM
-//! (full, MLA, sink, sliding window, sliding-window MLA, chunked local, cross attention,
+//! (full, MLA, sink, R-SWA, sliding window, sliding-window MLA, chunked local, cross attention,
 //! circular buffer).
 
 use super::{checked_product, invalid, overflow, Dtype};
@@ -144,6 +144,16 @@ pub struct SinkFullAttentionSpec {
     pub full: FullAttentionSpec,
     /// Sink tokens: a positive multiple of the block size.
     pub sink_len: usize,
+}
+
+/// Reference sliding window attention (vLLM's `RSWASpec`, a full attention subclass):
+/// the prompt stays visible, and of the generated tokens only the last `rswa_window`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RswaSpec {
+    /// The full attention fields.
+    pub full: FullAttentionSpec,
+    /// Generated tokens kept in the cache.
+    pub rswa_window: usize,
 }
 
 /// Sliding window attention (vLLM's `SlidingWindowSpec`).

@@ -83,6 +83,9 @@ impl fmt::Display for KvCacheSpec {
                     s.full, s.sink_len
                 )
             }
+            KvCacheSpec::Rswa(r) => {
+                write!(f, "RSWASpec({}, rswa_window={})", r.full, r.rswa_window)
+            }
             KvCacheSpec::SlidingWindow(s) => write!(
                 f,
                 "SlidingWindowSpec({}, sliding_window={}, extra_retained_tokens={})",

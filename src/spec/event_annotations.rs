@@ -11,7 +11,8 @@ impl KvCacheSpec {
     /// it mixes full attention subclasses.
     pub fn kind(&self) -> &'static str {
         match self {
-            KvCacheSpec::FullAttention(_) => full::SPEC_KIND,
+            // R-SWA is a `FullAttentionSpec` to vLLM's `get_kv_cache_spec_kind`.
+            KvCacheSpec::FullAttention(_) | KvCacheSpec::Rswa(_) => full::SPEC_KIND,
             KvCacheSpec::MlaAttention(_) => full::MLA_SPEC_KIND,
             KvCacheSpec::SinkFullAttention(_) => full::SINK_SPEC_KIND,
             KvCacheSpec::SlidingWindow(_) => sliding_window::SPEC_KIND,

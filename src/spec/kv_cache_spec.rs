@@ -5,7 +5,7 @@
 use super::{
     invalid, is_uniform_type, overflow, AttentionParams, ChunkedLocalAttentionSpec,
     CircularBufferSpec, CrossAttentionSpec, FullAttentionSpec, MambaSpec, MlaAttentionSpec,
-    SinkFullAttentionSpec, SlidingWindowMlaSpec, SlidingWindowSpec, UniformTypeSpecs,
+    RswaSpec, SinkFullAttentionSpec, SlidingWindowMlaSpec, SlidingWindowSpec, UniformTypeSpecs,
 };
 use crate::attention::full;
 use crate::error::Result;
@@ -22,6 +22,8 @@ pub enum SpecClass {
     MlaAttention,
     /// `SinkFullAttentionSpec`.
     SinkFullAttention,
+    /// `RSWASpec`.
+    Rswa,
     /// `SlidingWindowSpec`.
     SlidingWindow,
     /// `SlidingWindowMLASpec`.
@@ -47,6 +49,8 @@ pub enum KvCacheSpec {
     MlaAttention(MlaAttentionSpec),
     /// Full attention with attention sinks.
     SinkFullAttention(SinkFullAttentionSpec),
+    /// Reference sliding window attention.
+    Rswa(RswaSpec),
     /// Sliding window attention.
     SlidingWindow(SlidingWindowSpec),
     /// Sliding window attention with an MLA page.
@@ -77,6 +81,7 @@ impl_from!(
     FullAttentionSpec => FullAttention,
     MlaAttentionSpec => MlaAttention,
     SinkFullAttentionSpec => SinkFullAttention,
+    RswaSpec => Rswa,
     SlidingWindowSpec => SlidingWindow,
     SlidingWindowMlaSpec => SlidingWindowMla,
     ChunkedLocalAttentionSpec => ChunkedLocalAttention,
@@ -138,6 +143,10 @@ impl KvCacheSpec {
             KvCacheSpec::SinkFullAttention(s) => {
                 check_full(&s.full)?;
                 full::num_sink_blocks(s.sink_len, s.full.attn.block_size)?;
+            }
+            KvCacheSpec::Rswa(r) => {
+                check_full(&r.full)?;
+                check_positive("rswa_window", r.rswa_window)?;
             }
             KvCacheSpec::SlidingWindow(s) => check_window(s)?,
             KvCacheSpec::SlidingWindowMla(s) => {
@@ -204,6 +213,7 @@ impl KvCacheSpec {
             KvCacheSpec::FullAttention(_) => SpecClass::FullAttention,
             KvCacheSpec::MlaAttention(_) => SpecClass::MlaAttention,
             KvCacheSpec::SinkFullAttention(_) => SpecClass::SinkFullAttention,
+            KvCacheSpec::Rswa(_) => SpecClass::Rswa,
             KvCacheSpec::SlidingWindow(_) => SpecClass::SlidingWindow,
             KvCacheSpec::SlidingWindowMla(_) => SpecClass::SlidingWindowMla,
             KvCacheSpec::ChunkedLocalAttention(_) => SpecClass::ChunkedLocalAttention,
@@ -236,12 +246,14 @@ impl KvCacheSpec {
         }
     }
 
-    /// The full attention fields, for full attention and its subclasses (MLA, sink).
+    /// The full attention fields, for full attention and its subclasses (MLA, sink,
+    /// R-SWA).
     pub fn full_attention(&self) -> Option<&FullAttentionSpec> {
         match self {
             KvCacheSpec::FullAttention(f) => Some(f),
             KvCacheSpec::MlaAttention(m) => Some(&m.full),
             KvCacheSpec::SinkFullAttention(s) => Some(&s.full),
+            KvCacheSpec::Rswa(r) => Some(&r.full),
             _ => None,
         }
     }

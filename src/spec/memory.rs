@@ -71,7 +71,8 @@ impl KvCacheSpec {
         let blocks = match self {
             KvCacheSpec::FullAttention(_)
             | KvCacheSpec::MlaAttention(_)
-            | KvCacheSpec::SinkFullAttention(_) => full::max_blocks_per_request(
+            | KvCacheSpec::SinkFullAttention(_)
+            | KvCacheSpec::Rswa(_) => full::max_blocks_per_request(
                 p.max_model_len,
                 self.dcp_sharded(),
                 p.dcp_world_size,

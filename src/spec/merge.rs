@@ -2,7 +2,7 @@
 //! overrides in full attention, sink, MLA and sliding-window MLA).
 
 use super::{
-    invalid, AttentionParams, FullAttentionSpec, KvCacheSpec, MlaAttentionSpec,
+    invalid, AttentionParams, FullAttentionSpec, KvCacheSpec, MlaAttentionSpec, RswaSpec,
     SinkFullAttentionSpec, SlidingWindowMlaSpec, SpecClass,
 };
 use crate::error::{KvError, Result};
@@ -24,6 +24,7 @@ impl KvCacheSpec {
     ///   (a sink result takes the first spec's `sink_len`).
     /// * MLA: every spec is MLA with the same `cache_dtype_str` and attention fields;
     ///   the result keeps the first page size and drops alignment and recorded windows.
+    /// * R-SWA: every spec is R-SWA with one `rswa_window`, merged as full attention.
     /// * sliding-window MLA: every spec is sliding-window MLA with the same
     ///   `cache_dtype_str`, `tokens_per_state`, window, retained tokens, replay policy
     ///   and DCP sharding;
@@ -46,6 +47,27 @@ impl KvCacheSpec {
                 Ok(KvCacheSpec::SinkFullAttention(SinkFullAttentionSpec {
                     full,
                     sink_len: s.sink_len,
+                }))
+            }
+            SpecClass::Rswa => {
+                let mut windows = specs.iter().map(|s| match s {
+                    KvCacheSpec::Rswa(r) => Some(r.rswa_window),
+                    _ => None,
+                });
+                let Some(Some(rswa_window)) = windows.next() else {
+                    return invalid(
+                        "All attention layers in the same KV cache group must be RSWASpec.",
+                    );
+                };
+                if !windows.all(|w| w == Some(rswa_window)) {
+                    return invalid(
+                        "All attention layers in the same KV cache group must be RSWASpec \
+                         with the same rswa_window.",
+                    );
+                }
+                Ok(KvCacheSpec::Rswa(RswaSpec {
+                    full: merge_full(specs)?,
+                    rswa_window,
                 }))
             }
             SpecClass::MlaAttention => merge_mla(specs),

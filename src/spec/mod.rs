@@ -31,7 +31,7 @@ mod uniform;
 
 pub use attention_specs::{
     AttentionParams, ChunkedLocalAttentionSpec, CircularBufferSpec, CrossAttentionSpec,
-    FullAttentionSpec, MlaAttentionSpec, SinkFullAttentionSpec, SlidingWindowMlaSpec,
+    FullAttentionSpec, MlaAttentionSpec, RswaSpec, SinkFullAttentionSpec, SlidingWindowMlaSpec,
     SlidingWindowSpec,
 };
 pub use dtype::Dtype;

@@ -389,11 +389,14 @@ fn sliding_window_mla_page_kind_and_family() {
 fn circular_buffer_memory_and_caching() {
     let mut a = attn(8, 1, 1024, Dtype::Float32);
     a.head_size_v = 0;
-    let ring = KvCacheSpec::from(CircularBufferSpec { attn: a }).build().unwrap();
+    let ring = KvCacheSpec::from(CircularBufferSpec { attn: a })
+        .build()
+        .unwrap();
     let page = 8 * 1024 * 4;
     assert_eq!(ring.page_size_bytes(), page);
     assert_eq!(
-        ring.max_memory_usage_bytes(&MemoryParams::new(100_000)).unwrap(),
+        ring.max_memory_usage_bytes(&MemoryParams::new(100_000))
+            .unwrap(),
         page
     );
     assert!(!ring.prefix_cacheable());

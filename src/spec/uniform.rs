@@ -85,7 +85,8 @@ pub fn is_uniform_type<'a>(specs: impl IntoIterator<Item = &'a KvCacheSpec>) -> 
     match first {
         KvCacheSpec::FullAttention(_)
         | KvCacheSpec::MlaAttention(_)
-        | KvCacheSpec::SinkFullAttention(_) => same(&|s| s.full_attention().is_some()),
+        | KvCacheSpec::SinkFullAttention(_)
+        | KvCacheSpec::Rswa(_) => same(&|s| s.full_attention().is_some()),
         KvCacheSpec::SlidingWindow(w) => same(&|s| {
             s.sliding_window_spec()
                 .is_some_and(|o| o.sliding_window == w.sliding_window)

@@ -151,6 +151,7 @@ SPECS: dict[str, Callable[[], Any]] = {
     "hidden_state_cache": lambda: vi.HiddenStateCacheSpec(
         block_size=16, num_kv_heads=3, head_size=1024, dtype=torch.bfloat16
     ),
+    "rswa": lambda: _attention(vi.RSWASpec, rswa_window=64),
     # vLLM's manager reads neither flag: they convert as the plain spec.
     "full_non_causal": lambda: _attention(vi.FullAttentionSpec, non_causal=True),
     "full_draft": lambda: _attention(vi.FullAttentionSpec, is_draft=True),
@@ -221,6 +222,7 @@ def _same_layers(name: str) -> list[Any]:
         "sliding_window_mla_aligned",
         "sliding_window_mla_bounded_replay",
         "hidden_state_cache",
+        "rswa",
     ],
 )
 def test_merge_equals_vllms(name: str) -> None:
@@ -253,6 +255,8 @@ def test_sliding_window_mla_merge_refuses_other_windows() -> None:
         ("circular_buffer", "circular_buffer"),
         ("circular_buffer", "cross"),
         ("hidden_state_cache", "mla"),
+        ("rswa", "full"),
+        ("full", "rswa"),
     ],
 )
 def test_uniform_type_rule_equals_vllms(first: str, second: str) -> None:
@@ -289,7 +293,6 @@ def test_states_per_token_are_refused() -> None:
 #: registers no manager for encoder-only layers either).
 UNSUPPORTED: dict[str, Callable[[], Any]] = {
     "EncoderOnlyAttentionSpec": lambda: _attention(vi.EncoderOnlyAttentionSpec),
-    "RSWASpec": lambda: _attention(vi.RSWASpec, rswa_window=64),
 }
 
 

@@ -50,6 +50,10 @@ SPECS: dict[str, tuple[Callable[..., kb.KVCacheSpec], tuple[str, ...]]] = {
         kb.SinkFullAttentionSpec,
         (*_ATTENTION, "head_size_v", "sink_len", "sliding_window", "attention_chunk_size"),
     ),
+    "RSWASpec": (
+        kb.RSWASpec,
+        (*_ATTENTION, "head_size_v", "rswa_window"),
+    ),
     "SlidingWindowSpec": (
         kb.SlidingWindowSpec,
         (*_ATTENTION, "head_size_v", "sliding_window", "extra_retained_tokens"),
