@@ -349,17 +349,10 @@ def replay_layout(
     elif config == "mamba":
         groups = (full, _mamba_group(block_size, enable_caching, max_model_len, 1, 1))
     elif config == "deepseek-v4":
-        mla = {"num_kv_heads": 1, "head_size": 576}
+        mla = GroupDesc("mla", 1, block_size, num_kv_heads=1, head_size=576)
         groups = (
-            GroupDesc("mla", 1, block_size, **mla),
-            GroupDesc(
-                "sliding_window_mla",
-                1,
-                block_size,
-                sliding_window=sliding_window,
-                layer_offset=1,
-                **mla,
-            ),
+            mla,
+            replace(mla, kind="sliding_window_mla", sliding_window=sliding_window, layer_offset=1),
             GroupDesc("circular_buffer", 1, 8, num_kv_heads=1, head_size=512, layer_offset=2),
         )
     elif config == "glm5-next":
