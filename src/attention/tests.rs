@@ -152,7 +152,7 @@ fn rswa_removes_the_gap_after_the_prompt() {
     want[6] = NULL_BLOCK_ID;
     assert_eq!(rb.table, want);
     let head: Vec<_> = pool.free_block_ids().take(3).collect();
-    assert_eq!(head, vec![ids[5], ids[6], ids[4]]);
+    assert_eq!(head, vec![ids[6], ids[5], ids[4]]);
 }
 
 /// Section 4.10: chunked local keeps only the current chunk (bs 2, chunk 4).
