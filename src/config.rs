@@ -124,7 +124,8 @@ impl KvCacheConfig {
     /// * several groups: the scheduler block size is the lcm of the (DCP scaled) group
     ///   block sizes; the hash block size equals it when neither prefix caching nor a
     ///   connector is on or when a Mamba layer is not in "align" mode, and is otherwise
-    ///   `prefix_match_unit` or the gcd of the group block sizes, which it must divide.
+    ///   `prefix_match_unit` or the gcd of the prefix-cacheable group block sizes (all
+    ///   groups' when none is), which it must divide.
     pub fn resolve_block_sizes(&self, p: &BlockSizeParams) -> Result<(usize, usize)> {
         let hashing = p.enable_prefix_caching || p.connector_enabled;
         if p.dcp_world_size == 0 {
@@ -156,13 +157,25 @@ impl KvCacheConfig {
         if !hashing || mamba_not_aligned {
             return Ok((scheduler, scheduler));
         }
+        // Groups that are not prefix cached (circular buffers) do not constrain hashing,
+        // unless no group is cached at all.
+        let mut hashing_sizes: Vec<usize> = sizes
+            .iter()
+            .zip(&self.kv_cache_groups)
+            .filter(|(_, g)| g.kv_cache_spec.prefix_cacheable())
+            .map(|(&bs, _)| bs)
+            .collect();
+        if hashing_sizes.is_empty() {
+            hashing_sizes.clone_from(&sizes);
+        }
         let hash = p
             .prefix_match_unit
-            .unwrap_or_else(|| sizes.iter().fold(0, |acc, &bs| gcd(acc, bs)));
-        if hash == 0 || sizes.iter().any(|bs| bs % hash != 0) {
+            .unwrap_or_else(|| hashing_sizes.iter().fold(0, |acc, &bs| gcd(acc, bs)));
+        if hash == 0 || hashing_sizes.iter().any(|bs| bs % hash != 0) {
             return invalid(format!(
                 "Invalid prefix_match_unit={hash}; prefix-cacheable KV cache group block \
-                 sizes must be divisible by prefix_match_unit. Got group block sizes={sizes:?}."
+                 sizes must be divisible by prefix_match_unit. Got group block sizes={sizes:?}, \
+                 prefix-cacheable={hashing_sizes:?}."
             ));
         }
         Ok((scheduler, hash))

@@ -160,11 +160,16 @@ impl Coordinator {
     }
 
     /// vLLM's `verify_and_split_kv_cache_groups`: equal specs share a lookup, full
-    /// attention first (stable), and the EAGLE bit of a spec group goes to its managers.
+    /// attention first (stable), and the EAGLE bit of a spec group goes to its managers;
+    /// groups that are not prefix cached are left out.
     fn split_spec_groups(&mut self) {
         let mut groups: Vec<(usize, SpecGroup)> = Vec::new();
         for (i, m) in self.managers.iter().enumerate() {
             let p = m.params();
+            if !p.caches_prefix() {
+                // Scratch groups (circular buffers) take no part in the hit search.
+                continue;
+            }
             let use_eagle = self.drop_eagle[i];
             if let Some((_, g)) = groups.iter_mut().find(|(c, _)| *c == p.spec_class) {
                 g.group_ids.push(i as GroupId);
@@ -635,14 +640,16 @@ impl Coordinator {
         out
     }
 
-    /// Frees the blocks outside every group's attention window.
+    /// Frees the blocks outside every group's attention window (R-SWA groups: the gap
+    /// after a prompt of `num_prompt_tokens`, when given).
     pub fn remove_skipped_blocks(
         &mut self,
         rbs: &mut [RequestBlocks],
         num_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
     ) -> Result<()> {
         for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
-            m.remove_skipped_blocks(rb, num_computed_tokens, &mut self.pool)?;
+            m.remove_skipped_blocks(rb, num_computed_tokens, num_prompt_tokens, &mut self.pool)?;
         }
         Ok(())
     }
@@ -692,12 +699,12 @@ fn validate(
     Ok((kind, sparse_caching))
 }
 
-/// With prefix caching on: each type supports it for its group, every block size is a
-/// multiple of the hash block size, and a single group's equals it.
+/// With prefix caching on: each type supports it for its group, every prefix-cached
+/// group's block size is a multiple of the hash block size, and a single group's equals it.
 fn validate_prefix_caching(groups: &[ManagerParams], hbs: usize, sparse: bool) -> Result<()> {
     for g in groups {
         g.kind.check_prefix_caching(g.block_size, hbs, sparse)?;
-        if g.block_size % hbs != 0 {
+        if g.caches_prefix() && g.block_size % hbs != 0 {
             return Err(KvError::InvalidArgument(format!(
                 "block_size {} is not divisible by hash_block_size {hbs}",
                 g.block_size

@@ -429,8 +429,11 @@ impl KvCacheManager {
         if let Some(s) = slot {
             self.set_free_tag_of_slot(s);
             let processed = total.saturating_sub(request.num_in_flight_tokens());
-            self.coord
-                .remove_skipped_blocks(self.slots.tables_mut(s), processed)?;
+            self.coord.remove_skipped_blocks(
+                self.slots.tables_mut(s),
+                processed,
+                Some(request.num_prompt_tokens()),
+            )?;
         }
         let need = self.coord.get_num_blocks_to_allocate(
             self.slots.tables_or_empty(slot),
@@ -535,9 +538,11 @@ impl KvCacheManager {
                     "prefix hits ending inside a block (0.33 partial-hit copy-on-write)".into(),
                 ));
             }
-            if !m.params().kind.caches_prefix() && !h.is_empty() {
+            if !m.params().caches_prefix() && !h.is_empty() {
                 return Err(KvError::InvalidArgument(
-                    "cross-attention groups have no prefix hits".into(),
+                    "groups that are not prefix cached (cross-attention, circular buffers) have \
+                     no prefix hits"
+                        .into(),
                 ));
             }
         }
@@ -717,7 +722,7 @@ impl KvCacheManager {
             let hashes = request.block_hashes().len();
             let hash_bs = self.coord.pool().hash_block_size();
             let would_cache = self.coord.managers().iter().any(|m| {
-                m.params().kind.caches_prefix()
+                m.params().caches_prefix()
                     && m.num_full_blocks(num_computed_tokens, hashes, hash_bs) > 0
             });
             return if would_cache {
@@ -830,18 +835,23 @@ impl KvCacheManager {
     }
 
     /// Frees the request's blocks that no token from `processed_computed_tokens` on
-    /// attends to (outside a sliding window, say), replacing them with nulls.
+    /// attends to (outside a sliding window, say), replacing them with nulls; with the
+    /// prompt length, R-SWA groups also free the gap after the prompt.
     pub fn remove_skipped_blocks(
         &mut self,
         request_id: &str,
         processed_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
     ) -> Result<()> {
         let Some(s) = self.slots.get(request_id) else {
             return Ok(());
         };
         self.set_free_tag_of_slot(s);
-        self.coord
-            .remove_skipped_blocks(self.slots.tables_mut(s), processed_computed_tokens)
+        self.coord.remove_skipped_blocks(
+            self.slots.tables_mut(s),
+            processed_computed_tokens,
+            num_prompt_tokens,
+        )
     }
 
     /// Number of requests holding a slot.

@@ -42,6 +42,10 @@ CONFIGS = {  # name -> replay.py flags
     "spec-lookahead": ["--config", "spec-lookahead", "--sliding-window", "1024"],
     "dcp2": ["--config", "full", "--dcp-world-size", "2"],
     "dcp4": ["--config", "full", "--dcp-world-size", "4"],
+    # vLLM 0.33's newer spec types: MLA + sliding-window MLA + a compressor ring, and
+    # MLA + a compressed MLA indexer + a tail ring.
+    "deepseek-v4": ["--config", "deepseek-v4", "--sliding-window", "128"],
+    "glm5-next": ["--config", "glm5-next"],
 }
 
 

@@ -94,7 +94,9 @@ def summary(
             "kv_config": args.config,
             "num_blocks": layout.num_blocks,
             "block_size": args.block_size,
-            "sliding_window": args.sliding_window if args.config in ("hybrid", "swa") else None,
+            "sliding_window": args.sliding_window
+            if args.config in ("hybrid", "swa", "deepseek-v4")
+            else None,
             "chunk_size": args.chunk_size if args.config == "chunked" else None,
             "dcp_world_size": args.dcp_world_size,
             "max_num_batched_tokens": args.max_num_batched_tokens,

@@ -25,6 +25,7 @@ __all__ = [
     "BlockStored",
     "CeilingLog",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferSpec",
     "CrossAttentionSpec",
     "DoubleFreeError",
     "EventSink",
@@ -49,10 +50,12 @@ __all__ = [
     "OffloadRequest",
     "OutOfBlocksError",
     "PrefixCacheStats",
+    "RSWASpec",
     "Request",
     "RequestBlockHasher",
     "RetentionPolicy",
     "SinkFullAttentionSpec",
+    "SlidingWindowMLASpec",
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
     "UnknownAlgorithmError",
@@ -285,7 +288,6 @@ class SinkFullAttentionSpec(FullAttentionSpec):
     @property
     def sink_len(self) -> int: ...
 
-@final
 class SlidingWindowSpec(AttentionSpec):
     def __new__(
         cls,
@@ -311,6 +313,53 @@ class SlidingWindowSpec(AttentionSpec):
         self, max_in_flight_tokens: int, max_model_len: int
     ) -> int | None:
         """`cdiv(min(sliding_window - 1 + extra + T, max_model_len), block_size) + 1`."""
+
+@final
+class RSWASpec(FullAttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        rswa_window: int,
+        head_size_v: int | None = None,
+        page_size_padded: int | None = None,
+        num_head_slots: int | None = None,
+        state_content_bytes: int | None = None,
+        tokens_per_state: int = 1,
+        dcp_sharded: bool = True,
+    ) -> RSWASpec: ...
+    @property
+    def rswa_window(self) -> int: ...
+
+@final
+class SlidingWindowMLASpec(SlidingWindowSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        sliding_window: int,
+        extra_retained_tokens: int = 0,
+        cache_dtype_str: str | None = None,
+        alignment: int | None = None,
+        bounded_replay: bool = False,
+        page_size_padded: int | None = None,
+        num_head_slots: int | None = None,
+        state_content_bytes: int | None = None,
+        tokens_per_state: int = 1,
+        dcp_sharded: bool = True,
+    ) -> SlidingWindowMLASpec: ...
+    @property
+    def cache_dtype_str(self) -> str | None: ...
+    @property
+    def alignment(self) -> int | None: ...
+    @property
+    def bounded_replay(self) -> bool: ...
 
 @final
 class ChunkedLocalAttentionSpec(AttentionSpec):
@@ -352,6 +401,23 @@ class CrossAttentionSpec(AttentionSpec):
         tokens_per_state: int = 1,
         dcp_sharded: bool = True,
     ) -> CrossAttentionSpec: ...
+
+@final
+class CircularBufferSpec(AttentionSpec):
+    def __new__(
+        cls,
+        *,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: _DtypeLike,
+        head_size_v: int | None = None,
+        page_size_padded: int | None = None,
+        num_head_slots: int | None = None,
+        state_content_bytes: int | None = None,
+        tokens_per_state: int = 1,
+        dcp_sharded: bool = True,
+    ) -> CircularBufferSpec: ...
 
 @final
 class MambaSpec(KVCacheSpec):
@@ -685,7 +751,12 @@ class KVCacheManager:
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
     ) -> int: ...
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None: ...
+    def remove_skipped_blocks(
+        self,
+        request_id: str,
+        processed_computed_tokens: int,
+        num_prompt_tokens: int | None = None,
+    ) -> None: ...
     @property
     def usage(self) -> float: ...
     @property

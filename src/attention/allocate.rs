@@ -104,7 +104,8 @@ impl SingleTypeManager {
     }
 
     /// Allocates blocks for KV-connector tokens inside the window (after every group's
-    /// hits were touched); none for a table that counts encoder tokens.
+    /// hits were touched), or by the type's own rule (a circular buffer's ring); none for
+    /// a table that counts encoder tokens.
     pub fn allocate_external_computed_blocks(
         &self,
         rb: &mut RequestBlocks,
@@ -114,6 +115,9 @@ impl SingleTypeManager {
     ) -> Result<()> {
         if self.params.kind.counts_encoder_tokens() {
             return Ok(());
+        }
+        if let Some(done) = self.params.kind.own_external_blocks(rb, pool) {
+            return done;
         }
         let total = num_local_computed + num_external_computed;
         let skipped = self.num_skipped_tokens(total);

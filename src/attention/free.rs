@@ -43,16 +43,22 @@ impl SingleTypeManager {
     }
 
     /// Frees the blocks whose tokens the next token no longer attends to, replacing them
-    /// with nulls (by the type's rule: `kind.rs`, `remove_skipped_blocks`).
+    /// with nulls (by the type's rule: `kind.rs`, `remove_skipped_blocks`); R-SWA frees
+    /// its gap only when given the prompt length, as vLLM's.
     pub fn remove_skipped_blocks(
         &self,
         rb: &mut RequestBlocks,
         num_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
         pool: &mut BlockPool,
     ) -> Result<()> {
-        self.params
-            .kind
-            .remove_skipped_blocks(self, rb, num_computed_tokens, pool)
+        self.params.kind.remove_skipped_blocks(
+            self,
+            rb,
+            num_computed_tokens,
+            num_prompt_tokens,
+            pool,
+        )
     }
 
     /// The common `remove_skipped_blocks`: the blocks before the window of the next

@@ -6,7 +6,7 @@
 
 use rustc_hash::FxHashSet;
 
-use super::{chunked_local, cross_attention, full, mamba, sliding_window};
+use super::{chunked_local, circular_buffer, cross_attention, full, mamba, rswa, sliding_window};
 use super::{HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching};
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
@@ -24,6 +24,12 @@ pub enum AttentionKind {
     SinkFullAttention {
         /// Sink tokens; a positive multiple of the block size.
         sink_len: usize,
+    },
+    /// Reference sliding window attention: full attention whose gap between the prompt
+    /// and the last `rswa_window` generated tokens is freed (see [`rswa`]).
+    Rswa {
+        /// Generated tokens kept.
+        rswa_window: usize,
     },
     /// Sliding-window attention.
     SlidingWindow {
@@ -46,6 +52,8 @@ pub enum AttentionKind {
     },
     /// Cross-attention over encoder tokens (encoder-decoder models).
     CrossAttention,
+    /// A ring buffer: one block per request, never cached (see [`circular_buffer`]).
+    CircularBuffer,
 }
 
 /// The `kv_cache_spec_kind` of an empty uniform group (vLLM's `"unknown"`).
@@ -57,7 +65,7 @@ pub const SPEC_KINDS: [&str; 10] = [
     full::SPEC_KIND,
     full::MLA_SPEC_KIND,
     sliding_window::SPEC_KIND,
-    "sliding_window_mla",
+    sliding_window::MLA_SPEC_KIND,
     mamba::SPEC_KIND,
     chunked_local::SPEC_KIND,
     full::SINK_SPEC_KIND,
@@ -67,22 +75,29 @@ pub const SPEC_KINDS: [&str; 10] = [
 ];
 
 impl AttentionKind {
-    /// Whether vLLM counts the spec as a `FullAttentionSpec` (full, MLA, sink).
+    /// Whether vLLM counts the spec as a `FullAttentionSpec` (full, MLA, sink, R-SWA).
     #[inline]
     pub fn is_full_attention(&self) -> bool {
-        matches!(self, Self::FullAttention | Self::SinkFullAttention { .. })
+        matches!(
+            self,
+            Self::FullAttention | Self::SinkFullAttention { .. } | Self::Rswa { .. }
+        )
     }
 
     /// The attention type that serves `spec` (vLLM's spec-to-manager mapping): MLA is
-    /// full attention, and a uniform group is served as its first layer's spec.
+    /// full attention, sliding-window MLA is sliding window, and a uniform group is
+    /// served as its first layer's spec.
     pub fn from_spec(spec: &KvCacheSpec) -> Result<Self> {
         Ok(match spec {
             KvCacheSpec::FullAttention(_) | KvCacheSpec::MlaAttention(_) => Self::FullAttention,
             KvCacheSpec::SinkFullAttention(s) => full::sink_kind(s),
+            KvCacheSpec::Rswa(s) => rswa::kind(s),
             KvCacheSpec::SlidingWindow(s) => sliding_window::kind(s),
+            KvCacheSpec::SlidingWindowMla(s) => sliding_window::kind(&s.window),
             KvCacheSpec::ChunkedLocalAttention(s) => chunked_local::kind(s),
             KvCacheSpec::Mamba(m) => mamba::kind(m)?,
             KvCacheSpec::CrossAttention(_) => Self::CrossAttention,
+            KvCacheSpec::CircularBuffer(_) => Self::CircularBuffer,
             KvCacheSpec::UniformType(u) => {
                 let layer =
                     u.kv_cache_specs.specs().next().ok_or_else(|| {
@@ -100,12 +115,13 @@ impl AttentionKind {
     /// its own kind, see [`KvCacheSpec::kind`]).
     pub fn spec_kind(&self) -> &'static str {
         match self {
-            Self::FullAttention => full::SPEC_KIND,
+            Self::FullAttention | Self::Rswa { .. } => full::SPEC_KIND,
             Self::SinkFullAttention { .. } => full::SINK_SPEC_KIND,
             Self::SlidingWindow { .. } => sliding_window::SPEC_KIND,
             Self::ChunkedLocal { .. } => chunked_local::SPEC_KIND,
             Self::Mamba { .. } => mamba::SPEC_KIND,
             Self::CrossAttention => cross_attention::SPEC_KIND,
+            Self::CircularBuffer => UNKNOWN_SPEC_KIND,
         }
     }
 
@@ -160,12 +176,13 @@ impl AttentionKind {
 /// What each type decides for the code shared by all types: asked by the coordinator,
 /// the manager facade and the generic files of `src/attention/`.
 impl AttentionKind {
-    /// Whether the group's blocks are prefix cached at all: every type but
-    /// cross-attention, whose blocks hold encoder tokens (Mamba without "align" is
-    /// refused with caching on, see [`check_prefix_caching`](Self::check_prefix_caching)).
+    /// Whether the group's blocks are prefix cached at all (vLLM's `prefix_cacheable`):
+    /// every type but cross-attention, whose blocks hold encoder tokens, and circular
+    /// buffers, whose ring is per-request scratch (Mamba without "align" is refused with
+    /// caching on, see [`check_prefix_caching`](Self::check_prefix_caching)).
     #[inline]
     pub fn caches_prefix(&self) -> bool {
-        !matches!(self, Self::CrossAttention)
+        !matches!(self, Self::CrossAttention | Self::CircularBuffer)
     }
 
     /// Whether the group's table follows the request's encoder tokens instead of its
@@ -292,7 +309,7 @@ impl AttentionKind {
         out: &mut [Vec<BlockId>],
     ) -> Result<usize> {
         match *self {
-            Self::FullAttention | Self::SinkFullAttention { .. } => {
+            Self::FullAttention | Self::SinkFullAttention { .. } | Self::Rswa { .. } => {
                 Ok(full::find_longest_cache_hit(query, bs, pool, out))
             }
             Self::SlidingWindow { sliding_window, .. } => Ok(
@@ -306,6 +323,7 @@ impl AttentionKind {
             }
             Self::Mamba { .. } => Err(mamba::unsupported("prefix caching in mode \"none\"")),
             Self::CrossAttention => Err(cross_attention::unsupported_lookup()),
+            Self::CircularBuffer => Ok(0),
         }
     }
 
@@ -329,6 +347,7 @@ impl AttentionKind {
                 new_computed,
                 pool,
             ),
+            Self::CircularBuffer => Some(circular_buffer::num_blocks_to_allocate(rb)),
             _ => None,
         }
     }
@@ -347,23 +366,47 @@ impl AttentionKind {
             Self::Mamba { align: true, .. } => {
                 mamba::allocate_new_blocks(mgr, rb, num_tokens_main_model, pool)
             }
+            Self::CircularBuffer => circular_buffer::claim_ring_block(rb, pool),
             _ => mgr.extend_table(rb, num_tokens, pool),
         }
     }
 
+    /// Allocates for KV-connector tokens by the type's own rule (a circular buffer claims
+    /// its ring); `None` for the common rule (blocks for the external tokens in the window).
+    pub(super) fn own_external_blocks(
+        &self,
+        rb: &mut RequestBlocks,
+        pool: &mut BlockPool,
+    ) -> Option<Result<()>> {
+        match self {
+            Self::CircularBuffer => Some(circular_buffer::claim_ring_block(rb, pool)),
+            _ => None,
+        }
+    }
+
     /// Frees the blocks outside the attention window of the next token: the window's
-    /// common rule, or the type's own (align-mode Mamba retires old states).
+    /// common rule, or the type's own (align-mode Mamba retires old states; R-SWA,
+    /// given the prompt length, frees the gap after the prompt).
     pub(super) fn remove_skipped_blocks(
         &self,
         mgr: &SingleTypeManager,
         rb: &mut RequestBlocks,
         num_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
         pool: &mut BlockPool,
     ) -> Result<()> {
-        match *self {
-            Self::Mamba { align: true, .. } => {
+        match (self, num_prompt_tokens) {
+            (Self::Mamba { align: true, .. }, _) => {
                 mamba::remove_skipped_blocks(mgr, rb, num_computed_tokens, pool)
             }
+            (Self::Rswa { rswa_window }, Some(prompt)) => rswa::remove_gap_blocks(
+                rb,
+                *rswa_window,
+                mgr.block_size(),
+                num_computed_tokens,
+                prompt,
+                pool,
+            ),
             _ => mgr.free_out_of_window(rb, num_computed_tokens, pool),
         }
     }

@@ -15,10 +15,12 @@
 //! file holds [`SingleTypeManager`] itself: its fields, construction and accessors.
 
 pub mod chunked_local;
+pub mod circular_buffer;
 pub mod context_parallel;
 pub mod cross_attention;
 pub mod full;
 pub mod mamba;
+pub mod rswa;
 pub mod sliding_window;
 
 mod allocate;
@@ -88,9 +90,9 @@ impl SingleTypeManager {
             n => pool.get_new_blocks(n)?,
         };
         Ok(Self {
+            enable_caching: enable_caching && params.caches_prefix(),
             params,
             group,
-            enable_caching,
             max_admission_blocks,
             use_eagle: false,
             alignment_tokens: scheduler_block_size,
@@ -117,7 +119,7 @@ impl SingleTypeManager {
         self.group
     }
 
-    /// Whether this manager caches blocks.
+    /// Whether this manager caches blocks (never for a type that is not prefix cached).
     #[inline]
     pub fn enable_caching(&self) -> bool {
         self.enable_caching

@@ -27,6 +27,9 @@ pub struct ManagerParams {
     /// The context-parallel world sizes this group sees (set by
     /// [`ContextParallel::apply`], which also scales `block_size`).
     pub context_parallel: ContextParallel,
+    /// Whether the spec takes part in prefix caching (vLLM's `prefix_cacheable`: false
+    /// for a sliding-window MLA with bounded replay; see also [`Self::caches_prefix`]).
+    pub prefix_cacheable: bool,
 }
 
 impl ManagerParams {
@@ -43,7 +46,15 @@ impl ManagerParams {
             spec_class,
             dcp_sharded: kind_is_attention,
             context_parallel: ContextParallel::NONE,
+            prefix_cacheable: true,
         }
+    }
+
+    /// Whether the group's blocks are prefix cached at all: its type caches them
+    /// ([`AttentionKind::caches_prefix`]) and its spec takes part in prefix caching.
+    #[inline]
+    pub fn caches_prefix(&self) -> bool {
+        self.prefix_cacheable && self.kind.caches_prefix()
     }
 }
 
@@ -72,6 +83,7 @@ impl ManagerParams {
                     spec_class: class,
                     dcp_sharded: spec.dcp_sharded(),
                     context_parallel: ContextParallel::NONE,
+                    prefix_cacheable: spec.prefix_cacheable(),
                 })
             })
             .collect()

@@ -10,6 +10,10 @@ use crate::types::{BlockId, NULL_BLOCK_ID};
 /// The `kv_cache_spec_kind` of this type's events.
 pub(crate) const SPEC_KIND: &str = "sliding_window";
 
+/// The `kv_cache_spec_kind` of a sliding-window MLA spec's events (vLLM maps
+/// `SlidingWindowMLASpec` to the same manager; only the page and the kind differ).
+pub(crate) const MLA_SPEC_KIND: &str = "sliding_window_mla";
+
 /// The manager parameters of a sliding window spec.
 pub(crate) fn kind(s: &SlidingWindowSpec) -> AttentionKind {
     AttentionKind::SlidingWindow {

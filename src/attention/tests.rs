@@ -117,13 +117,42 @@ fn sliding_window_remove_skipped_blocks() {
     let ids = rb.table.clone();
     let nulls = |rb: &RequestBlocks| rb.table.iter().filter(|&&b| b == 0).count();
     for (n, want_nulls) in [(4, 0), (5, 1), (6, 1), (7, 2)] {
-        m.remove_skipped_blocks(&mut rb, n, &mut pool).unwrap();
+        m.remove_skipped_blocks(&mut rb, n, None, &mut pool)
+            .unwrap();
         assert_eq!(nulls(&rb), want_nulls, "n = {n}");
     }
-    m.remove_skipped_blocks(&mut rb, 11, &mut pool).unwrap();
+    m.remove_skipped_blocks(&mut rb, 11, None, &mut pool)
+        .unwrap();
     assert_eq!(nulls(&rb), 4);
     let head: Vec<_> = pool.free_block_ids().take(4).collect();
     assert_eq!(head, vec![ids[3], ids[2], ids[1], ids[0]]);
+}
+
+/// vLLM 0.33's `test_rswa_remove_skipped_blocks_gap_range` (bs 4, window 8, prompt
+/// 16): nothing without the prompt length; then the gap block 4, then 5 and 6, freed
+/// highest first and stopping at the block already nulled.
+#[test]
+fn rswa_removes_the_gap_after_the_prompt() {
+    let mut pool = BlockPool::new(20, true, 4, false).unwrap();
+    let m = manager(AttentionKind::Rswa { rswa_window: 8 }, 4, &mut pool);
+    let mut rb = RequestBlocks::default();
+    pool.get_new_blocks_into(10, &mut rb.table).unwrap();
+    let ids = rb.table.clone();
+    m.remove_skipped_blocks(&mut rb, 28, None, &mut pool)
+        .unwrap();
+    assert_eq!(rb.table, ids);
+    m.remove_skipped_blocks(&mut rb, 28, Some(16), &mut pool)
+        .unwrap();
+    let mut want = ids.clone();
+    want[4] = NULL_BLOCK_ID;
+    assert_eq!(rb.table, want);
+    m.remove_skipped_blocks(&mut rb, 36, Some(16), &mut pool)
+        .unwrap();
+    want[5] = NULL_BLOCK_ID;
+    want[6] = NULL_BLOCK_ID;
+    assert_eq!(rb.table, want);
+    let head: Vec<_> = pool.free_block_ids().take(3).collect();
+    assert_eq!(head, vec![ids[6], ids[5], ids[4]]);
 }
 
 /// Section 4.10: chunked local keeps only the current chunk (bs 2, chunk 4).
@@ -138,7 +167,8 @@ fn chunked_local_remove_skipped_blocks() {
     pool.get_new_blocks_into(8, &mut rb.table).unwrap();
     let nulls = |rb: &RequestBlocks| rb.table.iter().take_while(|&&b| b == 0).count();
     for (n, want) in [(4, 2), (6, 2), (12, 6)] {
-        m.remove_skipped_blocks(&mut rb, n, &mut pool).unwrap();
+        m.remove_skipped_blocks(&mut rb, n, None, &mut pool)
+            .unwrap();
         assert_eq!(nulls(&rb), want, "n = {n}");
     }
 }

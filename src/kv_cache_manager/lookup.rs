@@ -148,7 +148,7 @@ impl KvCacheManager {
             .managers()
             .iter()
             .zip(self.slots.tables(s))
-            .filter(|(m, _)| m.params().kind.caches_prefix())
+            .filter(|(m, _)| m.params().caches_prefix())
             .map(|(_, rb)| {
                 rb.table
                     .iter()

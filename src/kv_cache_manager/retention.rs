@@ -54,7 +54,7 @@ impl KvCacheManager {
         let hash_block_size = self.coord.pool().hash_block_size();
         let mut keys = Vec::new();
         for m in self.coord.managers() {
-            if !m.params().kind.caches_prefix() {
+            if !m.params().caches_prefix() {
                 continue;
             }
             let view = BlockHashView::scaled(hashes, m.block_size() / hash_block_size);

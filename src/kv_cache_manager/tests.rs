@@ -733,3 +733,42 @@ fn allocate_slots_batch_stops_at_first_miss() {
     assert!(m.get_block_ids("c").iter().all(Vec::is_empty));
     assert!(m.get_block_ids("d").iter().all(Vec::is_empty));
 }
+
+/// vLLM 0.33's `CircularBufferManager` beside full attention: one ring block per
+/// request, claimed by its first allocation and kept as it grows; the ring takes no
+/// part in hits or hashing (the hash block size is the full group's 4, the scheduler's
+/// lcm 8), and is freed with the request (unhashed: to the queue head).
+#[test]
+fn circular_buffer_one_ring_block_per_request() {
+    let ring = ManagerParams::new(K::CircularBuffer, 8, 1);
+    let mut m = mgr(vec![full(4), ring], 20, 4);
+    let mut r0 = TestReq::new("0", toks(0, 10), 4);
+    let (_, hit, new) = admit(&mut m, &mut r0);
+    assert_eq!((hit, new), (0, Some(vec![vec![1, 2, 3], vec![4]])));
+    assert_eq!(step(&mut m, &mut r0, 3), Some(vec![vec![5], vec![]]));
+    let r1 = TestReq::new("1", toks(0, 10), 4);
+    assert_eq!(
+        m.get_computed_blocks(&r1).unwrap(),
+        (vec![vec![1, 2], vec![]], 8)
+    );
+    m.free("0").unwrap();
+    assert_eq!(queue(&m)[..2], [4, 5]);
+}
+
+/// DeepSeek-V4.1's bounded replay: a sliding-window group that is not prefix cached
+/// (`prefix_cacheable` false) leaves the hit to full attention and fills its own table
+/// with nulls below the window.
+#[test]
+fn uncached_sliding_window_leaves_hits_to_full_attention() {
+    let mut replay = swa(4, 8, 1);
+    replay.prefix_cacheable = false;
+    let mut m = mgr(vec![full(4), replay], 40, 4);
+    let mut r0 = TestReq::new("0", toks(0, 17), 4);
+    admit(&mut m, &mut r0);
+    let mut r1 = TestReq::new("1", toks(0, 17), 4);
+    let (hits, hit, new) = admit(&mut m, &mut r1);
+    assert_eq!((hits, hit), (vec![vec![1, 2, 3, 4], vec![]], 16));
+    let new = new.unwrap();
+    assert_eq!(m.get_block_ids("1")[1][..2], [0, 0]);
+    assert_eq!(new[1].len(), 3);
+}

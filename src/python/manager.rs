@@ -991,15 +991,20 @@ impl PyKVCacheManager {
     }
 
     /// Frees the request's blocks outside every group's attention window for tokens
-    /// from `processed_computed_tokens` on.
+    /// from `processed_computed_tokens` on (R-SWA groups, given `num_prompt_tokens`: the
+    /// gap after the prompt).
+    #[pyo3(signature = (request_id, processed_computed_tokens, num_prompt_tokens = None))]
     fn remove_skipped_blocks(
         &mut self,
         request_id: &str,
         processed_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
     ) -> PyResult<()> {
-        Ok(self
-            .inner
-            .remove_skipped_blocks(request_id, processed_computed_tokens)?)
+        Ok(self.inner.remove_skipped_blocks(
+            request_id,
+            processed_computed_tokens,
+            num_prompt_tokens,
+        )?)
     }
 
     /// The stats recorded since the last `make_prefix_cache_stats`, without resetting

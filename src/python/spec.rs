@@ -11,9 +11,10 @@ use pyo3::IntoPyObjectExt;
 use super::non_negative::NonNegativeInt;
 
 use crate::spec::{
-    is_uniform_type, AttentionParams, ChunkedLocalAttentionSpec, CrossAttentionSpec, Dtype,
-    FullAttentionSpec, KvCacheSpec, LayerSpecs, MambaCacheMode, MambaSpec, MemoryParams,
-    MlaAttentionSpec, SinkFullAttentionSpec, SlidingWindowSpec, SpecClass, UniformTypeSpecs,
+    is_uniform_type, AttentionParams, ChunkedLocalAttentionSpec, CircularBufferSpec,
+    CrossAttentionSpec, Dtype, FullAttentionSpec, KvCacheSpec, LayerSpecs, MambaCacheMode,
+    MambaSpec, MemoryParams, MlaAttentionSpec, RswaSpec, SinkFullAttentionSpec,
+    SlidingWindowMlaSpec, SlidingWindowSpec, SpecClass, UniformTypeSpecs,
 };
 
 fn opt(v: Option<NonNegativeInt>) -> Option<usize> {
@@ -92,9 +93,17 @@ pub(crate) fn spec_to_py(py: Python<'_>, inner: KvCacheSpec) -> PyResult<Bound<'
         SpecClass::SinkFullAttention => {
             Bound::new(py, full_init(inner).add_subclass(PySinkFullAttentionSpec))?.into_any()
         }
+        SpecClass::Rswa => Bound::new(py, full_init(inner).add_subclass(PyRSWASpec))?.into_any(),
         SpecClass::SlidingWindow => {
             Bound::new(py, attention_init(inner).add_subclass(PySlidingWindowSpec))?.into_any()
         }
+        SpecClass::SlidingWindowMla => Bound::new(
+            py,
+            attention_init(inner)
+                .add_subclass(PySlidingWindowSpec)
+                .add_subclass(PySlidingWindowMLASpec),
+        )?
+        .into_any(),
         SpecClass::ChunkedLocalAttention => Bound::new(
             py,
             attention_init(inner).add_subclass(PyChunkedLocalAttentionSpec),
@@ -102,6 +111,9 @@ pub(crate) fn spec_to_py(py: Python<'_>, inner: KvCacheSpec) -> PyResult<Bound<'
         .into_any(),
         SpecClass::CrossAttention => {
             Bound::new(py, attention_init(inner).add_subclass(PyCrossAttentionSpec))?.into_any()
+        }
+        SpecClass::CircularBuffer => {
+            Bound::new(py, attention_init(inner).add_subclass(PyCircularBufferSpec))?.into_any()
         }
         SpecClass::Mamba => Bound::new(py, base_init(inner).add_subclass(PyMambaSpec))?.into_any(),
         SpecClass::UniformType => {
@@ -116,14 +128,20 @@ fn class_of(cls: &Bound<'_, PyType>) -> PyResult<SpecClass> {
         SpecClass::MlaAttention
     } else if cls.is_subclass_of::<PySinkFullAttentionSpec>()? {
         SpecClass::SinkFullAttention
+    } else if cls.is_subclass_of::<PyRSWASpec>()? {
+        SpecClass::Rswa
     } else if cls.is_subclass_of::<PyFullAttentionSpec>()? {
         SpecClass::FullAttention
+    } else if cls.is_subclass_of::<PySlidingWindowMLASpec>()? {
+        SpecClass::SlidingWindowMla
     } else if cls.is_subclass_of::<PySlidingWindowSpec>()? {
         SpecClass::SlidingWindow
     } else if cls.is_subclass_of::<PyChunkedLocalAttentionSpec>()? {
         SpecClass::ChunkedLocalAttention
     } else if cls.is_subclass_of::<PyCrossAttentionSpec>()? {
         SpecClass::CrossAttention
+    } else if cls.is_subclass_of::<PyCircularBufferSpec>()? {
+        SpecClass::CircularBuffer
     } else if cls.is_subclass_of::<PyMambaSpec>()? {
         SpecClass::Mamba
     } else if cls.is_subclass_of::<PyUniformTypeKVCacheSpecs>()? {
@@ -487,8 +505,69 @@ impl PySinkFullAttentionSpec {
     }
 }
 
+/// Reference sliding window attention (vLLM's `RSWASpec`): the prompt stays, and of
+/// the generated tokens only the last `rswa_window`.
+#[pyclass(name = "RSWASpec", module = "kvblocks._core", extends = PyFullAttentionSpec)]
+pub(crate) struct PyRSWASpec;
+
+#[pymethods]
+impl PyRSWASpec {
+    #[new]
+    #[pyo3(signature = (
+        *, block_size, num_kv_heads, head_size, dtype, rswa_window, head_size_v = None,
+        page_size_padded = None, num_head_slots = None, state_content_bytes = None,
+        tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, rswa_window, \
+        head_size_v=None, page_size_padded=None, num_head_slots=None, \
+        state_content_bytes=None, tokens_per_state=1, dcp_sharded=True)")]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        block_size: NonNegativeInt,
+        num_kv_heads: NonNegativeInt,
+        head_size: NonNegativeInt,
+        dtype: PyDtype,
+        rswa_window: NonNegativeInt,
+        head_size_v: Option<NonNegativeInt>,
+        page_size_padded: Option<NonNegativeInt>,
+        num_head_slots: Option<NonNegativeInt>,
+        state_content_bytes: Option<NonNegativeInt>,
+        tokens_per_state: NonNegativeInt,
+        dcp_sharded: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let packing = PagePacking {
+            num_head_slots,
+            state_content_bytes,
+            tokens_per_state,
+        };
+        let attn = attention_params(
+            block_size,
+            num_kv_heads,
+            head_size,
+            dtype,
+            head_size_v,
+            page_size_padded,
+            packing,
+            dcp_sharded,
+        );
+        let spec = KvCacheSpec::from(RswaSpec {
+            full: FullAttentionSpec::new(attn),
+            rswa_window: rswa_window.0,
+        })
+        .build()?;
+        Ok(full_init(spec).add_subclass(PyRSWASpec))
+    }
+
+    #[getter]
+    fn rswa_window(slf: PyRef<'_, Self>) -> Option<usize> {
+        match &slf.as_super().as_super().as_super().inner {
+            KvCacheSpec::Rswa(r) => Some(r.rswa_window),
+            _ => None,
+        }
+    }
+}
+
 /// Sliding window attention (vLLM's `SlidingWindowSpec`).
-#[pyclass(name = "SlidingWindowSpec", module = "kvblocks._core", extends = PyAttentionSpec)]
+#[pyclass(name = "SlidingWindowSpec", module = "kvblocks._core", extends = PyAttentionSpec, subclass)]
 pub(crate) struct PySlidingWindowSpec;
 
 #[pymethods]
@@ -547,10 +626,8 @@ impl PySlidingWindowSpec {
 
     #[getter]
     fn extra_retained_tokens(slf: PyRef<'_, Self>) -> Option<usize> {
-        match &slf.as_super().as_super().inner {
-            KvCacheSpec::SlidingWindow(s) => Some(s.extra_retained_tokens),
-            _ => None,
-        }
+        let spec = &slf.as_super().as_super().inner;
+        spec.sliding_window_spec().map(|s| s.extra_retained_tokens)
     }
 
     fn max_admission_blocks_per_request(
@@ -562,6 +639,96 @@ impl PySlidingWindowSpec {
             .as_super()
             .inner
             .max_admission_blocks_per_request(max_in_flight_tokens.0, max_model_len.0)
+    }
+}
+
+fn sliding_window_mla_of(spec: &KvCacheSpec) -> Option<&SlidingWindowMlaSpec> {
+    match spec {
+        KvCacheSpec::SlidingWindowMla(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// Sliding window attention with MLA's page (vLLM's `SlidingWindowMLASpec`, DeepSeek-V4):
+/// `head_size_v` is 0 and pages are padded to `alignment`.
+#[pyclass(name = "SlidingWindowMLASpec", module = "kvblocks._core", extends = PySlidingWindowSpec)]
+pub(crate) struct PySlidingWindowMLASpec;
+
+#[pymethods]
+impl PySlidingWindowMLASpec {
+    #[new]
+    #[pyo3(signature = (
+        *, block_size, num_kv_heads, head_size, dtype, sliding_window,
+        extra_retained_tokens = NonNegativeInt(0), cache_dtype_str = None, alignment = None,
+        bounded_replay = false, page_size_padded = None, num_head_slots = None,
+        state_content_bytes = None, tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
+    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, sliding_window, \
+        extra_retained_tokens=0, cache_dtype_str=None, alignment=None, bounded_replay=False, \
+        page_size_padded=None, num_head_slots=None, state_content_bytes=None, \
+        tokens_per_state=1, dcp_sharded=True)")]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        block_size: NonNegativeInt,
+        num_kv_heads: NonNegativeInt,
+        head_size: NonNegativeInt,
+        dtype: PyDtype,
+        sliding_window: NonNegativeInt,
+        extra_retained_tokens: NonNegativeInt,
+        cache_dtype_str: Option<String>,
+        alignment: Option<NonNegativeInt>,
+        bounded_replay: bool,
+        page_size_padded: Option<NonNegativeInt>,
+        num_head_slots: Option<NonNegativeInt>,
+        state_content_bytes: Option<NonNegativeInt>,
+        tokens_per_state: NonNegativeInt,
+        dcp_sharded: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let attn = attention_params(
+            block_size,
+            num_kv_heads,
+            head_size,
+            dtype,
+            Some(NonNegativeInt(0)),
+            page_size_padded,
+            PagePacking {
+                num_head_slots,
+                state_content_bytes,
+                tokens_per_state,
+            },
+            dcp_sharded,
+        );
+        let spec = KvCacheSpec::from(SlidingWindowMlaSpec {
+            window: SlidingWindowSpec {
+                attn,
+                sliding_window: sliding_window.0,
+                extra_retained_tokens: extra_retained_tokens.0,
+            },
+            cache_dtype_str,
+            alignment: opt(alignment),
+            bounded_replay,
+        })
+        .build()?;
+        Ok(attention_init(spec)
+            .add_subclass(PySlidingWindowSpec)
+            .add_subclass(PySlidingWindowMLASpec))
+    }
+
+    #[getter]
+    fn cache_dtype_str(slf: PyRef<'_, Self>) -> Option<String> {
+        let spec = &slf.as_super().as_super().as_super().inner;
+        sliding_window_mla_of(spec).and_then(|s| s.cache_dtype_str.clone())
+    }
+
+    #[getter]
+    fn alignment(slf: PyRef<'_, Self>) -> Option<usize> {
+        let spec = &slf.as_super().as_super().as_super().inner;
+        sliding_window_mla_of(spec).and_then(|s| s.alignment)
+    }
+
+    #[getter]
+    fn bounded_replay(slf: PyRef<'_, Self>) -> bool {
+        let spec = &slf.as_super().as_super().as_super().inner;
+        sliding_window_mla_of(spec).is_some_and(|s| s.bounded_replay)
     }
 }
 
@@ -636,51 +803,72 @@ impl PyChunkedLocalAttentionSpec {
     }
 }
 
-/// Cross attention of encoder-decoder models (vLLM's `CrossAttentionSpec`).
-#[pyclass(name = "CrossAttentionSpec", module = "kvblocks._core", extends = PyAttentionSpec)]
-pub(crate) struct PyCrossAttentionSpec;
+/// A Python class for an attention spec with only the shared attention fields: its
+/// class name, its pyclass, and the core struct it builds.
+macro_rules! plain_attention_class {
+    ($(#[$doc:meta])* $name:literal, $py:ident, $core:ident) => {
+        $(#[$doc])*
+        #[pyclass(name = $name, module = "kvblocks._core", extends = PyAttentionSpec)]
+        pub(crate) struct $py;
 
-#[pymethods]
-impl PyCrossAttentionSpec {
-    #[new]
-    #[pyo3(signature = (
-        *, block_size, num_kv_heads, head_size, dtype, head_size_v = None,
-        page_size_padded = None, num_head_slots = None, state_content_bytes = None,
-        tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
-    ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, head_size_v=None, \
-        page_size_padded=None, num_head_slots=None, state_content_bytes=None, \
-        tokens_per_state=1, dcp_sharded=True)")]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        block_size: NonNegativeInt,
-        num_kv_heads: NonNegativeInt,
-        head_size: NonNegativeInt,
-        dtype: PyDtype,
-        head_size_v: Option<NonNegativeInt>,
-        page_size_padded: Option<NonNegativeInt>,
-        num_head_slots: Option<NonNegativeInt>,
-        state_content_bytes: Option<NonNegativeInt>,
-        tokens_per_state: NonNegativeInt,
-        dcp_sharded: bool,
-    ) -> PyResult<PyClassInitializer<Self>> {
-        let attn = attention_params(
-            block_size,
-            num_kv_heads,
-            head_size,
-            dtype,
-            head_size_v,
-            page_size_padded,
-            PagePacking {
-                num_head_slots,
-                state_content_bytes,
-                tokens_per_state,
-            },
-            dcp_sharded,
-        );
-        let spec = KvCacheSpec::from(CrossAttentionSpec { attn }).build()?;
-        Ok(attention_init(spec).add_subclass(PyCrossAttentionSpec))
-    }
+        #[pymethods]
+        impl $py {
+            #[new]
+            #[pyo3(signature = (
+                *, block_size, num_kv_heads, head_size, dtype, head_size_v = None,
+                page_size_padded = None, num_head_slots = None, state_content_bytes = None,
+                tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
+            ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, \
+                head_size_v=None, page_size_padded=None, num_head_slots=None, \
+                state_content_bytes=None, tokens_per_state=1, dcp_sharded=True)")]
+            #[allow(clippy::too_many_arguments)]
+            fn new(
+                block_size: NonNegativeInt,
+                num_kv_heads: NonNegativeInt,
+                head_size: NonNegativeInt,
+                dtype: PyDtype,
+                head_size_v: Option<NonNegativeInt>,
+                page_size_padded: Option<NonNegativeInt>,
+                num_head_slots: Option<NonNegativeInt>,
+                state_content_bytes: Option<NonNegativeInt>,
+                tokens_per_state: NonNegativeInt,
+                dcp_sharded: bool,
+            ) -> PyResult<PyClassInitializer<Self>> {
+                let attn = attention_params(
+                    block_size,
+                    num_kv_heads,
+                    head_size,
+                    dtype,
+                    head_size_v,
+                    page_size_padded,
+                    PagePacking {
+                        num_head_slots,
+                        state_content_bytes,
+                        tokens_per_state,
+                    },
+                    dcp_sharded,
+                );
+                let spec = KvCacheSpec::from($core { attn }).build()?;
+                Ok(attention_init(spec).add_subclass($py))
+            }
+        }
+    };
 }
+
+plain_attention_class!(
+    /// Cross attention of encoder-decoder models (vLLM's `CrossAttentionSpec`).
+    "CrossAttentionSpec",
+    PyCrossAttentionSpec,
+    CrossAttentionSpec
+);
+
+plain_attention_class!(
+    /// A ring buffer of one block per request, never prefix cached (vLLM's
+    /// `CircularBufferSpec`; `block_size` is the ring's capacity).
+    "CircularBufferSpec",
+    PyCircularBufferSpec,
+    CircularBufferSpec
+);
 
 fn mamba_of(spec: &KvCacheSpec) -> PyResult<&MambaSpec> {
     match spec {
@@ -841,9 +1029,12 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFullAttentionSpec>()?;
     m.add_class::<PyMLAAttentionSpec>()?;
     m.add_class::<PySinkFullAttentionSpec>()?;
+    m.add_class::<PyRSWASpec>()?;
     m.add_class::<PySlidingWindowSpec>()?;
+    m.add_class::<PySlidingWindowMLASpec>()?;
     m.add_class::<PyChunkedLocalAttentionSpec>()?;
     m.add_class::<PyCrossAttentionSpec>()?;
+    m.add_class::<PyCircularBufferSpec>()?;
     m.add_class::<PyMambaSpec>()?;
     m.add_class::<PyUniformTypeKVCacheSpecs>()?;
     Ok(())

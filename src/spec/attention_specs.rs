@@ -1,6 +1,7 @@
 //! The attention specs: the fields every attention layer shares ([`AttentionParams`],
 //! its page size and checks) and one struct per attention spec class of vLLM
-//! (full, MLA, sink, sliding window, chunked local, cross attention).
+//! (full, MLA, sink, R-SWA, sliding window, sliding-window MLA, chunked local, cross attention,
+//! circular buffer).
 
 use super::{checked_product, invalid, overflow, Dtype};
 use crate::error::Result;
@@ -145,6 +146,16 @@ pub struct SinkFullAttentionSpec {
     pub sink_len: usize,
 }
 
+/// Reference sliding window attention (vLLM's `RSWASpec`, a full attention subclass):
+/// the prompt stays visible, and of the generated tokens only the last `rswa_window`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RswaSpec {
+    /// The full attention fields.
+    pub full: FullAttentionSpec,
+    /// Generated tokens kept in the cache.
+    pub rswa_window: usize,
+}
+
 /// Sliding window attention (vLLM's `SlidingWindowSpec`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SlidingWindowSpec {
@@ -154,6 +165,21 @@ pub struct SlidingWindowSpec {
     pub sliding_window: usize,
     /// Extra trailing tokens retained below the window (multi-module spec decoding).
     pub extra_retained_tokens: usize,
+}
+
+/// Sliding window attention with MLA's page (vLLM's `SlidingWindowMLASpec`, a
+/// `SlidingWindowSpec` subclass; DeepSeek-V4): one latent per token, so `head_size_v` is 0.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SlidingWindowMlaSpec {
+    /// The sliding window fields (with `attn.head_size_v == 0`).
+    pub window: SlidingWindowSpec,
+    /// The KV cache dtype string of the quantization method (e.g. `"fp8_ds_mla"`).
+    pub cache_dtype_str: Option<String>,
+    /// Pages are padded up to a multiple of this many bytes.
+    pub alignment: Option<usize>,
+    /// DeepSeek-V4.1's bounded replay: the window is recomputed after a prefix hit (by
+    /// the scheduler), so the group is not prefix cached.
+    pub bounded_replay: bool,
 }
 
 /// Chunked local attention (vLLM's `ChunkedLocalAttentionSpec`).
@@ -168,6 +194,14 @@ pub struct ChunkedLocalAttentionSpec {
 /// Cross attention of an encoder-decoder model (vLLM's `CrossAttentionSpec`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CrossAttentionSpec {
+    /// Shared attention fields.
+    pub attn: AttentionParams,
+}
+
+/// A ring buffer of one block per request (vLLM's `CircularBufferSpec`: the compressor
+/// rings of DeepSeek-V4 and GLM-5-next); `block_size` is the ring's capacity in tokens.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CircularBufferSpec {
     /// Shared attention fields.
     pub attn: AttentionParams,
 }

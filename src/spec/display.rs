@@ -83,10 +83,24 @@ impl fmt::Display for KvCacheSpec {
                     s.full, s.sink_len
                 )
             }
+            KvCacheSpec::Rswa(r) => {
+                write!(f, "RSWASpec({}, rswa_window={})", r.full, r.rswa_window)
+            }
             KvCacheSpec::SlidingWindow(s) => write!(
                 f,
                 "SlidingWindowSpec({}, sliding_window={}, extra_retained_tokens={})",
                 s.attn, s.sliding_window, s.extra_retained_tokens
+            ),
+            KvCacheSpec::SlidingWindowMla(s) => write!(
+                f,
+                "SlidingWindowMLASpec({}, sliding_window={}, extra_retained_tokens={}, \
+                 cache_dtype_str={}, alignment={}, bounded_replay={})",
+                s.window.attn,
+                s.window.sliding_window,
+                s.window.extra_retained_tokens,
+                Opt(s.cache_dtype_str.as_deref().map(py_str)),
+                Opt(s.alignment),
+                py_bool(s.bounded_replay)
             ),
             KvCacheSpec::ChunkedLocalAttention(c) => write!(
                 f,
@@ -94,6 +108,7 @@ impl fmt::Display for KvCacheSpec {
                 c.attn, c.attention_chunk_size
             ),
             KvCacheSpec::CrossAttention(c) => write!(f, "CrossAttentionSpec({})", c.attn),
+            KvCacheSpec::CircularBuffer(c) => write!(f, "CircularBufferSpec({})", c.attn),
             KvCacheSpec::Mamba(m) => {
                 let shapes: Vec<String> = m
                     .shapes

@@ -4,8 +4,8 @@
 
 use super::{
     invalid, is_uniform_type, overflow, AttentionParams, ChunkedLocalAttentionSpec,
-    CrossAttentionSpec, FullAttentionSpec, MambaSpec, MlaAttentionSpec, SinkFullAttentionSpec,
-    SlidingWindowSpec, UniformTypeSpecs,
+    CircularBufferSpec, CrossAttentionSpec, FullAttentionSpec, MambaSpec, MlaAttentionSpec,
+    RswaSpec, SinkFullAttentionSpec, SlidingWindowMlaSpec, SlidingWindowSpec, UniformTypeSpecs,
 };
 use crate::attention::full;
 use crate::error::Result;
@@ -22,14 +22,20 @@ pub enum SpecClass {
     MlaAttention,
     /// `SinkFullAttentionSpec`.
     SinkFullAttention,
+    /// `RSWASpec`.
+    Rswa,
     /// `SlidingWindowSpec`.
     SlidingWindow,
+    /// `SlidingWindowMLASpec`.
+    SlidingWindowMla,
     /// `ChunkedLocalAttentionSpec`.
     ChunkedLocalAttention,
     /// `MambaSpec`.
     Mamba,
     /// `CrossAttentionSpec`.
     CrossAttention,
+    /// `CircularBufferSpec`.
+    CircularBuffer,
     /// `UniformTypeKVCacheSpecs`.
     UniformType,
 }
@@ -43,14 +49,20 @@ pub enum KvCacheSpec {
     MlaAttention(MlaAttentionSpec),
     /// Full attention with attention sinks.
     SinkFullAttention(SinkFullAttentionSpec),
+    /// Reference sliding window attention.
+    Rswa(RswaSpec),
     /// Sliding window attention.
     SlidingWindow(SlidingWindowSpec),
+    /// Sliding window attention with an MLA page.
+    SlidingWindowMla(SlidingWindowMlaSpec),
     /// Chunked local attention.
     ChunkedLocalAttention(ChunkedLocalAttentionSpec),
     /// Mamba state.
     Mamba(MambaSpec),
     /// Encoder-decoder cross attention.
     CrossAttention(CrossAttentionSpec),
+    /// One ring block per request, never cached.
+    CircularBuffer(CircularBufferSpec),
     /// Same-type layers sharing one block table.
     UniformType(UniformTypeSpecs),
 }
@@ -69,10 +81,13 @@ impl_from!(
     FullAttentionSpec => FullAttention,
     MlaAttentionSpec => MlaAttention,
     SinkFullAttentionSpec => SinkFullAttention,
+    RswaSpec => Rswa,
     SlidingWindowSpec => SlidingWindow,
+    SlidingWindowMlaSpec => SlidingWindowMla,
     ChunkedLocalAttentionSpec => ChunkedLocalAttention,
     MambaSpec => Mamba,
     CrossAttentionSpec => CrossAttention,
+    CircularBufferSpec => CircularBuffer,
     UniformTypeSpecs => UniformType,
 );
 
@@ -87,10 +102,32 @@ fn check_optional_positive(name: &str, v: Option<usize>) -> Result<()> {
     v.map_or(Ok(()), |v| check_positive(name, v))
 }
 
+/// vLLM's MLA pages (`MLAAttentionSpec`, `SlidingWindowMLASpec`): one latent, so
+/// `head_size_v` must be 0, and the page is padded up to a multiple of `alignment`.
+fn build_mla_page(attn: &mut AttentionParams, alignment: Option<usize>, class: &str) -> Result<()> {
+    if attn.head_size_v != 0 {
+        return invalid(format!("{class} stores one latent: head_size_v must be 0"));
+    }
+    check_optional_positive("alignment", alignment)?;
+    if let Some(align) = alignment {
+        let page = attn.unpadded_page_size()?;
+        let padded = page.checked_next_multiple_of(align).ok_or_else(overflow)?;
+        if padded != page {
+            attn.page_size_padded = Some(padded);
+        }
+    }
+    Ok(())
+}
+
 fn check_full(f: &FullAttentionSpec) -> Result<()> {
     f.attn.check()?;
     check_optional_positive("sliding_window", f.sliding_window)?;
     check_optional_positive("attention_chunk_size", f.attention_chunk_size)
+}
+
+fn check_window(s: &SlidingWindowSpec) -> Result<()> {
+    s.attn.check()?;
+    check_positive("sliding_window", s.sliding_window)
 }
 
 impl KvCacheSpec {
@@ -100,32 +137,28 @@ impl KvCacheSpec {
         match &mut self {
             KvCacheSpec::FullAttention(f) => check_full(f)?,
             KvCacheSpec::MlaAttention(m) => {
-                if m.full.attn.head_size_v != 0 {
-                    return invalid("MLAAttentionSpec stores one latent: head_size_v must be 0");
-                }
                 check_full(&m.full)?;
-                check_optional_positive("alignment", m.alignment)?;
-                if let Some(align) = m.alignment {
-                    let page = m.full.attn.unpadded_page_size()?;
-                    let padded = page.checked_next_multiple_of(align).ok_or_else(overflow)?;
-                    if padded != page {
-                        m.full.attn.page_size_padded = Some(padded);
-                    }
-                }
+                build_mla_page(&mut m.full.attn, m.alignment, "MLAAttentionSpec")?;
             }
             KvCacheSpec::SinkFullAttention(s) => {
                 check_full(&s.full)?;
                 full::num_sink_blocks(s.sink_len, s.full.attn.block_size)?;
             }
-            KvCacheSpec::SlidingWindow(s) => {
-                s.attn.check()?;
-                check_positive("sliding_window", s.sliding_window)?;
+            KvCacheSpec::Rswa(r) => {
+                check_full(&r.full)?;
+                check_positive("rswa_window", r.rswa_window)?;
+            }
+            KvCacheSpec::SlidingWindow(s) => check_window(s)?,
+            KvCacheSpec::SlidingWindowMla(s) => {
+                check_window(&s.window)?;
+                build_mla_page(&mut s.window.attn, s.alignment, "SlidingWindowMLASpec")?;
             }
             KvCacheSpec::ChunkedLocalAttention(c) => {
                 c.attn.check()?;
                 check_positive("attention_chunk_size", c.attention_chunk_size)?;
             }
             KvCacheSpec::CrossAttention(c) => c.attn.check()?,
+            KvCacheSpec::CircularBuffer(c) => c.attn.check()?,
             KvCacheSpec::Mamba(m) => {
                 check_positive("block_size", m.block_size)?;
                 if m.shapes.len() != m.dtypes.len() {
@@ -180,10 +213,13 @@ impl KvCacheSpec {
             KvCacheSpec::FullAttention(_) => SpecClass::FullAttention,
             KvCacheSpec::MlaAttention(_) => SpecClass::MlaAttention,
             KvCacheSpec::SinkFullAttention(_) => SpecClass::SinkFullAttention,
+            KvCacheSpec::Rswa(_) => SpecClass::Rswa,
             KvCacheSpec::SlidingWindow(_) => SpecClass::SlidingWindow,
+            KvCacheSpec::SlidingWindowMla(_) => SpecClass::SlidingWindowMla,
             KvCacheSpec::ChunkedLocalAttention(_) => SpecClass::ChunkedLocalAttention,
             KvCacheSpec::Mamba(_) => SpecClass::Mamba,
             KvCacheSpec::CrossAttention(_) => SpecClass::CrossAttention,
+            KvCacheSpec::CircularBuffer(_) => SpecClass::CircularBuffer,
             KvCacheSpec::UniformType(_) => SpecClass::UniformType,
         }
     }
@@ -191,19 +227,33 @@ impl KvCacheSpec {
     /// The attention fields, for every attention spec.
     pub fn attention(&self) -> Option<&AttentionParams> {
         match self {
-            KvCacheSpec::SlidingWindow(s) => Some(&s.attn),
             KvCacheSpec::ChunkedLocalAttention(c) => Some(&c.attn),
             KvCacheSpec::CrossAttention(c) => Some(&c.attn),
-            _ => self.full_attention().map(|f| &f.attn),
+            KvCacheSpec::CircularBuffer(c) => Some(&c.attn),
+            _ => self
+                .full_attention()
+                .map(|f| &f.attn)
+                .or_else(|| self.sliding_window_spec().map(|s| &s.attn)),
         }
     }
 
-    /// The full attention fields, for full attention and its subclasses (MLA, sink).
+    /// The sliding window fields, for sliding window attention and its MLA subclass.
+    pub fn sliding_window_spec(&self) -> Option<&SlidingWindowSpec> {
+        match self {
+            KvCacheSpec::SlidingWindow(s) => Some(s),
+            KvCacheSpec::SlidingWindowMla(s) => Some(&s.window),
+            _ => None,
+        }
+    }
+
+    /// The full attention fields, for full attention and its subclasses (MLA, sink,
+    /// R-SWA).
     pub fn full_attention(&self) -> Option<&FullAttentionSpec> {
         match self {
             KvCacheSpec::FullAttention(f) => Some(f),
             KvCacheSpec::MlaAttention(m) => Some(&m.full),
             KvCacheSpec::SinkFullAttention(s) => Some(&s.full),
+            KvCacheSpec::Rswa(r) => Some(&r.full),
             _ => None,
         }
     }
@@ -244,11 +294,24 @@ impl KvCacheSpec {
         }
     }
 
+    /// Whether the group takes part in prefix caching (vLLM's `prefix_cacheable`): every
+    /// spec but a circular buffer and a sliding-window MLA with bounded replay, and a
+    /// uniform group whose members all do.
+    pub fn prefix_cacheable(&self) -> bool {
+        match self {
+            KvCacheSpec::CircularBuffer(_) => false,
+            KvCacheSpec::SlidingWindowMla(s) => !s.bounded_replay,
+            KvCacheSpec::UniformType(u) => u.kv_cache_specs.specs().all(Self::prefix_cacheable),
+            _ => true,
+        }
+    }
+
     /// Whether this spec is of `class` (or a subclass of it), as `isinstance` in vLLM.
     pub fn is_instance(&self, class: SpecClass) -> bool {
         match class {
             SpecClass::Base => true,
             SpecClass::FullAttention => self.full_attention().is_some(),
+            SpecClass::SlidingWindow => self.sliding_window_spec().is_some(),
             _ => self.class() == class,
         }
     }

@@ -5,7 +5,7 @@
 
 use super::{overflow, KvCacheSpec};
 use crate::arith::cdiv;
-use crate::attention::{cross_attention, full, mamba, AttentionKind};
+use crate::attention::{circular_buffer, cross_attention, full, mamba, AttentionKind};
 use crate::error::{KvError, Result};
 
 /// The explicit numbers vLLM's `max_memory_usage_bytes` reads from its `VllmConfig`.
@@ -55,13 +55,11 @@ impl KvCacheSpec {
         max_model_len: usize,
     ) -> Option<usize> {
         match self {
-            KvCacheSpec::SlidingWindow(_) | KvCacheSpec::ChunkedLocalAttention(_) => {
-                AttentionKind::from_spec(self).ok()?.max_admission_blocks(
-                    self.block_size(),
-                    max_in_flight_tokens,
-                    max_model_len,
-                )
-            }
+            KvCacheSpec::SlidingWindow(_)
+            | KvCacheSpec::SlidingWindowMla(_)
+            | KvCacheSpec::ChunkedLocalAttention(_) => AttentionKind::from_spec(self)
+                .ok()?
+                .max_admission_blocks(self.block_size(), max_in_flight_tokens, max_model_len),
             _ => None,
         }
     }
@@ -73,14 +71,15 @@ impl KvCacheSpec {
         let blocks = match self {
             KvCacheSpec::FullAttention(_)
             | KvCacheSpec::MlaAttention(_)
-            | KvCacheSpec::SinkFullAttention(_) => full::max_blocks_per_request(
+            | KvCacheSpec::SinkFullAttention(_)
+            | KvCacheSpec::Rswa(_) => full::max_blocks_per_request(
                 p.max_model_len,
                 self.dcp_sharded(),
                 p.dcp_world_size,
                 self.block_size(),
             ),
-            KvCacheSpec::SlidingWindow(s) => {
-                if s.attn.dcp_sharded && p.dcp_world_size != 1 {
+            KvCacheSpec::SlidingWindow(_) | KvCacheSpec::SlidingWindowMla(_) => {
+                if self.dcp_sharded() && p.dcp_world_size != 1 {
                     return Err(KvError::Unsupported(
                         "decode context parallelism with sliding window attention".into(),
                     ));
@@ -96,6 +95,7 @@ impl KvCacheSpec {
                 p.max_num_encoder_input_tokens,
                 self.block_size(),
             ),
+            KvCacheSpec::CircularBuffer(_) => circular_buffer::MAX_BLOCKS_PER_REQUEST,
             KvCacheSpec::UniformType(u) => {
                 let mut most = 0;
                 for s in u.kv_cache_specs.specs() {

@@ -1,9 +1,9 @@
 //! Merging the specs of a group's layers into one (vLLM's `KVCacheSpec.merge` and its
-//! overrides in full attention, sink and MLA).
+//! overrides in full attention, sink, MLA and sliding-window MLA).
 
 use super::{
-    invalid, AttentionParams, FullAttentionSpec, KvCacheSpec, MlaAttentionSpec,
-    SinkFullAttentionSpec, SpecClass,
+    invalid, AttentionParams, FullAttentionSpec, KvCacheSpec, MlaAttentionSpec, RswaSpec,
+    SinkFullAttentionSpec, SlidingWindowMlaSpec, SpecClass,
 };
 use crate::error::{KvError, Result};
 
@@ -24,6 +24,12 @@ impl KvCacheSpec {
     ///   (a sink result takes the first spec's `sink_len`).
     /// * MLA: every spec is MLA with the same `cache_dtype_str` and attention fields;
     ///   the result keeps the first page size and drops alignment and recorded windows.
+    /// * R-SWA: every spec is R-SWA with one `rswa_window`, merged as full attention.
+    /// * sliding-window MLA: every spec is sliding-window MLA with the same
+    ///   `cache_dtype_str`, `tokens_per_state`, window, retained tokens, replay policy
+    ///   and DCP sharding;
+    ///   the result is the first spec without its alignment (its other attention fields
+    ///   are not compared, as in vLLM).
     /// * every other class: all specs must be equal.
     pub fn merge_as(class: SpecClass, specs: &[KvCacheSpec]) -> Result<KvCacheSpec> {
         let first = specs
@@ -43,7 +49,29 @@ impl KvCacheSpec {
                     sink_len: s.sink_len,
                 }))
             }
+            SpecClass::Rswa => {
+                let mut windows = specs.iter().map(|s| match s {
+                    KvCacheSpec::Rswa(r) => Some(r.rswa_window),
+                    _ => None,
+                });
+                let Some(Some(rswa_window)) = windows.next() else {
+                    return invalid(
+                        "All attention layers in the same KV cache group must be RSWASpec.",
+                    );
+                };
+                if !windows.all(|w| w == Some(rswa_window)) {
+                    return invalid(
+                        "All attention layers in the same KV cache group must be RSWASpec \
+                         with the same rswa_window.",
+                    );
+                }
+                Ok(KvCacheSpec::Rswa(RswaSpec {
+                    full: merge_full(specs)?,
+                    rswa_window,
+                }))
+            }
             SpecClass::MlaAttention => merge_mla(specs),
+            SpecClass::SlidingWindowMla => merge_sliding_window_mla(specs),
             _ => {
                 if specs[1..].iter().any(|s| s != first) {
                     return invalid("All layers in the same KV cache group must be the same.");
@@ -131,4 +159,38 @@ fn merge_mla(specs: &[KvCacheSpec]) -> Result<KvCacheSpec> {
     };
     same_attention(specs, &merged.full.attn)?;
     Ok(KvCacheSpec::MlaAttention(merged))
+}
+
+fn merge_sliding_window_mla(specs: &[KvCacheSpec]) -> Result<KvCacheSpec> {
+    let mut windows = Vec::with_capacity(specs.len());
+    for s in specs {
+        let KvCacheSpec::SlidingWindowMla(w) = s else {
+            return invalid(
+                "All attention layers in the same KV cache group must be SlidingWindowMLASpec.",
+            );
+        };
+        windows.push(w);
+    }
+    let first = windows[0];
+    let agree = |w: &&SlidingWindowMlaSpec| {
+        w.cache_dtype_str == first.cache_dtype_str
+            && w.window.attn.tokens_per_state == first.window.attn.tokens_per_state
+            && w.window.attn.dcp_sharded == first.window.attn.dcp_sharded
+            && w.window.sliding_window == first.window.sliding_window
+            && w.window.extra_retained_tokens == first.window.extra_retained_tokens
+            && w.bounded_replay == first.bounded_replay
+    };
+    if !windows.iter().all(agree) {
+        return invalid(
+            "All attention layers in the same KV cache group must use the same quantization \
+             method, tokens per state, sliding window size, retained token count, and \
+             replay policy.",
+        );
+    }
+    Ok(KvCacheSpec::SlidingWindowMla(SlidingWindowMlaSpec {
+        window: first.window.clone(),
+        cache_dtype_str: first.cache_dtype_str.clone(),
+        alignment: None,
+        bounded_replay: first.bounded_replay,
+    }))
 }

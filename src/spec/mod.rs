@@ -30,8 +30,9 @@ mod merge;
 mod uniform;
 
 pub use attention_specs::{
-    AttentionParams, ChunkedLocalAttentionSpec, CrossAttentionSpec, FullAttentionSpec,
-    MlaAttentionSpec, SinkFullAttentionSpec, SlidingWindowSpec,
+    AttentionParams, ChunkedLocalAttentionSpec, CircularBufferSpec, CrossAttentionSpec,
+    FullAttentionSpec, MlaAttentionSpec, RswaSpec, SinkFullAttentionSpec, SlidingWindowMlaSpec,
+    SlidingWindowSpec,
 };
 pub use dtype::Dtype;
 pub use kv_cache_spec::{KvCacheSpec, SpecClass};

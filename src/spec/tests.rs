@@ -340,3 +340,65 @@ fn construction_validates() {
     let m = MambaSpec::new(16, vec![vec![1]], vec![]);
     assert!(KvCacheSpec::from(m).build().is_err());
 }
+
+fn swa_mla(sw: usize, align: Option<usize>, bounded_replay: bool) -> KvCacheSpec {
+    let mut a = attn(64, 1, 584, Dtype::Uint8);
+    a.head_size_v = 0;
+    a.tokens_per_state = 2;
+    KvCacheSpec::from(SlidingWindowMlaSpec {
+        window: SlidingWindowSpec {
+            attn: a,
+            sliding_window: sw,
+            extra_retained_tokens: 0,
+        },
+        cache_dtype_str: None,
+        alignment: align,
+        bounded_replay,
+    })
+    .build()
+    .unwrap()
+}
+
+/// DeepSeek-V4's sliding-window MLA (`test_contiguous_kv_packing.py`): 32 states of 584
+/// bytes padded to 576's next multiple; a sliding window for the manager, its own kind.
+#[test]
+fn sliding_window_mla_page_kind_and_family() {
+    let s = swa_mla(128, Some(576), false);
+    assert_eq!(s.page_size_bytes(), (32 * 584usize).next_multiple_of(576));
+    assert_eq!(s.kind(), "sliding_window_mla");
+    assert_eq!(s.sliding_window(), Some(128));
+    assert!(s.is_instance(SpecClass::SlidingWindow) && s.prefix_cacheable());
+    assert!(!swa_mla(128, None, true).prefix_cacheable());
+    assert_eq!(
+        AttentionKind::from_spec(&s).unwrap(),
+        AttentionKind::from_spec(&swa(64, 128)).unwrap()
+    );
+    // vLLM's `is_uniform_with_collection`: a sliding window takes sliding-window MLA
+    // members of its window, not the reverse; replay policies must agree.
+    let plain = swa(64, 128);
+    assert!(is_uniform_type([&plain, &s]));
+    assert!(!is_uniform_type([&s, &plain]));
+    assert!(!is_uniform_type([&s, &swa_mla(128, Some(576), true)]));
+    let merged = KvCacheSpec::merge(&[s.clone(), swa_mla(128, None, false)]).unwrap();
+    assert_eq!(merged.page_size_bytes(), s.page_size_bytes());
+    assert!(KvCacheSpec::merge(&[s, swa_mla(64, None, false)]).is_err());
+}
+
+/// A circular buffer: one page per request at most, never prefix cached, no event kind.
+#[test]
+fn circular_buffer_memory_and_caching() {
+    let mut a = attn(8, 1, 1024, Dtype::Float32);
+    a.head_size_v = 0;
+    let ring = KvCacheSpec::from(CircularBufferSpec { attn: a })
+        .build()
+        .unwrap();
+    let page = 8 * 1024 * 4;
+    assert_eq!(ring.page_size_bytes(), page);
+    assert_eq!(
+        ring.max_memory_usage_bytes(&MemoryParams::new(100_000))
+            .unwrap(),
+        page
+    );
+    assert!(!ring.prefix_cacheable());
+    assert_eq!(ring.kind(), "unknown");
+}

@@ -69,8 +69,10 @@ impl UniformTypeSpecs {
 /// Whether the specs can share one [`UniformTypeSpecs`] group (vLLM's
 /// `UniformTypeKVCacheSpecs.is_uniform_type`): one block size, one DCP sharding, and
 /// one type family: all full attention (MLA and sink included), all sliding window with
-/// one window, all chunked local with one chunk size, all Mamba with the same page size
-/// and extra block counts, or all cross attention. An empty list is not uniform.
+/// one window (a sliding-window MLA first: all sliding-window MLA with one window and
+/// one replay policy), all chunked local
+/// with one chunk size, all Mamba with the same page size and extra block counts, all
+/// cross attention, or all circular buffers. An empty list is not uniform.
 pub fn is_uniform_type<'a>(specs: impl IntoIterator<Item = &'a KvCacheSpec>) -> bool {
     let specs: Vec<&KvCacheSpec> = specs.into_iter().collect();
     let Some(first) = specs.first() else {
@@ -83,10 +85,17 @@ pub fn is_uniform_type<'a>(specs: impl IntoIterator<Item = &'a KvCacheSpec>) -> 
     match first {
         KvCacheSpec::FullAttention(_)
         | KvCacheSpec::MlaAttention(_)
-        | KvCacheSpec::SinkFullAttention(_) => same(&|s| s.full_attention().is_some()),
-        KvCacheSpec::SlidingWindow(w) => same(
-            &|s| matches!(s, KvCacheSpec::SlidingWindow(o) if o.sliding_window == w.sliding_window),
-        ),
+        | KvCacheSpec::SinkFullAttention(_)
+        | KvCacheSpec::Rswa(_) => same(&|s| s.full_attention().is_some()),
+        KvCacheSpec::SlidingWindow(w) => same(&|s| {
+            s.sliding_window_spec()
+                .is_some_and(|o| o.sliding_window == w.sliding_window)
+        }),
+        KvCacheSpec::SlidingWindowMla(w) => same(&|s| {
+            matches!(s, KvCacheSpec::SlidingWindowMla(o)
+                if o.window.sliding_window == w.window.sliding_window
+                    && o.bounded_replay == w.bounded_replay)
+        }),
         KvCacheSpec::ChunkedLocalAttention(c) => same(&|s| {
             matches!(s, KvCacheSpec::ChunkedLocalAttention(o)
                 if o.attention_chunk_size == c.attention_chunk_size)
@@ -99,6 +108,7 @@ pub fn is_uniform_type<'a>(specs: impl IntoIterator<Item = &'a KvCacheSpec>) -> 
                     && s.page_size_bytes() == first.page_size_bytes())
         }),
         KvCacheSpec::CrossAttention(_) => same(&|s| matches!(s, KvCacheSpec::CrossAttention(_))),
+        KvCacheSpec::CircularBuffer(_) => same(&|s| matches!(s, KvCacheSpec::CircularBuffer(_))),
         KvCacheSpec::UniformType(_) => false,
     }
 }

@@ -334,6 +334,36 @@ def calls() -> list[Call]:
             [BS, 8, None, None],
         ),
         (
+            "SlidingWindowMLASpec",
+            None,
+            lambda *a: kb.SlidingWindowMLASpec(
+                block_size=a[0],
+                num_kv_heads=1,
+                head_size=a[1],
+                dtype="float16",
+                sliding_window=a[2],
+                alignment=a[3],
+                bounded_replay=a[4],
+            ),
+            [BS, 8, 8, None, False],
+        ),
+        (
+            "RSWASpec",
+            None,
+            lambda *a: kb.RSWASpec(
+                block_size=a[0], num_kv_heads=1, head_size=8, dtype="float16", rswa_window=a[1]
+            ),
+            [BS, 8],
+        ),
+        (
+            "CircularBufferSpec",
+            None,
+            lambda *a: kb.CircularBufferSpec(
+                block_size=a[0], num_kv_heads=a[1], head_size=8, dtype="float16"
+            ),
+            [BS, 1],
+        ),
+        (
             "SinkFullAttentionSpec",
             None,
             lambda *a: kb.SinkFullAttentionSpec(
@@ -416,7 +446,7 @@ def calls() -> list[Call]:
         ("request_ids", []),
         ("num_cached_blocks", ["r", 0]),
         ("get_num_blocks_to_allocate", ["r", 32, [[]], 0, 0, 32, False]),
-        ("remove_skipped_blocks", ["r", 16]),
+        ("remove_skipped_blocks", ["r", 16, 16]),
         ("advance_time", [1.0]),
         ("pin", [fresh_request()]),
         ("pin_hashes", [[H]]),

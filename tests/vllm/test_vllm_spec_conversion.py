@@ -120,6 +120,55 @@ SPECS: dict[str, Callable[[], Any]] = {
             "b": _attention(vi.FullAttentionSpec, head_size=128),
         },
     ),
+    # `test_kv_cache_utils.py`'s sliding-window MLA, and `test_contiguous_kv_packing.py`'s
+    # DeepSeek-V4 one: two tokens per state, its page padded to a multiple of 576 bytes.
+    "sliding_window_mla": lambda: vi.SlidingWindowMLASpec(
+        block_size=16, num_kv_heads=1, head_size=576, dtype=torch.float32, sliding_window=128
+    ),
+    "sliding_window_mla_aligned": lambda: vi.SlidingWindowMLASpec(
+        block_size=64,
+        num_kv_heads=1,
+        head_size=584,
+        dtype=torch.uint8,
+        sliding_window=128,
+        tokens_per_state=2,
+        alignment=576,
+    ),
+    # `test_prefix_replay.py`'s DeepSeek-V4.1 window: recomputed after a hit, not cached.
+    "sliding_window_mla_bounded_replay": lambda: vi.SlidingWindowMLASpec(
+        block_size=16,
+        num_kv_heads=1,
+        head_size=64,
+        dtype=torch.bfloat16,
+        sliding_window=32,
+        bounded_replay=True,
+    ),
+    # `test_contiguous_kv_packing.py`'s DeepSeek-V4.1 compressor ring (one block a request).
+    "circular_buffer": lambda: vi.CircularBufferSpec(
+        block_size=8, num_kv_heads=1, head_size=1024, head_size_v=0, dtype=torch.float32
+    ),
+    # `test_kv_cache_planning.py`'s extract_hidden_states layer (an MLA page).
+    "hidden_state_cache": lambda: vi.HiddenStateCacheSpec(
+        block_size=16, num_kv_heads=3, head_size=1024, dtype=torch.bfloat16
+    ),
+    "rswa": lambda: _attention(vi.RSWASpec, rswa_window=64),
+    # vLLM's manager reads neither flag: they convert as the plain spec.
+    "full_non_causal": lambda: _attention(vi.FullAttentionSpec, non_causal=True),
+    "full_draft": lambda: _attention(vi.FullAttentionSpec, is_draft=True),
+    "uniform_sliding_window_mla": lambda: vi.UniformTypeKVCacheSpecs(
+        block_size=64,
+        kv_cache_specs={
+            f"layers.{i}.swa": vi.SlidingWindowMLASpec(
+                block_size=64,
+                num_kv_heads=1,
+                head_size=584,
+                dtype=torch.uint8,
+                sliding_window=128,
+                alignment=576,
+            )
+            for i in range(3)
+        },
+    ),
     "uniform_mamba": lambda: vi.UniformTypeKVCacheSpecs(
         block_size=4,
         kv_cache_specs={
@@ -160,6 +209,65 @@ def test_page_size_and_memory_equal_vllms(name: str) -> None:
     assert _kvblocks_memory(ours) == theirs.max_memory_usage_bytes(_vllm_config(theirs))
 
 
+def _same_layers(name: str) -> list[Any]:
+    """Three layers of spec `name` (vLLM's specs are frozen, so one object three times)."""
+    spec = SPECS[name]()
+    return [spec, spec, spec]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sliding_window_mla",
+        "sliding_window_mla_aligned",
+        "sliding_window_mla_bounded_replay",
+        "hidden_state_cache",
+        "rswa",
+    ],
+)
+def test_merge_equals_vllms(name: str) -> None:
+    theirs = _same_layers(name)
+    merged = type(theirs[0]).merge(theirs)
+    layers = [convert_spec(s) for s in theirs]
+    ours = type(layers[0]).merge(layers)
+    assert ours == convert_spec(merged)
+    assert ours.page_size_bytes == merged.page_size_bytes
+
+
+def test_sliding_window_mla_merge_refuses_other_windows() -> None:
+    a = SPECS["sliding_window_mla"]()
+    b = vi.SlidingWindowMLASpec(
+        block_size=16, num_kv_heads=1, head_size=576, dtype=torch.float32, sliding_window=64
+    )
+    with pytest.raises(AssertionError):
+        vi.SlidingWindowMLASpec.merge([a, b])
+    with pytest.raises(kb.InvalidSpecError):
+        kb.SlidingWindowMLASpec.merge([convert_spec(a), convert_spec(b)])
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("sliding_window", "sliding_window_mla"),
+        ("sliding_window_mla", "sliding_window"),
+        ("sliding_window_mla", "sliding_window_mla_aligned"),
+        ("sliding_window_mla", "sliding_window_mla_bounded_replay"),
+        ("circular_buffer", "circular_buffer"),
+        ("circular_buffer", "cross"),
+        ("hidden_state_cache", "mla"),
+        ("rswa", "full"),
+        ("full", "rswa"),
+    ],
+)
+def test_uniform_type_rule_equals_vllms(first: str, second: str) -> None:
+    a, b = SPECS[first](), SPECS[second]()
+    if a.block_size != b.block_size:
+        b = b.copy_with_new_block_size(a.block_size)
+    theirs = vi.UniformTypeKVCacheSpecs.is_uniform_type({"a": a, "b": b})
+    ours = kb.UniformTypeKVCacheSpecs.is_uniform_type({"a": convert_spec(a), "b": convert_spec(b)})
+    assert ours == theirs
+
+
 def test_flat_mamba_shape_converts_as_the_one_shape_it_spells() -> None:
     # `test_prefix_caching.py` builds `MambaSpec(shapes=(1, 1), ...)`: vLLM keeps it and
     # never reads its page size in the manager (reading it raises `TypeError`).
@@ -181,11 +289,9 @@ def test_states_per_token_are_refused() -> None:
         convert_spec(theirs)
 
 
-#: Spec types with no kvblocks manager, built as vLLM's tests build them.
+#: Spec types with no kvblocks manager, built as vLLM's tests build them (vLLM 0.33
+#: registers no manager for encoder-only layers either).
 UNSUPPORTED: dict[str, Callable[[], Any]] = {
-    "CircularBufferSpec": lambda: vi.CircularBufferSpec(
-        block_size=4, num_kv_heads=2, head_size=128, head_size_v=0, dtype=torch.bfloat16
-    ),
     "EncoderOnlyAttentionSpec": lambda: _attention(vi.EncoderOnlyAttentionSpec),
 }
 

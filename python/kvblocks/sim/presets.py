@@ -44,7 +44,28 @@ __all__ = [
     "resolve_block_sizes",
 ]
 
-GroupKind = Literal["full", "sliding_window", "chunked_local", "mamba"]
+GroupKind = Literal[
+    "full",
+    "mla",
+    "sliding_window",
+    "sliding_window_mla",
+    "chunked_local",
+    "circular_buffer",
+    "mamba",
+]
+
+#: Per attention kind: the spec class (one name in kvblocks and in vLLM) and the
+#: ``GroupDesc`` field it takes besides the attention fields. MLA kinds store one latent
+#: (``head_size_v`` 0, as vLLM's classes default it); a circular buffer is one ring block
+#: per request.
+_ATTENTION_SPECS: dict[str, tuple[str, str | None]] = {
+    "full": ("FullAttentionSpec", None),
+    "mla": ("MLAAttentionSpec", None),
+    "sliding_window": ("SlidingWindowSpec", "sliding_window"),
+    "sliding_window_mla": ("SlidingWindowMLASpec", "sliding_window"),
+    "chunked_local": ("ChunkedLocalAttentionSpec", "attention_chunk_size"),
+    "circular_buffer": ("CircularBufferSpec", None),
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +85,7 @@ class GroupDesc:
         mamba_dtypes: State dtype names of a ``mamba`` group.
         mamba_cache_mode: ``"align"`` (prefix caching) or ``"none"``.
         layer_offset: Index of the group's first layer in the model's layer names.
+        tokens_per_state: Tokens one stored state covers (compressed MLA indexers).
     """
 
     kind: GroupKind
@@ -78,6 +100,7 @@ class GroupDesc:
     mamba_dtypes: tuple[str, ...] = ()
     mamba_cache_mode: str = "none"
     layer_offset: int = 0
+    tokens_per_state: int = 1
 
     @property
     def layer_names(self) -> list[str]:
@@ -103,12 +126,24 @@ class GroupDesc:
                 mamba_cache_mode=self.mamba_cache_mode,
                 **common,
             )
-        common.update(num_kv_heads=self.num_kv_heads, head_size=self.head_size, dtype=self.dtype)
-        if self.kind == "full":
-            return k.FullAttentionSpec(**common)
-        if self.kind == "sliding_window":
-            return k.SlidingWindowSpec(sliding_window=self.sliding_window, **common)
-        return k.ChunkedLocalAttentionSpec(attention_chunk_size=self.attention_chunk_size, **common)
+        return self.attention_spec(k, self.dtype)
+
+    def attention_spec(self, module: Any, dtype: Any) -> Any:
+        """The group's attention spec from ``module`` (``kvblocks`` or vLLM's
+        ``kv_cache_interface``, whose classes share names and keywords), with ``dtype``
+        as that module takes it."""
+        cls, field = _ATTENTION_SPECS[self.kind]
+        kwargs: dict[str, Any] = {
+            "block_size": self.block_size,
+            "num_kv_heads": self.num_kv_heads,
+            "head_size": self.head_size,
+            "dtype": dtype,
+        }
+        if self.tokens_per_state != 1:
+            kwargs["tokens_per_state"] = self.tokens_per_state
+        if field is not None:
+            kwargs[field] = getattr(self, field)
+        return getattr(module, cls)(**kwargs)
 
     @property
     def page_size_bytes(self) -> int:
@@ -207,8 +242,6 @@ def build_vllm_manager(layout: KVLayout) -> Any:
     torch = importlib.import_module("torch")
     iface = importlib.import_module("vllm.v1.kv_cache_interface")
     KVCacheManager = importlib.import_module("vllm.v1.core.kv_cache_manager").KVCacheManager
-    ChunkedLocalAttentionSpec = iface.ChunkedLocalAttentionSpec
-    FullAttentionSpec, SlidingWindowSpec = iface.FullAttentionSpec, iface.SlidingWindowSpec
     KVCacheConfig, KVCacheGroupSpec, MambaSpec = (
         iface.KVCacheConfig,
         iface.KVCacheGroupSpec,
@@ -226,20 +259,7 @@ def build_vllm_manager(layout: KVLayout) -> Any:
                 mamba_cache_mode=g.mamba_cache_mode,
             )
         else:
-            common: dict[str, Any] = {
-                "block_size": g.block_size,
-                "num_kv_heads": g.num_kv_heads,
-                "head_size": g.head_size,
-                "dtype": getattr(torch, g.dtype),
-            }
-            if g.kind == "full":
-                spec = FullAttentionSpec(**common)
-            elif g.kind == "sliding_window":
-                spec = SlidingWindowSpec(sliding_window=g.sliding_window, **common)
-            else:
-                spec = ChunkedLocalAttentionSpec(
-                    attention_chunk_size=g.attention_chunk_size, **common
-                )
+            spec = g.attention_spec(iface, getattr(torch, g.dtype))
         groups.append(KVCacheGroupSpec(g.layer_names, spec))
     cfg = KVCacheConfig(num_blocks=layout.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     return KVCacheManager(
@@ -268,6 +288,8 @@ REPLAY_CONFIGS = (
     "bs32",
     "mtp",
     "spec-lookahead",
+    "deepseek-v4",
+    "glm5-next",
 )
 
 # Speculative configs as vLLM 0.33's scheduler builds the manager for them, with prefix
@@ -324,9 +346,12 @@ def replay_layout(
     16-token full-attention group: vLLM 0.33 accepts mixed block sizes only in the hybrid
     coordinator), scheduler block size 32; ``mtp``: full attention with multi-module MTP
     (3 tokens of prefill and hash lookahead); ``spec-lookahead``: full + sliding window with
-    EAGLE's lookahead hashes (1 token). ``dcp_world_size`` shards every attention group
-    over that many decode context parallel ranks (its blocks then hold ``block_size *
-    dcp_world_size`` tokens).
+    EAGLE's lookahead hashes (1 token); ``deepseek-v4``: DeepSeek-V4-like, full MLA +
+    sliding-window MLA (``sliding_window``) + an 8-token compressor ring; ``glm5-next``:
+    GLM-5-next-like (vLLM 0.33's ``models/glm5next``), full MLA + its indexer (an MLA
+    group storing one state per 4 tokens) + a 4-token tail ring. ``dcp_world_size`` shards
+    every attention group over that many decode context parallel ranks (its blocks then hold
+    ``block_size * dcp_world_size`` tokens).
     """
     if config not in REPLAY_CONFIGS:
         raise InvalidArgumentError(
@@ -350,6 +375,27 @@ def replay_layout(
         groups = (full, chunked)
     elif config == "mamba":
         groups = (full, _mamba_group(block_size, enable_caching, max_model_len, 1, 1))
+    elif config == "deepseek-v4":
+        mla = GroupDesc("mla", 1, block_size, num_kv_heads=1, head_size=576)
+        groups = (
+            mla,
+            replace(mla, kind="sliding_window_mla", sliding_window=sliding_window, layer_offset=1),
+            GroupDesc("circular_buffer", 1, 8, num_kv_heads=1, head_size=512, layer_offset=2),
+        )
+    elif config == "glm5-next":
+        groups = (
+            GroupDesc("mla", 1, block_size, num_kv_heads=1, head_size=576),
+            GroupDesc(
+                "mla",
+                1,
+                block_size,
+                num_kv_heads=1,
+                head_size=128,
+                tokens_per_state=4,
+                layer_offset=1,
+            ),
+            GroupDesc("circular_buffer", 1, 4, num_kv_heads=2, head_size=128, layer_offset=2),
+        )
     elif config == "bs32":
         # vLLM 0.33's unitary coordinator asserts hash_block_size == block_size, so blocks
         # coarser than the hash need the hybrid coordinator: a second full-attention group.

@@ -40,14 +40,36 @@ SPECS: dict[str, tuple[Callable[..., kb.KVCacheSpec], tuple[str, ...]]] = {
         (*_ATTENTION, "head_size_v", "sliding_window", "attention_chunk_size"),
     ),
     "MLAAttentionSpec": (kb.MLAAttentionSpec, (*_ATTENTION, "cache_dtype_str", "alignment")),
+    # vLLM's marker subclass of MLA for extract_hidden_states: the same page, memory and
+    # manager (full attention), and the same event kind ("mla_attention").
+    "HiddenStateCacheSpec": (
+        kb.MLAAttentionSpec,
+        (*_ATTENTION, "cache_dtype_str", "alignment"),
+    ),
     "SinkFullAttentionSpec": (
         kb.SinkFullAttentionSpec,
         (*_ATTENTION, "head_size_v", "sink_len", "sliding_window", "attention_chunk_size"),
+    ),
+    "RSWASpec": (
+        kb.RSWASpec,
+        (*_ATTENTION, "head_size_v", "rswa_window"),
     ),
     "SlidingWindowSpec": (
         kb.SlidingWindowSpec,
         (*_ATTENTION, "head_size_v", "sliding_window", "extra_retained_tokens"),
     ),
+    "SlidingWindowMLASpec": (
+        kb.SlidingWindowMLASpec,
+        (
+            *_ATTENTION,
+            "sliding_window",
+            "extra_retained_tokens",
+            "cache_dtype_str",
+            "alignment",
+            "bounded_replay",
+        ),
+    ),
+    "CircularBufferSpec": (kb.CircularBufferSpec, (*_ATTENTION, "head_size_v")),
     "ChunkedLocalAttentionSpec": (
         kb.ChunkedLocalAttentionSpec,
         (*_ATTENTION, "head_size_v", "attention_chunk_size"),
@@ -83,9 +105,9 @@ CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 #: Fields read where present only (a vLLM without them has nothing to refuse), so the
-#: drift guard does not require them: `is_draft` and `non_causal` of a spec,
-#: `host_resident` of a group.
-OPTIONAL_FIELDS = ("is_draft", "non_causal", "host_resident")
+#: drift guard does not require them: `host_resident` of a group. (A spec's `is_draft`
+#: and `non_causal` are not read: vLLM's manager never reads them either.)
+OPTIONAL_FIELDS = ("host_resident",)
 
 
 def _value(name: str, value: Any) -> Any:
@@ -108,7 +130,8 @@ def _value(name: str, value: Any) -> Any:
 
 def convert_spec(spec: Any) -> kb.KVCacheSpec:
     """kvblocks' spec for one of vLLM's (matched by exact class: vLLM's subclasses,
-    e.g. `RSWASpec`, have rules of their own)."""
+    e.g. `RSWASpec`, have rules of their own). A draft model's layer (`is_draft`) and a
+    non-causal one (`non_causal`) convert as any other: vLLM's manager reads neither."""
     name = type(spec).__name__
     if name == "UniformTypeKVCacheSpecs":
         return kb.UniformTypeKVCacheSpecs(
@@ -120,10 +143,6 @@ def convert_spec(spec: Any) -> kb.KVCacheSpec:
             f"kvblocks has no manager for vLLM's {name}; supported: "
             + ", ".join([*SPECS, "UniformTypeKVCacheSpecs"])
         )
-    if getattr(spec, "is_draft", False):
-        raise UnsupportedConfigError(f"draft-model KV cache groups ({name}, is_draft=True)")
-    if getattr(spec, "non_causal", False):
-        raise UnsupportedConfigError(f"non-causal attention ({name}, non_causal=True)")
     make, fields = SPECS[name]
     return make(**{f: _value(f, getattr(spec, f)) for f in fields})
 

@@ -423,7 +423,7 @@ class KVCacheManager(kb.KVCacheManager):
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
-        super().remove_skipped_blocks(request_id, processed_computed_tokens)
+        super().remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
 
 __all__ = ["BlockPool", "KVCacheManager", "UnsupportedConfigError"]
