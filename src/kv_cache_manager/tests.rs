@@ -293,6 +293,7 @@ fn mamba_none_mode_blocks() {
         K::Mamba {
             num_speculative_blocks: 1,
             align: false,
+            checkpoint_alignment: None,
         },
         64,
         1,
@@ -313,6 +314,7 @@ fn mamba_none_mode_blocks() {
         K::Mamba {
             num_speculative_blocks: 0,
             align: false,
+            checkpoint_alignment: None,
         },
         64,
         1,
@@ -523,6 +525,7 @@ fn mamba_align_trace() {
         K::Mamba {
             num_speculative_blocks: 0,
             align: true,
+            checkpoint_alignment: None,
         },
         8,
         0,
