@@ -582,13 +582,12 @@ fn mamba_align(spec: usize, checkpoint: bool, use_eagle: bool) -> KvCacheManager
     KvCacheManager::new(vec![g], 12, None, opts).unwrap()
 }
 
+/// Boundary offloads as `(request, block, tokens)`.
+type Offloads = Vec<(String, BlockId, usize)>;
+
 /// Runs a 30-token prompt in `chunks`, then `decodes` one-token steps; returns the
-/// table after each step and the boundary offloads as `(request, block, tokens)`.
-fn mamba_steps(
-    m: &mut KvCacheManager,
-    chunks: &[usize],
-    decodes: usize,
-) -> (Vec<Vec<BlockId>>, Vec<(String, BlockId, usize)>) {
+/// table after each step and the boundary offloads.
+fn mamba_steps(m: &mut KvCacheManager, chunks: &[usize], decodes: usize) -> (Tables, Offloads) {
     let mut r = TestReq::new("a", toks(0, 30), 8);
     let mut tables = Vec::new();
     for &n in chunks {
