@@ -8,7 +8,8 @@
 
 use crate::arith::cdiv;
 use crate::attention::{
-    HitQuery, ManagerParams, RequestBlocks, RequestView, SingleTypeManager, SparseCaching,
+    BoundaryOffload, HitQuery, ManagerParams, RequestBlocks, RequestView, SingleTypeManager,
+    SparseCaching,
 };
 use crate::error::{KvError, Result};
 use crate::pool::BlockPool;
@@ -123,7 +124,7 @@ impl Coordinator {
         let drop_eagle = drop_eagle_groups(&groups, opts.use_eagle);
         let mut managers = Vec::with_capacity(groups.len());
         for (i, params) in groups.into_iter().enumerate() {
-            managers.push(SingleTypeManager::new(
+            let mut m = SingleTypeManager::new(
                 params,
                 i as GroupId,
                 opts.enable_caching,
@@ -131,7 +132,9 @@ impl Coordinator {
                 opts.max_in_flight_tokens,
                 opts.max_model_len,
                 &mut pool,
-            )?);
+            )?;
+            m.use_eagle_checkpoint = opts.use_eagle;
+            managers.push(m);
         }
         let zeroing = ZeroingLog::new(
             managers
@@ -519,12 +522,13 @@ impl Coordinator {
     }
 
     /// Extends every group's table to `num_tokens` slots (a group that counts encoder
-    /// tokens: `num_encoder_tokens`; align-mode Mamba: `num_tokens_main_model`), group by
-    /// group.
+    /// tokens: `num_encoder_tokens`; align-mode Mamba: the step computing
+    /// `[total_computed_tokens, num_tokens_main_model)`), group by group.
     pub fn allocate_new_blocks(
         &mut self,
         rbs: &mut [RequestBlocks],
         num_tokens: usize,
+        total_computed_tokens: usize,
         num_tokens_main_model: usize,
         num_encoder_tokens: usize,
     ) -> Result<()> {
@@ -535,7 +539,13 @@ impl Coordinator {
                 num_tokens
             };
             let start = rb.table.len();
-            m.allocate_new_blocks(rb, n, num_tokens_main_model, &mut self.pool)?;
+            m.allocate_new_blocks(
+                rb,
+                n,
+                total_computed_tokens,
+                num_tokens_main_model,
+                &mut self.pool,
+            )?;
             self.zeroing
                 .record(g, &rb.table[start.min(rb.table.len())..]);
         }
@@ -620,6 +630,23 @@ impl Coordinator {
         self.managers
             .iter_mut()
             .for_each(SingleTypeManager::new_step_starts);
+    }
+
+    /// The cached states not yet offered to a KV connector, group after group (align-mode
+    /// Mamba), handed over.
+    pub fn take_boundary_offloads(&mut self) -> Vec<BoundaryOffload> {
+        let mut out = Vec::new();
+        for m in &mut self.managers {
+            m.take_boundary_offloads(&mut out);
+        }
+        out
+    }
+
+    /// Drops a freed request's states not yet offered to a KV connector.
+    pub fn forget_boundary_offloads(&mut self, request_id: &str) {
+        for m in &mut self.managers {
+            m.forget_boundary_offloads(request_id);
+        }
     }
 
     /// Frees the request in every group (each table tail first), in group order.

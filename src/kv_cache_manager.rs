@@ -29,7 +29,7 @@
 //! ```
 
 use crate::admission;
-use crate::attention::{ContextParallel, ManagerParams, RequestView};
+use crate::attention::{BoundaryOffload, ContextParallel, ManagerParams, RequestView};
 use crate::config;
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
@@ -478,8 +478,13 @@ impl KvCacheManager {
         for (st, rb) in starts.iter_mut().zip(rbs.iter()) {
             *st = rb.table.len();
         }
-        self.coord
-            .allocate_new_blocks(rbs, need_slots, main, args.num_encoder_tokens)?;
+        self.coord.allocate_new_blocks(
+            rbs,
+            need_slots,
+            local + args.num_external_computed_tokens,
+            main,
+            args.num_encoder_tokens,
+        )?;
         if !args.delay_cache_blocks {
             let n = (total + args.num_new_tokens).min(request.num_tokens());
             self.coord.cache_blocks(rbs, request, n)?;
@@ -595,6 +600,7 @@ impl KvCacheManager {
             return Ok(());
         };
         self.set_free_tag_of_slot(s);
+        self.coord.forget_boundary_offloads(request_id);
         self.coord.free(self.slots.tables_mut(s))
     }
 
@@ -606,6 +612,7 @@ impl KvCacheManager {
         let Some(s) = self.slots.release(request_id) else {
             return Vec::new();
         };
+        self.coord.forget_boundary_offloads(request_id);
         self.coord.pop_blocks_for_free(self.slots.tables_mut(s))
     }
 
@@ -759,6 +766,14 @@ impl KvCacheManager {
     /// Per-step hook (align-mode Mamba defers hits on blocks cached during a step).
     pub fn new_step_starts(&mut self) {
         self.coord.new_step_starts();
+    }
+
+    /// Align-mode Mamba states cached since the last call, for a KV connector to
+    /// offload (vLLM's `take_boundary_state_offloads`): each newly cached state block
+    /// with the tokens it follows, in caching order, group after group. A freed
+    /// request's entries are dropped: its blocks went back to the pool.
+    pub fn take_boundary_offloads(&mut self) -> Vec<BoundaryOffload> {
+        self.coord.take_boundary_offloads()
     }
 
     /// Drops the cache entries of the given blocks (in the given order).

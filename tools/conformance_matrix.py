@@ -35,6 +35,7 @@ CONFIGS = {  # name -> replay.py flags
     "swa1024": ["--config", "swa", "--sliding-window", "1024"],
     "full+chunked8192": ["--config", "chunked", "--chunk-size", "8192"],
     "full+mamba": ["--config", "mamba"],
+    "mamba-align-spec": ["--config", "mamba-spec"],
     "full+eagle": ["--config", "eagle"],
     "bs32/hash16": ["--config", "bs32"],
     "caching-off": ["--config", "full", "--no-prefix-caching"],

@@ -716,6 +716,9 @@ class KVCacheManager:
         longest of those tables, at least 1; an unknown request id gives a row of nulls."""
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None: ...
     def new_step_starts(self) -> None: ...
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Align-mode Mamba states cached since the last call, for a KV connector to
+        offload: `{request_id: [(group_id, block_id, num_tokens), ...]}`."""
     def take_new_block_ids(self) -> list[int]:
         """Blocks allocated since the last call that the worker must zero."""
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None: ...

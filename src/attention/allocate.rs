@@ -29,6 +29,7 @@ impl SingleTypeManager {
         if let Some(n) = self.params.kind.own_num_blocks_to_allocate(
             self,
             rb,
+            total_computed_tokens,
             num_tokens_main_model,
             new_computed,
             pool,
@@ -134,17 +135,24 @@ impl SingleTypeManager {
     }
 
     /// Extends the table to cover `num_tokens` tokens with blocks from the queue head
-    /// (align-mode Mamba: `num_tokens_main_model`, one state block at most).
+    /// (align-mode Mamba: the state blocks of a step computing
+    /// `[total_computed_tokens, num_tokens_main_model)`).
     pub fn allocate_new_blocks(
         &self,
         rb: &mut RequestBlocks,
         num_tokens: usize,
+        total_computed_tokens: usize,
         num_tokens_main_model: usize,
         pool: &mut BlockPool,
     ) -> Result<()> {
-        self.params
-            .kind
-            .allocate_new_blocks(self, rb, num_tokens, num_tokens_main_model, pool)
+        self.params.kind.allocate_new_blocks(
+            self,
+            rb,
+            num_tokens,
+            total_computed_tokens,
+            num_tokens_main_model,
+            pool,
+        )
     }
 
     /// The common `allocate_new_blocks`: new blocks up to the slots of `num_tokens`.

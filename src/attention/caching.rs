@@ -28,6 +28,7 @@ impl SingleTypeManager {
         let hashes = request.block_hashes();
         let num_cached = rb.num_cached.unwrap_or(0);
         let num_full = self.num_full_blocks(num_tokens, hashes.len(), hash_bs);
+        let mut cached = 0..0;
         if num_cached < num_full {
             // vLLM slices the table: blocks past its end (a request longer than the
             // context) are silently not cached, yet counted as cached.
@@ -47,10 +48,12 @@ impl SingleTypeManager {
                     mask.as_deref(),
                     request,
                 )?;
-                kind.note_cached_blocks(&rb.table[start..end], &mut self.cached_this_step, pool)?;
+                cached = start..end;
             }
             rb.num_cached = Some(num_full);
         }
+        let kind = self.params.kind.clone();
+        kind.after_cache_blocks(self, rb, request, num_tokens, cached, pool)?;
         if self.params.kind.is_full_attention() && bs != hash_bs {
             full::cache_partial_tail_block(self, rb, request, num_tokens, pool)?;
         }

@@ -152,6 +152,7 @@ mod tests {
         K::Mamba {
             num_speculative_blocks: 0,
             align: true,
+            checkpoint_alignment: None,
         }
     }
 

@@ -4,13 +4,13 @@
 //! token counting, zeroing, hits, allocation and freeing overrides); the code outside
 //! `src/attention/<type>.rs` and this file never matches on a kind.
 
-use rustc_hash::FxHashSet;
+use std::ops::Range;
 
 use super::{chunked_local, circular_buffer, cross_attention, full, mamba, rswa, sliding_window};
 use super::{HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching};
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
-use crate::pool::{BlockPool, HashKey};
+use crate::pool::BlockPool;
 use crate::spec::KvCacheSpec;
 use crate::types::BlockId;
 
@@ -49,6 +49,8 @@ pub enum AttentionKind {
         num_speculative_blocks: usize,
         /// `mamba_cache_mode == "align"`.
         align: bool,
+        /// "align" mode with prefill-checkpoint blocks: `prefill_checkpoint_alignment`.
+        checkpoint_alignment: Option<usize>,
     },
     /// Cross-attention over encoder tokens (encoder-decoder models).
     CrossAttention,
@@ -300,6 +302,30 @@ impl AttentionKind {
         }
     }
 
+    /// Mamba's speculative state blocks (0 for the other types).
+    #[inline]
+    pub(super) fn num_speculative_blocks(&self) -> usize {
+        match *self {
+            Self::Mamba {
+                num_speculative_blocks,
+                ..
+            } => num_speculative_blocks,
+            _ => 0,
+        }
+    }
+
+    /// Align-mode Mamba with prefill-checkpoint blocks: the checkpoint alignment.
+    #[inline]
+    pub(super) fn checkpoint_alignment(&self) -> Option<usize> {
+        match *self {
+            Self::Mamba {
+                checkpoint_alignment,
+                ..
+            } => checkpoint_alignment,
+            _ => None,
+        }
+    }
+
     /// The longest prefix hit of `query` by the type's own search, for blocks of `bs`.
     pub(super) fn find_longest_cache_hit(
         &self,
@@ -329,11 +355,12 @@ impl AttentionKind {
 
     /// The type's own `get_num_blocks_to_allocate`, where the common count does not
     /// apply (Mamba: a hit cached during this step defers the request; "align" mode
-    /// counts state blocks); `None` for the common count.
+    /// counts state blocks, from `total_computed_tokens`); `None` for the common count.
     pub(super) fn own_num_blocks_to_allocate(
         &self,
         mgr: &SingleTypeManager,
         rb: &RequestBlocks,
+        total_computed_tokens: usize,
         num_tokens_main_model: usize,
         new_computed: &[BlockId],
         pool: &BlockPool,
@@ -343,6 +370,7 @@ impl AttentionKind {
                 mgr,
                 rb,
                 align,
+                total_computed_tokens,
                 num_tokens_main_model,
                 new_computed,
                 pool,
@@ -353,19 +381,25 @@ impl AttentionKind {
     }
 
     /// Extends the table with new blocks: to `num_tokens` slots, or by the type's own
-    /// rule (align-mode Mamba: one state block for `num_tokens_main_model`).
+    /// rule (align-mode Mamba: the state blocks of a step computing
+    /// `[total_computed_tokens, num_tokens_main_model)`).
     pub(super) fn allocate_new_blocks(
         &self,
         mgr: &SingleTypeManager,
         rb: &mut RequestBlocks,
         num_tokens: usize,
+        total_computed_tokens: usize,
         num_tokens_main_model: usize,
         pool: &mut BlockPool,
     ) -> Result<()> {
         match *self {
-            Self::Mamba { align: true, .. } => {
-                mamba::allocate_new_blocks(mgr, rb, num_tokens_main_model, pool)
-            }
+            Self::Mamba { align: true, .. } => mamba::allocate_new_blocks(
+                mgr,
+                rb,
+                total_computed_tokens,
+                num_tokens_main_model,
+                pool,
+            ),
             Self::CircularBuffer => circular_buffer::claim_ring_block(rb, pool),
             _ => mgr.extend_table(rb, num_tokens, pool),
         }
@@ -437,17 +471,21 @@ impl AttentionKind {
         }
     }
 
-    /// After `blocks` were cached: align-mode Mamba remembers their keys in
-    /// `cached_this_step` (other requests may not hit them until the next step).
-    pub(super) fn note_cached_blocks(
+    /// After `cache_blocks` cached the table entries `cached` of `request` (up to
+    /// `num_tokens`): align-mode Mamba keys its checkpoint, remembers the newly cached
+    /// keys and offers the states to a KV connector (`mamba::after_cache_blocks`).
+    pub(super) fn after_cache_blocks<R: RequestView>(
         &self,
-        blocks: &[BlockId],
-        cached_this_step: &mut FxHashSet<HashKey>,
-        pool: &BlockPool,
+        mgr: &mut SingleTypeManager,
+        rb: &RequestBlocks,
+        request: &R,
+        num_tokens: usize,
+        cached: Range<usize>,
+        pool: &mut BlockPool,
     ) -> Result<()> {
         match *self {
             Self::Mamba { align: true, .. } => {
-                mamba::note_cached_blocks(blocks, cached_this_step, pool)
+                mamba::after_cache_blocks(mgr, rb, request, num_tokens, cached, pool)
             }
             _ => Ok(()),
         }

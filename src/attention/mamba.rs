@@ -1,35 +1,40 @@
 //! Mamba state. Mode `"none"` (prefix caching off): one live state block
 //! per request plus the speculative blocks, through the common code. Mode `"align"`
-//! (prefix caching on), for the subset kvblocks supports: the Mamba block size equals
-//! the hash block size (no fine-grained partial hits, no copy-on-write), no speculative
-//! or prefill-checkpoint blocks, dense caching. The table is position-indexed: entry `i`
-//! is the state after token `(i + 1) * bs`; only the live state (and the previous step's,
-//! which the kernel copies from) is real, the rest are nulls.
+//! (prefix caching on, dense caching): the table is position-indexed, entry `i` is the
+//! state after token `(i + 1) * bs`; only the live state, the previous step's (which the
+//! kernel copies from), the speculative blocks after it and a prefill checkpoint are
+//! real, the rest are nulls. Each step takes at most one new state block (plus the
+//! checkpoint block, and the speculative blocks on the first allocation); speculative
+//! blocks the step leaves behind move to the table's end. Every state cached in align
+//! mode is offered to a KV connector (`take_boundary_state_offloads`).
 
-use rustc_hash::FxHashSet;
+use std::ops::Range;
 
-use super::{AttentionKind, HitQuery, RequestBlocks, SingleTypeManager};
+use super::{AttentionKind, HitQuery, RequestBlocks, RequestView, SingleTypeManager};
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
 use crate::pool::{BlockPool, HashKey};
 use crate::spec::{MambaCacheMode, MambaSpec};
-use crate::types::{BlockId, NULL_BLOCK_ID};
+use crate::types::{BlockId, GroupId, NULL_BLOCK_ID};
 
 /// The `kv_cache_spec_kind` of this type's events.
 pub(crate) const SPEC_KIND: &str = "mamba";
 
-/// The manager parameters of a Mamba spec; "align" mode with speculative or
-/// prefill-checkpoint blocks is not supported.
+/// The manager parameters of a Mamba spec. Prefill checkpoints need "align" mode and a
+/// `prefill_checkpoint_alignment` (vLLM never exports one without it).
 pub(crate) fn kind(m: &MambaSpec) -> Result<AttentionKind> {
     let align = m.mamba_cache_mode == MambaCacheMode::Align;
-    if align && (m.num_speculative_blocks > 0 || m.num_prefill_checkpoint_blocks > 0) {
-        return Err(unsupported(
-            "\"align\" mode with speculative or prefill-checkpoint blocks",
+    let checkpoints = align && m.num_prefill_checkpoint_blocks > 0;
+    let checkpoint_alignment = m.prefill_checkpoint_alignment.filter(|_| checkpoints);
+    if checkpoint_alignment == Some(0) {
+        return Err(KvError::InvalidSpec(
+            "prefill_checkpoint_alignment must be positive".into(),
         ));
     }
     Ok(AttentionKind::Mamba {
         num_speculative_blocks: m.num_speculative_blocks,
         align,
+        checkpoint_alignment,
     })
 }
 
@@ -84,6 +89,75 @@ pub struct MambaState {
     last_state_idx: Option<usize>,
     /// Leading table entries already retired (`_num_retired_blocks`).
     retired: usize,
+    /// This step's prefill checkpoint: its token position and table index
+    /// (`_checkpoints`).
+    checkpoint: Option<(usize, usize)>,
+}
+
+/// vLLM's `get_mamba_prefill_checkpoint_position`: the reusable state boundary of a
+/// prefill of `num_tokens` tokens, a multiple of `alignment` that leaves a token to
+/// recompute the logits from (EAGLE: one `alignment` less, the dropped block).
+pub(crate) fn checkpoint_position(num_tokens: usize, alignment: usize, drop_eagle: bool) -> usize {
+    let limit = if drop_eagle {
+        num_tokens
+    } else {
+        num_tokens.saturating_sub(1)
+    };
+    let position = limit / alignment * alignment;
+    if drop_eagle {
+        position.saturating_sub(alignment)
+    } else {
+        position
+    }
+}
+
+/// vLLM's `is_mamba_prefill_checkpoint_valid`: whether the kernel can export the state
+/// at `position` from a query `[start, end)`, into the table column before the last.
+fn checkpoint_exportable(
+    start: usize,
+    end: usize,
+    position: usize,
+    hash_bs: usize,
+    bs: usize,
+    alignment: usize,
+) -> bool {
+    // A query from token 0 starts from no state column.
+    let initial_col = if start == 0 {
+        -1
+    } else {
+        ((start - 1) / bs) as isize
+    };
+    let checkpoint_col = cdiv(end, bs) as isize - 2;
+    start.is_multiple_of(hash_bs)
+        && checkpoint_col > initial_col
+        && start + hash_bs <= position
+        && start < position
+        && position < end
+        && (position - start).is_multiple_of(alignment)
+}
+
+/// vLLM's `_needs_internal_checkpoint` for a step computing tokens `[start, end)`:
+/// `(position, table index)` of the prefill checkpoint the step reserves a block for,
+/// if any. The index must not hold a state already (unless it is a speculative block).
+fn internal_checkpoint(
+    mgr: &SingleTypeManager,
+    rb: &RequestBlocks,
+    alignment: usize,
+    start: usize,
+    end: usize,
+    pool: &BlockPool,
+) -> Option<(usize, usize)> {
+    let bs = mgr.block_size();
+    let position = checkpoint_position(end, mgr.alignment_tokens, mgr.use_eagle_checkpoint);
+    let idx = cdiv(end, bs).checked_sub(2)?;
+    if !checkpoint_exportable(start, end, position, pool.hash_block_size(), bs, alignment) {
+        return None;
+    }
+    let num_spec = mgr.params().kind.num_speculative_blocks();
+    let free_slot = idx >= rb.table.len()
+        || rb.table[idx] == NULL_BLOCK_ID
+        || (rb.mamba.allocated && idx + num_spec >= rb.table.len());
+    free_slot.then_some((position, idx))
 }
 
 /// `n - 1`: only the last token's state is needed.
@@ -126,11 +200,13 @@ pub(crate) fn find_longest_cache_hit(
 
 /// Mamba's `get_num_blocks_to_allocate`: `num_blocks + 1` (never fits) when the hit's
 /// last block was cached during this step, so the request waits a step; the "align"
-/// count below; `None` (the common count) otherwise.
+/// count below for a step computing tokens `[start, num_tokens_main_model)`; `None`
+/// (the common count) otherwise.
 pub(crate) fn own_num_blocks_to_allocate(
     mgr: &SingleTypeManager,
     rb: &RequestBlocks,
     align: bool,
+    start: usize,
     num_tokens_main_model: usize,
     hits: &[BlockId],
     pool: &BlockPool,
@@ -141,22 +217,45 @@ pub(crate) fn own_num_blocks_to_allocate(
             return Some(pool.num_blocks() as isize + 1);
         }
     }
-    align.then(|| num_blocks_to_allocate(mgr, rb, num_tokens_main_model, hits, pool))
+    align.then(|| num_blocks_to_allocate(mgr, rb, start, num_tokens_main_model, hits, pool))
 }
 
-/// Align mode `get_num_blocks_to_allocate`: at most one new state block per step, plus
-/// the hits still in the free queue. May be negative (over-allocated drafts), as vLLM.
+/// The blocks an align-mode step may take at most: one state block, the checkpoint
+/// block, and the speculative blocks on the request's first allocation.
+fn max_new_blocks(rb: &RequestBlocks, num_spec: usize, checkpoint: bool) -> usize {
+    1 + usize::from(checkpoint) + if rb.mamba.allocated { 0 } else { num_spec }
+}
+
+/// The prefill checkpoint of a step computing `[start, end)`, for a kind that has
+/// checkpoint blocks.
+fn step_checkpoint(
+    mgr: &SingleTypeManager,
+    rb: &RequestBlocks,
+    start: usize,
+    end: usize,
+    pool: &BlockPool,
+) -> Option<(usize, usize)> {
+    let alignment = mgr.params().kind.checkpoint_alignment()?;
+    internal_checkpoint(mgr, rb, alignment, start, end, pool)
+}
+
+/// Align mode `get_num_blocks_to_allocate`: the state positions up to the last token
+/// plus the speculative blocks, capped at [`max_new_blocks`], plus the hits still in
+/// the free queue. May be negative (over-allocated drafts), as vLLM.
 fn num_blocks_to_allocate(
     mgr: &SingleTypeManager,
     rb: &RequestBlocks,
+    start: usize,
     num_tokens_main_model: usize,
     hits: &[BlockId],
     pool: &BlockPool,
 ) -> isize {
-    let required = cdiv(num_tokens_main_model, mgr.block_size()) as isize;
+    let num_spec = mgr.params().kind.num_speculative_blocks();
+    let required = (cdiv(num_tokens_main_model, mgr.block_size()) + num_spec) as isize;
     let mut new = required - hits.len() as isize - rb.table.len() as isize;
     if new > 0 {
-        new = new.min(1);
+        let checkpoint = step_checkpoint(mgr, rb, start, num_tokens_main_model, pool);
+        new = new.min(max_new_blocks(rb, num_spec, checkpoint.is_some()) as isize);
     }
     let evictable = hits
         .iter()
@@ -165,30 +264,64 @@ fn num_blocks_to_allocate(
     new + evictable as isize
 }
 
-/// Align mode `allocate_new_blocks`: pads with nulls up to the state position of the
-/// last token, then takes at most one new block; records the previous state block.
+/// Align mode `allocate_new_blocks` for a step computing `[start, num_tokens_main_model)`:
+/// records the previous state block, pads with nulls up to the state position of the
+/// last token (short of this step's checkpoint block), moves the speculative blocks the
+/// step leaves behind to the end, then takes the new blocks.
 pub(crate) fn allocate_new_blocks(
     mgr: &SingleTypeManager,
     rb: &mut RequestBlocks,
+    start: usize,
     num_tokens_main_model: usize,
     pool: &mut BlockPool,
 ) -> Result<()> {
-    let required = cdiv(num_tokens_main_model, mgr.block_size());
+    let num_spec = mgr.params().kind.num_speculative_blocks();
+    let checkpoint = step_checkpoint(mgr, rb, start, num_tokens_main_model, pool);
+    rb.mamba.checkpoint = checkpoint;
+    let required = cdiv(num_tokens_main_model, mgr.block_size()) + num_spec;
     let prev = rb.table.len();
-    if required <= prev {
+    if required <= prev && checkpoint.is_none() {
         rb.mamba.allocated = true;
         return Ok(());
     }
-    if rb.mamba.allocated || prev > 0 {
-        rb.mamba.last_state_idx = prev.checked_sub(1);
+    let allocated = rb.mamba.allocated;
+    if allocated {
+        // The running state sits before the speculative blocks.
+        rb.mamba.last_state_idx = prev.checked_sub(1 + num_spec);
+    } else if prev > 0 {
+        // A prefix hit's last block holds the hit state.
+        rb.mamba.last_state_idx = Some(prev - 1);
     }
-    let skipped = required - 1;
-    if prev < skipped {
-        rb.table.resize(skipped, NULL_BLOCK_ID);
+    let skipped = required - num_spec - 1;
+    let null_end = skipped - usize::from(checkpoint.is_some());
+    if prev < null_end {
+        rb.table.resize(null_end, NULL_BLOCK_ID);
     }
-    let new = required - rb.table.len();
+    if allocated {
+        for idx in prev.saturating_sub(num_spec)..prev.min(null_end) {
+            relocate_speculative_block(rb, idx, pool)?;
+        }
+    }
+    let new = required.saturating_sub(rb.table.len());
+    debug_assert!(new <= max_new_blocks(rb, num_spec, checkpoint.is_some()));
     pool.get_new_blocks_into(new, &mut rb.table)?;
     rb.mamba.allocated = true;
+    Ok(())
+}
+
+/// vLLM's `_relocate_speculative_block`: a speculative block the step leaves behind
+/// moves to the table's end; it must be the request's own, uncached block.
+fn relocate_speculative_block(rb: &mut RequestBlocks, idx: usize, pool: &BlockPool) -> Result<()> {
+    let block = rb.table[idx];
+    let writable =
+        block != NULL_BLOCK_ID && pool.ref_cnt(block)? == 1 && pool.block_hash(block)?.is_none();
+    if !writable {
+        return Err(KvError::InvalidArgument(format!(
+            "speculative Mamba block {block} must be exclusively owned and unhashed to move"
+        )));
+    }
+    rb.table.push(block);
+    rb.table[idx] = NULL_BLOCK_ID;
     Ok(())
 }
 
@@ -226,17 +359,116 @@ pub(crate) fn remove_skipped_blocks(
     Ok(())
 }
 
-/// Align mode: remembers the keys of the newly cached `blocks` (nulls skipped), which
-/// other requests may not hit until the next step.
-pub(crate) fn note_cached_blocks(
-    blocks: &[BlockId],
-    cached_this_step: &mut FxHashSet<HashKey>,
-    pool: &BlockPool,
+/// A cached align-mode state offered to a KV connector (vLLM's
+/// `take_pending_boundary_state_offloads` entry): the state after `num_tokens` tokens
+/// of request `request_id`, in `block` of group `group`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundaryOffload {
+    /// The request that computed the state.
+    pub request_id: String,
+    /// The group.
+    pub group: GroupId,
+    /// The block holding the state.
+    pub block: BlockId,
+    /// The tokens the state follows (the block's cache key covers them).
+    pub num_tokens: usize,
+}
+
+/// Align mode, after `cache_blocks` cached the table entries `cached` of `request`
+/// (up to `num_tokens`): keys the step's prefill checkpoint or the prompt's last hash
+/// boundary ([`cache_partial_tail_block`]), then remembers the keys of the newly cached
+/// states, which other requests may not hit until the next step, and offers each
+/// state to a KV connector.
+pub(crate) fn after_cache_blocks<R: RequestView>(
+    mgr: &mut SingleTypeManager,
+    rb: &RequestBlocks,
+    request: &R,
+    num_tokens: usize,
+    cached: Range<usize>,
+    pool: &mut BlockPool,
 ) -> Result<()> {
-    for &b in blocks {
-        if let Some(key) = pool.block_hash(b)?.filter(|_| b != NULL_BLOCK_ID) {
-            cached_this_step.insert(key);
+    if let Some(key) = cache_partial_tail_block(mgr, rb, request, num_tokens, pool)? {
+        mgr.cached_this_step.insert(key);
+    }
+    for &block in &rb.table[cached] {
+        if block == NULL_BLOCK_ID {
+            continue;
         }
+        let Some(key) = pool.block_hash(block)? else {
+            continue;
+        };
+        mgr.cached_this_step.insert(key);
+        mgr.boundary_offloads.push(BoundaryOffload {
+            request_id: request.request_id().to_owned(),
+            group: mgr.group(),
+            block,
+            num_tokens: pool.block_hash_num_tokens(block)?.unwrap_or(0),
+        });
     }
     Ok(())
+}
+
+/// vLLM's `_cache_partial_tail_block` (dense caching, no partial hits): the step's
+/// prefill checkpoint block is re-keyed at its checkpoint position, or dropped from the
+/// cache when that position is neither the prompt's checkpoint, a block boundary nor
+/// the request's shared-prefix junction; without a checkpoint, the state at the
+/// prompt's last hash boundary is keyed there. Returns the key it registered.
+fn cache_partial_tail_block<R: RequestView>(
+    mgr: &SingleTypeManager,
+    rb: &RequestBlocks,
+    request: &R,
+    num_tokens: usize,
+    pool: &mut BlockPool,
+) -> Result<Option<HashKey>> {
+    let (bs, hash_bs) = (mgr.block_size(), pool.hash_block_size());
+    let drop_eagle = mgr.use_eagle_checkpoint;
+    let (position, block) = if let Some((position, idx)) = rb.mamba.checkpoint {
+        let block = rb.table[idx];
+        if block == NULL_BLOCK_ID {
+            return Ok(None);
+        }
+        let prompt_checkpoint = position
+            == checkpoint_position(
+                request.num_prompt_tokens(),
+                mgr.alignment_tokens,
+                drop_eagle,
+            );
+        // Dense caching keeps every block-aligned state.
+        if !prompt_checkpoint
+            && !position.is_multiple_of(bs)
+            && position != request.shared_prefix_boundary()
+        {
+            // The transient state overwrites the block: no key of it holds.
+            pool.evict_blocks(&[block])?;
+            return Ok(None);
+        }
+        if pool.block_hash_num_tokens(block)? == Some(position) {
+            return Ok(None);
+        }
+        // The block's content is replaced: every key it had goes.
+        pool.evict_blocks(&[block])?;
+        (position, block)
+    } else {
+        if num_tokens == 0
+            || !num_tokens.is_multiple_of(hash_bs)
+            || num_tokens != checkpoint_position(request.num_prompt_tokens(), hash_bs, drop_eagle)
+        {
+            return Ok(None);
+        }
+        let block = match rb.table.get(cdiv(num_tokens, bs) - 1) {
+            Some(&b) if b != NULL_BLOCK_ID => b,
+            _ => return Ok(None),
+        };
+        // Already keyed here (a hit or an earlier step): re-keying would defer siblings.
+        if pool.block_hash_num_tokens(block)? == Some(num_tokens) {
+            return Ok(None);
+        }
+        (num_tokens, block)
+    };
+    let hashes = request.block_hashes();
+    pool.cache_partial_block(hashes, block, position, mgr.group(), request)?;
+    Ok(Some(HashKey {
+        hash: hashes[position / hash_bs - 1],
+        group: mgr.group(),
+    }))
 }

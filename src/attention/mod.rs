@@ -37,6 +37,7 @@ pub use context_parallel::ContextParallel;
 pub use hit_query::HitQuery;
 pub(crate) use kind::UNKNOWN_SPEC_KIND;
 pub use kind::{AttentionKind, SPEC_KINDS};
+pub use mamba::BoundaryOffload;
 pub use params::ManagerParams;
 pub use request_blocks::RequestBlocks;
 pub use request_view::RequestView;
@@ -57,12 +58,17 @@ pub struct SingleTypeManager {
     max_admission_blocks: Option<usize>,
     /// Whether hits of this group drop the EAGLE block (set by the coordinator).
     pub(crate) use_eagle: bool,
+    /// Align-mode Mamba: whether prefill checkpoints follow EAGLE's replay boundary
+    /// (vLLM's `drop_eagle_checkpoint_block`, set by the coordinator under EAGLE).
+    pub(crate) use_eagle_checkpoint: bool,
     /// `cache_hit_alignment_tokens` (the scheduler block size).
     pub(crate) alignment_tokens: usize,
     sink_blocks: Vec<BlockId>,
     /// Align-mode Mamba: keys cached during this step, which other requests may not hit
     /// until the next step (vLLM's `cached_blocks_this_step`).
     cached_this_step: FxHashSet<HashKey>,
+    /// Align-mode Mamba: cached states not yet handed to a KV connector.
+    boundary_offloads: Vec<BoundaryOffload>,
 }
 
 impl SingleTypeManager {
@@ -95,9 +101,11 @@ impl SingleTypeManager {
             group,
             max_admission_blocks,
             use_eagle: false,
+            use_eagle_checkpoint: false,
             alignment_tokens: scheduler_block_size,
             sink_blocks,
             cached_this_step: FxHashSet::default(),
+            boundary_offloads: Vec::new(),
         })
     }
 
@@ -142,6 +150,20 @@ impl SingleTypeManager {
     /// Per-step hook: align-mode Mamba forgets which keys were cached this step.
     pub fn new_step_starts(&mut self) {
         self.cached_this_step.clear();
+    }
+
+    /// Hands over the cached states not yet offered to a KV connector (align-mode
+    /// Mamba; vLLM's `take_pending_boundary_state_offloads`), appending them to `out`.
+    pub fn take_boundary_offloads(&mut self, out: &mut Vec<BoundaryOffload>) {
+        out.append(&mut self.boundary_offloads);
+    }
+
+    /// Drops a freed request's states not yet offered: its blocks go back to the pool.
+    pub fn forget_boundary_offloads(&mut self, request_id: &str) {
+        if !self.boundary_offloads.is_empty() {
+            self.boundary_offloads
+                .retain(|o| o.request_id != request_id);
+        }
     }
 }
 

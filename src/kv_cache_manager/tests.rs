@@ -293,6 +293,7 @@ fn mamba_none_mode_blocks() {
         K::Mamba {
             num_speculative_blocks: 1,
             align: false,
+            checkpoint_alignment: None,
         },
         64,
         1,
@@ -313,6 +314,7 @@ fn mamba_none_mode_blocks() {
         K::Mamba {
             num_speculative_blocks: 0,
             align: false,
+            checkpoint_alignment: None,
         },
         64,
         1,
@@ -523,6 +525,7 @@ fn mamba_align_trace() {
         K::Mamba {
             num_speculative_blocks: 0,
             align: true,
+            checkpoint_alignment: None,
         },
         8,
         0,
@@ -560,6 +563,95 @@ fn mamba_align_trace() {
     assert_eq!((hits[0].len(), hit, new), (2, 16, None));
     m.new_step_starts();
     assert!(admit(&mut m, &mut d).2.is_some());
+}
+
+/// An align-mode Mamba manager (bs 8, 12 blocks) with `spec` speculative blocks and,
+/// with `checkpoint`, a prefill-checkpoint block aligned to 8 tokens.
+fn mamba_align(spec: usize, checkpoint: bool, use_eagle: bool) -> KvCacheManager {
+    let g = ManagerParams::new(
+        K::Mamba {
+            num_speculative_blocks: spec,
+            align: true,
+            checkpoint_alignment: checkpoint.then_some(8),
+        },
+        8,
+        0,
+    );
+    let mut opts = ManagerOptions::new(8192, 8);
+    opts.use_eagle = use_eagle;
+    KvCacheManager::new(vec![g], 12, None, opts).unwrap()
+}
+
+/// Boundary offloads as `(request, block, tokens)`.
+type Offloads = Vec<(String, BlockId, usize)>;
+
+/// Runs a 30-token prompt in `chunks`, then `decodes` one-token steps; returns the
+/// table after each step and the boundary offloads.
+fn mamba_steps(m: &mut KvCacheManager, chunks: &[usize], decodes: usize) -> (Tables, Offloads) {
+    let mut r = TestReq::new("a", toks(0, 30), 8);
+    let mut tables = Vec::new();
+    for &n in chunks {
+        step(m, &mut r, n).unwrap();
+        tables.push(m.get_block_ids("a")[0].clone());
+    }
+    for _ in 0..decodes {
+        r.append(5);
+        step(m, &mut r, 1).unwrap();
+        tables.push(m.get_block_ids("a")[0].clone());
+    }
+    let offloads = m
+        .take_boundary_offloads()
+        .into_iter()
+        .map(|o| (o.request_id, o.block, o.num_tokens))
+        .collect();
+    (tables, offloads)
+}
+
+/// Align mode with a speculative block (tables as vLLM 0.33 gives them): a chunk that
+/// leaves the speculative block behind moves it to the table's end; every cached state
+/// is offered for offload once; a sibling hits the last prompt state.
+#[test]
+fn mamba_align_speculative_block_moves_to_the_end() {
+    let mut m = mamba_align(1, false, false);
+    let (tables, offloads) = mamba_steps(&mut m, &[8, 22], 2);
+    let want: [&[BlockId]; 4] = [
+        &[1, 2],
+        &[1, 0, 0, 2, 3],
+        &[0, 0, 0, 2, 3],
+        &[0, 0, 0, 2, 3],
+    ];
+    assert_eq!(tables, want);
+    assert_eq!(offloads, [("a".into(), 1, 8), ("a".into(), 2, 32)]);
+    assert!(m.take_boundary_offloads().is_empty());
+    m.new_step_starts();
+    let b = TestReq::new("b", [toks(0, 30), toks(100, 5)].concat(), 8);
+    assert_eq!(m.get_computed_blocks(&b).unwrap(), (vec![vec![1]], 8));
+    assert_eq!(queue(&m), [4, 5, 6, 7, 8, 9, 10, 11, 1]);
+    // A freed request's offers are dropped with its blocks.
+    let mut c = TestReq::new("c", toks(200, 20), 8);
+    step(&mut m, &mut c, 20).unwrap();
+    m.free("c").unwrap();
+    assert!(m.take_boundary_offloads().is_empty());
+}
+
+/// Align mode with a prefill-checkpoint block: the prompt chunk reserves the column
+/// before the running state for the state at the checkpoint (EAGLE: one block lower),
+/// which is cached there and hit later.
+#[test]
+fn mamba_align_prefill_checkpoint() {
+    for (eagle, spec, first) in [(false, 0, &[0, 1, 2][..]), (true, 1, &[0, 1, 2, 3][..])] {
+        let mut m = mamba_align(spec, true, eagle);
+        let (tables, offloads) = mamba_steps(&mut m, &[24, 6], 2);
+        assert_eq!(tables[0], first, "eagle={eagle}");
+        let states: Vec<_> = offloads.iter().map(|o| (o.1, o.2)).collect();
+        assert_eq!(states, [(1, 16), (2, 24), (3, 32)], "eagle={eagle}");
+        m.new_step_starts();
+        let b = TestReq::new("b", [toks(0, 30), toks(100, 5)].concat(), 8);
+        assert_eq!(
+            m.get_computed_blocks(&b).unwrap(),
+            (vec![vec![0, 0, 2]], 24)
+        );
+    }
 }
 
 /// Regression (found by tests/core/test_bad_input.py): a request hashed at another block size

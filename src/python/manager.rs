@@ -4,7 +4,7 @@
 use crate::python::errors::{invalid_argument, invalid_type};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
-use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PySlice, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyMemoryView, PySlice, PyTuple};
 use pyo3::{intern, PyTraverseError, PyVisit};
 
 use crate::admission;
@@ -844,6 +844,24 @@ impl PyKVCacheManager {
     /// Per-step hook.
     fn new_step_starts(&mut self) {
         self.inner.new_step_starts();
+    }
+
+    /// Align-mode Mamba states cached since the last call, for a KV connector to
+    /// offload: `{request_id: [(group_id, block_id, num_tokens), ...]}` (vLLM 0.33's
+    /// `take_boundary_state_offloads`).
+    fn take_boundary_state_offloads<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        for o in self.inner.take_boundary_offloads() {
+            let entry = (o.group, o.block, o.num_tokens).into_pyobject(py)?;
+            match out.get_item(&o.request_id)? {
+                Some(list) => list.downcast::<PyList>()?.append(entry)?,
+                None => out.set_item(&o.request_id, PyList::new(py, [entry])?)?,
+            }
+        }
+        Ok(out)
     }
 
     /// Drops the cache entries of the given block ids (any iterable, e.g. a set; its

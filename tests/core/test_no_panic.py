@@ -425,6 +425,7 @@ def calls() -> list[Call]:
         ("block_table", [["r", "x"], 0]),
         ("cache_blocks", [fresh_request(), 8]),
         ("new_step_starts", []),
+        ("take_boundary_state_offloads", []),
         ("evict_blocks", [{1}]),
         ("reset_prefix_cache", []),
         ("get_num_common_prefix_blocks", ["r"]),

@@ -90,6 +90,24 @@ CONFIGS = [
     ),
     Config("mamba_align", (("mamba", {"block_size": 16, "align": 1}),), num_blocks=30),
     Config(
+        "full_mamba_align_spec",
+        (("full", {"block_size": 16}), ("mamba", {"block_size": 16, "align": 1, "spec": 2})),
+        num_blocks=70,
+        lookahead=2,
+    ),
+    Config(
+        "full_mamba_align_checkpoint",
+        (("full", {"block_size": 16}), ("mamba", {"block_size": 16, "align": 1, "ckpt": 16})),
+        num_blocks=70,
+    ),
+    Config(
+        "mamba_align_spec_checkpoint_eagle",
+        (("mamba", {"block_size": 16, "align": 1, "spec": 1, "ckpt": 16}),),
+        num_blocks=40,
+        use_eagle=True,
+        lookahead=1,
+    ),
+    Config(
         "full_eagle", (("full", {"block_size": 16}),), num_blocks=40, use_eagle=True, lookahead=2
     ),
     Config(
@@ -202,9 +220,8 @@ def vllm_spec(kind: str, kw: dict[str, Any]) -> Any:
         return vi.SlidingWindowSpec(**ATTN, dtype=torch.float16, **kw)
     if kind == "chunked":
         return vi.ChunkedLocalAttentionSpec(**ATTN, dtype=torch.float16, **kw)
-    mode = "align" if kw.get("align") else "none"
     return vi.MambaSpec(
-        shapes=((4,),), dtypes=(torch.float32,), block_size=kw["block_size"], mamba_cache_mode=mode
+        shapes=((4,),), dtypes=(torch.float32,), block_size=kw["block_size"], **mamba_options(kw)
     )
 
 
@@ -215,10 +232,19 @@ def kb_spec(kind: str, kw: dict[str, Any]) -> Any:
         return kb.SlidingWindowSpec(**ATTN, dtype="float16", **kw)
     if kind == "chunked":
         return kb.ChunkedLocalAttentionSpec(**ATTN, dtype="float16", **kw)
-    mode = "align" if kw.get("align") else "none"
     return kb.MambaSpec(
-        shapes=[[4]], dtypes=["float32"], block_size=kw["block_size"], mamba_cache_mode=mode
+        shapes=[[4]], dtypes=["float32"], block_size=kw["block_size"], **mamba_options(kw)
     )
+
+
+def mamba_options(kw: dict[str, Any]) -> dict[str, Any]:
+    """Mode, speculative blocks (`spec`) and a prefill checkpoint alignment (`ckpt`)."""
+    return {
+        "mamba_cache_mode": "align" if kw.get("align") else "none",
+        "num_speculative_blocks": kw.get("spec", 0),
+        "num_prefill_checkpoint_blocks": int("ckpt" in kw),
+        "prefill_checkpoint_alignment": kw.get("ckpt"),
+    }
 
 
 def scheduler_block_size(cfg: Config) -> int:
@@ -361,6 +387,7 @@ class Driver:
         assert [event_view(e) for e in self.km.take_events()] == [
             event_view(e) for e in self.vm.take_events()
         ]
+        assert self.km.take_boundary_state_offloads() == self.vm.take_boundary_state_offloads()
         assert self.km.usage == pytest.approx(self.vm.usage)
         null_ref_cnt = self.km.block_objects([0])[0].ref_cnt
         assert null_ref_cnt == self.vm.block_pool.null_block.ref_cnt

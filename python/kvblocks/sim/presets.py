@@ -84,6 +84,10 @@ class GroupDesc:
         mamba_shapes: State shapes of a ``mamba`` group.
         mamba_dtypes: State dtype names of a ``mamba`` group.
         mamba_cache_mode: ``"align"`` (prefix caching) or ``"none"``.
+        mamba_speculative_blocks: Extra state blocks of a ``mamba`` group for speculative
+            decoding.
+        mamba_checkpoint_alignment: ``"align"`` mode: with a value, the group has one
+            prefill-checkpoint block, exported at multiples of this many tokens.
         layer_offset: Index of the group's first layer in the model's layer names.
         tokens_per_state: Tokens one stored state covers (compressed MLA indexers).
     """
@@ -99,6 +103,8 @@ class GroupDesc:
     mamba_shapes: tuple[tuple[int, ...], ...] = ()
     mamba_dtypes: tuple[str, ...] = ()
     mamba_cache_mode: str = "none"
+    mamba_speculative_blocks: int = 0
+    mamba_checkpoint_alignment: int | None = None
     layer_offset: int = 0
     tokens_per_state: int = 1
 
@@ -123,7 +129,7 @@ class GroupDesc:
             return k.MambaSpec(
                 shapes=[list(s) for s in self.mamba_shapes],
                 dtypes=list(self.mamba_dtypes),
-                mamba_cache_mode=self.mamba_cache_mode,
+                **self.mamba_options,
                 **common,
             )
         return self.attention_spec(k, self.dtype)
@@ -144,6 +150,17 @@ class GroupDesc:
         if field is not None:
             kwargs[field] = getattr(self, field)
         return getattr(module, cls)(**kwargs)
+
+    @property
+    def mamba_options(self) -> dict[str, Any]:
+        """The keyword arguments of a ``mamba`` group's ``MambaSpec`` besides its block
+        size, shapes and dtypes (the same in kvblocks and vLLM)."""
+        return {
+            "mamba_cache_mode": self.mamba_cache_mode,
+            "num_speculative_blocks": self.mamba_speculative_blocks,
+            "num_prefill_checkpoint_blocks": int(self.mamba_checkpoint_alignment is not None),
+            "prefill_checkpoint_alignment": self.mamba_checkpoint_alignment,
+        }
 
     @property
     def page_size_bytes(self) -> int:
@@ -256,7 +273,7 @@ def build_vllm_manager(layout: KVLayout) -> Any:
                 block_size=g.block_size,
                 shapes=g.mamba_shapes,
                 dtypes=tuple(getattr(torch, d) for d in g.mamba_dtypes),
-                mamba_cache_mode=g.mamba_cache_mode,
+                **g.mamba_options,
             )
         else:
             spec = g.attention_spec(iface, getattr(torch, g.dtype))
@@ -284,6 +301,7 @@ REPLAY_CONFIGS = (
     "swa",
     "chunked",
     "mamba",
+    "mamba-spec",
     "eagle",
     "bs32",
     "mtp",
@@ -342,9 +360,10 @@ def replay_layout(
 
     ``full``: full attention; ``hybrid``: full + sliding window; ``swa``: sliding window
     only; ``chunked``: full + chunked local; ``mamba``: full + mamba; ``eagle``: full with
-    ``use_eagle``; ``bs32``: full attention with 32-token blocks over 16-token hashes (plus a
-    16-token full-attention group: vLLM 0.33 accepts mixed block sizes only in the hybrid
-    coordinator), scheduler block size 32; ``mtp``: full attention with multi-module MTP
+    ``use_eagle``; ``mamba-spec``: ``mamba`` with two speculative state blocks and (with
+    caching) a prefill-checkpoint block aligned to the block size; ``bs32``: full attention
+    with 32-token blocks over 16-token hashes (plus a 16-token full-attention group: vLLM
+    0.33 accepts mixed block sizes only in the hybrid coordinator), scheduler block size 32; ``mtp``: full attention with multi-module MTP
     (3 tokens of prefill and hash lookahead); ``spec-lookahead``: full + sliding window with
     EAGLE's lookahead hashes (1 token); ``deepseek-v4``: DeepSeek-V4-like, full MLA +
     sliding-window MLA (``sliding_window``) + an 8-token compressor ring; ``glm5-next``:
@@ -373,8 +392,15 @@ def replay_layout(
             "chunked_local", 1, block_size, attention_chunk_size=chunk_size, layer_offset=1
         )
         groups = (full, chunked)
-    elif config == "mamba":
-        groups = (full, _mamba_group(block_size, enable_caching, max_model_len, 1, 1))
+    elif config in ("mamba", "mamba-spec"):
+        mamba = _mamba_group(block_size, enable_caching, max_model_len, 1, 1)
+        if config == "mamba-spec":
+            mamba = replace(
+                mamba,
+                mamba_speculative_blocks=2,
+                mamba_checkpoint_alignment=block_size if enable_caching else None,
+            )
+        groups = (full, mamba)
     elif config == "deepseek-v4":
         mla = GroupDesc("mla", 1, block_size, num_kv_heads=1, head_size=576)
         groups = (

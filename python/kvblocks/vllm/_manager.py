@@ -412,12 +412,9 @@ class KVCacheManager(kb.KVCacheManager):
         """Copy-on-write copies: none (partial hash hits are off in kvblocks)."""
         return [], []
 
-    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """Mamba align boundary states for a KV connector: none (kvblocks keeps no
-        boundary-state snapshots)."""
-        return {}
-
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        """Producer partial tails of finishing requests: none (they come only from
+        partial prefix-cache hits, which are off in kvblocks)."""
         return []
 
     def remove_skipped_blocks(
