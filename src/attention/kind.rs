@@ -6,7 +6,7 @@
 
 use rustc_hash::FxHashSet;
 
-use super::{chunked_local, cross_attention, full, mamba, sliding_window};
+use super::{chunked_local, cross_attention, full, hisparse, mamba, sliding_window};
 use super::{HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching};
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
@@ -83,6 +83,10 @@ impl AttentionKind {
             KvCacheSpec::ChunkedLocalAttention(s) => chunked_local::kind(s),
             KvCacheSpec::Mamba(m) => mamba::kind(m)?,
             KvCacheSpec::CrossAttention(_) => Self::CrossAttention,
+            KvCacheSpec::HiSparseHot(_) => return Err(hisparse::unsupported("hot groups")),
+            KvCacheSpec::HiSparseResident(_) => {
+                return Err(hisparse::unsupported("resident groups"))
+            }
             KvCacheSpec::UniformType(u) => {
                 let layer =
                     u.kv_cache_specs.specs().next().ok_or_else(|| {

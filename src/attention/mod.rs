@@ -17,6 +17,7 @@
 pub mod chunked_local;
 pub mod cross_attention;
 pub mod full;
+pub mod hisparse;
 pub mod mamba;
 pub mod sliding_window;
 

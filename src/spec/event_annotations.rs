@@ -18,6 +18,10 @@ impl KvCacheSpec {
             KvCacheSpec::ChunkedLocalAttention(_) => chunked_local::SPEC_KIND,
             KvCacheSpec::Mamba(_) => mamba::SPEC_KIND,
             KvCacheSpec::CrossAttention(_) => cross_attention::SPEC_KIND,
+            // vLLM's `get_kv_cache_spec_kind` has no kind for HiSparse's pages.
+            KvCacheSpec::HiSparseHot(_) | KvCacheSpec::HiSparseResident(_) => {
+                attention::UNKNOWN_SPEC_KIND
+            }
             KvCacheSpec::UniformType(u) => {
                 let mut kinds = u.kv_cache_specs.specs().map(KvCacheSpec::kind);
                 let first = kinds.next().unwrap_or(attention::UNKNOWN_SPEC_KIND);

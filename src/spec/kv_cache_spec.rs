@@ -4,8 +4,8 @@
 
 use super::{
     invalid, is_uniform_type, overflow, AttentionParams, ChunkedLocalAttentionSpec,
-    CrossAttentionSpec, FullAttentionSpec, MambaSpec, MlaAttentionSpec, SinkFullAttentionSpec,
-    SlidingWindowSpec, UniformTypeSpecs,
+    CrossAttentionSpec, FullAttentionSpec, HiSparseHotSpec, HiSparseResidentSpec, MambaSpec,
+    MlaAttentionSpec, SinkFullAttentionSpec, SlidingWindowSpec, UniformTypeSpecs,
 };
 use crate::attention::full;
 use crate::error::Result;
@@ -30,6 +30,10 @@ pub enum SpecClass {
     Mamba,
     /// `CrossAttentionSpec`.
     CrossAttention,
+    /// `HiSparseHotSpec`.
+    HiSparseHot,
+    /// `HiSparseResidentSpec`.
+    HiSparseResident,
     /// `UniformTypeKVCacheSpecs`.
     UniformType,
 }
@@ -51,6 +55,10 @@ pub enum KvCacheSpec {
     Mamba(MambaSpec),
     /// Encoder-decoder cross attention.
     CrossAttention(CrossAttentionSpec),
+    /// HiSparse's per-request hot region.
+    HiSparseHot(HiSparseHotSpec),
+    /// HiSparse's GPU-resident pages of host-backed KV.
+    HiSparseResident(HiSparseResidentSpec),
     /// Same-type layers sharing one block table.
     UniformType(UniformTypeSpecs),
 }
@@ -73,6 +81,8 @@ impl_from!(
     ChunkedLocalAttentionSpec => ChunkedLocalAttention,
     MambaSpec => Mamba,
     CrossAttentionSpec => CrossAttention,
+    HiSparseHotSpec => HiSparseHot,
+    HiSparseResidentSpec => HiSparseResident,
     UniformTypeSpecs => UniformType,
 );
 
@@ -126,6 +136,8 @@ impl KvCacheSpec {
                 check_positive("attention_chunk_size", c.attention_chunk_size)?;
             }
             KvCacheSpec::CrossAttention(c) => c.attn.check()?,
+            KvCacheSpec::HiSparseHot(h) => check_positive("block_size", h.block_size)?,
+            KvCacheSpec::HiSparseResident(r) => check_positive("block_size", r.block_size)?,
             KvCacheSpec::Mamba(m) => {
                 check_positive("block_size", m.block_size)?;
                 if m.shapes.len() != m.dtypes.len() {
@@ -184,6 +196,8 @@ impl KvCacheSpec {
             KvCacheSpec::ChunkedLocalAttention(_) => SpecClass::ChunkedLocalAttention,
             KvCacheSpec::Mamba(_) => SpecClass::Mamba,
             KvCacheSpec::CrossAttention(_) => SpecClass::CrossAttention,
+            KvCacheSpec::HiSparseHot(_) => SpecClass::HiSparseHot,
+            KvCacheSpec::HiSparseResident(_) => SpecClass::HiSparseResident,
             KvCacheSpec::UniformType(_) => SpecClass::UniformType,
         }
     }
@@ -212,13 +226,15 @@ impl KvCacheSpec {
     pub fn block_size(&self) -> usize {
         match self {
             KvCacheSpec::Mamba(m) => m.block_size,
+            KvCacheSpec::HiSparseHot(h) => h.block_size,
+            KvCacheSpec::HiSparseResident(r) => r.block_size,
             KvCacheSpec::UniformType(u) => u.block_size,
             _ => self.attention().map_or(0, |a| a.block_size),
         }
     }
 
-    /// Whether DCP shards this cache's tokens (attention default true; Mamba false;
-    /// a uniform group takes its first member's).
+    /// Whether DCP shards this cache's tokens (attention default true; Mamba and
+    /// HiSparse false; a uniform group takes its first member's).
     pub fn dcp_sharded(&self) -> bool {
         match self {
             KvCacheSpec::Mamba(_) => false,
@@ -237,6 +253,8 @@ impl KvCacheSpec {
             KvCacheSpec::Mamba(m) => m
                 .page_size_padded
                 .unwrap_or_else(|| m.unpadded_page_size().unwrap_or(usize::MAX)),
+            KvCacheSpec::HiSparseHot(h) => h.page_size,
+            KvCacheSpec::HiSparseResident(r) => r.page_size,
             KvCacheSpec::UniformType(u) => {
                 u.kv_cache_specs.specs().map(|s| s.page_size_bytes()).sum()
             }

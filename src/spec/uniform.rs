@@ -70,7 +70,8 @@ impl UniformTypeSpecs {
 /// `UniformTypeKVCacheSpecs.is_uniform_type`): one block size, one DCP sharding, and
 /// one type family: all full attention (MLA and sink included), all sliding window with
 /// one window, all chunked local with one chunk size, all Mamba with the same page size
-/// and extra block counts, or all cross attention. An empty list is not uniform.
+/// and extra block counts, all cross attention, or all of one HiSparse class. An empty
+/// list is not uniform.
 pub fn is_uniform_type<'a>(specs: impl IntoIterator<Item = &'a KvCacheSpec>) -> bool {
     let specs: Vec<&KvCacheSpec> = specs.into_iter().collect();
     let Some(first) = specs.first() else {
@@ -99,6 +100,10 @@ pub fn is_uniform_type<'a>(specs: impl IntoIterator<Item = &'a KvCacheSpec>) -> 
                     && s.page_size_bytes() == first.page_size_bytes())
         }),
         KvCacheSpec::CrossAttention(_) => same(&|s| matches!(s, KvCacheSpec::CrossAttention(_))),
+        KvCacheSpec::HiSparseHot(_) => same(&|s| matches!(s, KvCacheSpec::HiSparseHot(_))),
+        KvCacheSpec::HiSparseResident(_) => {
+            same(&|s| matches!(s, KvCacheSpec::HiSparseResident(_)))
+        }
         KvCacheSpec::UniformType(_) => false,
     }
 }

@@ -69,6 +69,13 @@ SPECS: dict[str, tuple[Callable[..., kb.KVCacheSpec], tuple[str, ...]]] = {
     ),
 }
 
+#: vLLM 0.33's spec classes that 0.32 lacks, converted like `SPECS`; the drift guard
+#: checks their fields where the installed vLLM has the class.
+SPECS_033: dict[str, tuple[Callable[..., kb.KVCacheSpec], tuple[str, ...]]] = {
+    "HiSparseHotSpec": (kb.HiSparseHotSpec, ("block_size", "page_size", "blocks_per_request")),
+    "HiSparseResidentSpec": (kb.HiSparseResidentSpec, ("block_size", "page_size")),
+}
+
 #: The fields kvblocks reads of vLLM's other `kv_cache_interface` classes (here and in
 #: `_manager.py`), checked by the drift guard like `SPECS`.
 CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
@@ -82,10 +89,10 @@ CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
     ),
 }
 
-#: Fields read where present only (a vLLM without them has nothing to refuse), so the
-#: drift guard does not require them: `is_draft` and `non_causal` of a spec,
-#: `host_resident` of a group.
-OPTIONAL_FIELDS = ("is_draft", "non_causal", "host_resident")
+#: Fields read where present only (a vLLM without them has nothing to refuse or
+#: convert), so the drift guard does not require them: `is_draft` and `non_causal` of a
+#: spec, `host_resident` and `role` of a group, `hisparse_host_num_blocks` of a config.
+OPTIONAL_FIELDS = ("is_draft", "non_causal", "host_resident", "role", "hisparse_host_num_blocks")
 
 
 def _value(name: str, value: Any) -> Any:
@@ -115,33 +122,37 @@ def convert_spec(spec: Any) -> kb.KVCacheSpec:
             block_size=spec.block_size,
             kv_cache_specs={k: convert_spec(v) for k, v in spec.kv_cache_specs.items()},
         )
-    if name not in SPECS:
+    converters = {**SPECS, **SPECS_033}
+    if name not in converters:
         raise UnsupportedConfigError(
             f"kvblocks has no manager for vLLM's {name}; supported: "
-            + ", ".join([*SPECS, "UniformTypeKVCacheSpecs"])
+            + ", ".join([*converters, "UniformTypeKVCacheSpecs"])
         )
     if getattr(spec, "is_draft", False):
         raise UnsupportedConfigError(f"draft-model KV cache groups ({name}, is_draft=True)")
     if getattr(spec, "non_causal", False):
         raise UnsupportedConfigError(f"non-causal attention ({name}, non_causal=True)")
-    make, fields = SPECS[name]
+    make, fields = converters[name]
     return make(**{f: _value(f, getattr(spec, f)) for f in fields})
 
 
 def convert_config(config: Any) -> kb.KVCacheConfig:
-    """kvblocks' `KVCacheConfig` for vLLM's (its groups, specs and block count)."""
-    groups = []
-    for g in config.kv_cache_groups:
-        if getattr(g, "host_resident", False):
-            raise UnsupportedConfigError("host-resident KV cache groups")
-        groups.append(
-            kb.KVCacheGroupSpec(
-                list(g.layer_names), convert_spec(g.kv_cache_spec), g.is_eagle_group
-            )
+    """kvblocks' `KVCacheConfig` for vLLM's (its groups, specs and block counts)."""
+    groups = [
+        kb.KVCacheGroupSpec(
+            list(g.layer_names),
+            convert_spec(g.kv_cache_spec),
+            g.is_eagle_group,
+            host_resident=getattr(g, "host_resident", False),
+            # vLLM 0.33's `KVCacheGroupRole` is a `str` enum: its value is the role's name.
+            role=getattr(getattr(g, "role", None), "value", "default"),
         )
+        for g in config.kv_cache_groups
+    ]
     return kb.KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=groups,
         prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        hisparse_host_num_blocks=getattr(config, "hisparse_host_num_blocks", None),
     )

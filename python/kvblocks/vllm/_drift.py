@@ -202,14 +202,18 @@ def _sample_request(cls: type) -> Any:
 
 def _config_classes() -> Iterator[str]:
     """The fields `_config.py` reads of vLLM's spec and config classes."""
-    from kvblocks.vllm._config import CONFIG_FIELDS, SPECS
+    from kvblocks.vllm._config import CONFIG_FIELDS, SPECS, SPECS_033
 
     interface = importlib.import_module("vllm.v1.kv_cache_interface")
-    declared = {**{name: fields for name, (_, fields) in SPECS.items()}, **CONFIG_FIELDS}
+    declared = {
+        **{name: fields for name, (_, fields) in (SPECS | SPECS_033).items()},
+        **CONFIG_FIELDS,
+    }
     for name, fields in declared.items():
         cls = getattr(interface, name, None)
         if cls is None:
-            yield f"vllm.v1.kv_cache_interface has no {name} (kvblocks converts it)"
+            if name not in SPECS_033:
+                yield f"vllm.v1.kv_cache_interface has no {name} (kvblocks converts it)"
             continue
         for field in fields:
             if not _has_field(cls, field):
