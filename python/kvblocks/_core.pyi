@@ -29,6 +29,8 @@ __all__ = [
     "DoubleFreeError",
     "EventSink",
     "FullAttentionSpec",
+    "HiSparseHotSpec",
+    "HiSparseResidentSpec",
     "IntOverflowError",
     "InvalidArgumentError",
     "InvalidSpecError",
