@@ -28,6 +28,69 @@ pub struct KvCacheGroupSpec {
     pub kv_cache_spec: KvCacheSpec,
     /// Whether the group holds EAGLE draft layers (takes the last-block drop on hits).
     pub is_eagle_group: bool,
+    /// Whether the group's blocks live in the host pool (`hisparse_host_num_blocks`)
+    /// rather than the device pool (vLLM 0.33's `host_resident`).
+    pub host_resident: bool,
+    /// The group's role (vLLM 0.33's `KVCacheGroupRole`).
+    pub role: GroupRole,
+}
+
+impl KvCacheGroupSpec {
+    /// A device group with the default role.
+    pub fn new(layer_names: Vec<String>, kv_cache_spec: KvCacheSpec, is_eagle_group: bool) -> Self {
+        KvCacheGroupSpec {
+            layer_names,
+            kv_cache_spec,
+            is_eagle_group,
+            host_resident: false,
+            role: GroupRole::Default,
+        }
+    }
+}
+
+/// What a group is for beyond its spec (vLLM 0.33's `KVCacheGroupRole`): HiSparse's
+/// source group (the host-resident KV its resident and hot groups are copies of) and its
+/// indexer group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum GroupRole {
+    /// `"default"`.
+    #[default]
+    Default,
+    /// `"hisparse_source"`.
+    HisparseSource,
+    /// `"hisparse_indexer"`.
+    HisparseIndexer,
+}
+
+impl GroupRole {
+    /// Every role, in vLLM's order.
+    pub const ALL: [GroupRole; 3] = [
+        GroupRole::Default,
+        GroupRole::HisparseSource,
+        GroupRole::HisparseIndexer,
+    ];
+
+    /// vLLM's value of the role.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupRole::Default => "default",
+            GroupRole::HisparseSource => "hisparse_source",
+            GroupRole::HisparseIndexer => "hisparse_indexer",
+        }
+    }
+
+    /// The role named `value` (vLLM's `KVCacheGroupRole(value)`).
+    pub fn parse(value: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == value)
+            .ok_or_else(|| {
+                KvError::InvalidSpec(format!(
+                    "unknown KV cache group role {value:?}; expected one of {:?}",
+                    Self::ALL.map(GroupRole::as_str)
+                ))
+            })
+    }
 }
 
 /// The KV cache configuration of a model (vLLM's `KVCacheConfig`).
@@ -41,6 +104,9 @@ pub struct KvCacheConfig {
     pub kv_cache_groups: Vec<KvCacheGroupSpec>,
     /// Retention policy of sliding-window prefix-cache checkpoints (`None` = dense).
     pub prefix_cache_retention_interval: Option<u32>,
+    /// Blocks of the HiSparse host pool that host-resident groups draw from (vLLM
+    /// 0.33's `hisparse_host_num_blocks`; `None` without HiSparse).
+    pub hisparse_host_num_blocks: Option<usize>,
 }
 
 /// The engine settings that decide a config's block sizes (vLLM reads them from its
@@ -110,7 +176,16 @@ impl KvCacheConfig {
             kv_cache_tensors,
             kv_cache_groups,
             prefix_cache_retention_interval,
+            hisparse_host_num_blocks: None,
         })
+    }
+
+    /// The config with a HiSparse host pool of `num_blocks` blocks.
+    pub fn with_hisparse_host_num_blocks(self, num_blocks: Option<usize>) -> Self {
+        KvCacheConfig {
+            hisparse_host_num_blocks: num_blocks,
+            ..self
+        }
     }
 }
 
@@ -197,13 +272,13 @@ mod tests {
 
     fn group(names: &[&str]) -> KvCacheGroupSpec {
         let attn = AttentionParams::new(16, 8, 128, Dtype::Float16);
-        KvCacheGroupSpec {
-            layer_names: names.iter().map(|s| s.to_string()).collect(),
-            kv_cache_spec: KvCacheSpec::from(FullAttentionSpec::new(attn))
+        KvCacheGroupSpec::new(
+            names.iter().map(|s| s.to_string()).collect(),
+            KvCacheSpec::from(FullAttentionSpec::new(attn))
                 .build()
                 .unwrap(),
-            is_eagle_group: false,
-        }
+            false,
+        )
     }
 
     fn tensor(names: &[&str]) -> KvCacheTensor {
@@ -227,6 +302,18 @@ mod tests {
     }
 
     #[test]
+    fn group_roles_round_trip() {
+        for role in GroupRole::ALL {
+            assert_eq!(GroupRole::parse(role.as_str()).unwrap(), role);
+        }
+        assert!(matches!(
+            GroupRole::parse("hisparse"),
+            Err(KvError::InvalidSpec(_))
+        ));
+        assert_eq!(group(&["a"]).role, GroupRole::Default);
+    }
+
+    #[test]
     fn rejects_bad_configs() {
         assert!(KvCacheConfig::new(0, vec![], vec![group(&["a"])], None).is_err());
         assert!(KvCacheConfig::new(4, vec![], vec![group(&[])], None).is_err());
@@ -234,11 +321,7 @@ mod tests {
     }
 
     fn spec_group(names: &[&str], spec: KvCacheSpec) -> KvCacheGroupSpec {
-        KvCacheGroupSpec {
-            layer_names: names.iter().map(|s| s.to_string()).collect(),
-            kv_cache_spec: spec,
-            is_eagle_group: false,
-        }
+        KvCacheGroupSpec::new(names.iter().map(|s| s.to_string()).collect(), spec, false)
     }
 
     fn attn(bs: usize, dtype: Dtype) -> AttentionParams {

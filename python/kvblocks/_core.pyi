@@ -30,6 +30,8 @@ __all__ = [
     "DoubleFreeError",
     "EventSink",
     "FullAttentionSpec",
+    "HiSparseHotSpec",
+    "HiSparseResidentSpec",
     "IntOverflowError",
     "InvalidArgumentError",
     "InvalidSpecError",
@@ -452,6 +454,26 @@ class MambaSpec(KVCacheSpec):
     def prefill_checkpoint_alignment(self) -> int | None: ...
 
 @final
+class HiSparseHotSpec(KVCacheSpec):
+    def __new__(
+        cls, *, block_size: int, page_size: int, blocks_per_request: int
+    ) -> HiSparseHotSpec: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def blocks_per_request(self) -> int: ...
+
+@final
+class HiSparseResidentSpec(KVCacheSpec):
+    def __new__(cls, *, block_size: int, page_size: int) -> HiSparseResidentSpec: ...
+    @property
+    def page_size(self) -> int: ...
+    def max_admission_blocks_per_request(
+        self, max_in_flight_tokens: int, max_model_len: int
+    ) -> int | None:
+        """`cdiv(min(T, max_model_len), block_size)`: the pages of the tokens in flight."""
+
+@final
 class UniformTypeKVCacheSpecs(KVCacheSpec):
     def __new__(
         cls, *, block_size: int, kv_cache_specs: Mapping[str, KVCacheSpec]
@@ -486,7 +508,13 @@ class KVCacheTensor:
 @final
 class KVCacheGroupSpec:
     def __new__(
-        cls, layer_names: Sequence[str], kv_cache_spec: KVCacheSpec, is_eagle_group: bool = False
+        cls,
+        layer_names: Sequence[str],
+        kv_cache_spec: KVCacheSpec,
+        is_eagle_group: bool = False,
+        *,
+        host_resident: bool = False,
+        role: str = "default",
     ) -> KVCacheGroupSpec: ...
     @property
     def layer_names(self) -> list[str]: ...
@@ -494,6 +522,10 @@ class KVCacheGroupSpec:
     def kv_cache_spec(self) -> KVCacheSpec: ...
     @property
     def is_eagle_group(self) -> bool: ...
+    @property
+    def host_resident(self) -> bool: ...
+    @property
+    def role(self) -> str: ...
     def __eq__(self, other: object, /) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
@@ -505,6 +537,8 @@ class KVCacheConfig:
         kv_cache_tensors: Sequence[KVCacheTensor],
         kv_cache_groups: Sequence[KVCacheGroupSpec],
         prefix_cache_retention_interval: int | None = None,
+        *,
+        hisparse_host_num_blocks: int | None = None,
     ) -> KVCacheConfig: ...
     @property
     def num_blocks(self) -> int: ...
@@ -514,6 +548,8 @@ class KVCacheConfig:
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]: ...
     @property
     def prefix_cache_retention_interval(self) -> int | None: ...
+    @property
+    def hisparse_host_num_blocks(self) -> int | None: ...
     def resolve_block_sizes(
         self,
         *,

@@ -6,7 +6,9 @@
 
 use std::ops::Range;
 
-use super::{chunked_local, circular_buffer, cross_attention, full, mamba, rswa, sliding_window};
+use super::{
+    chunked_local, circular_buffer, cross_attention, full, hisparse, mamba, rswa, sliding_window,
+};
 use super::{HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching};
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
@@ -100,6 +102,10 @@ impl AttentionKind {
             KvCacheSpec::Mamba(m) => mamba::kind(m)?,
             KvCacheSpec::CrossAttention(_) => Self::CrossAttention,
             KvCacheSpec::CircularBuffer(_) => Self::CircularBuffer,
+            KvCacheSpec::HiSparseHot(_) => return Err(hisparse::unsupported("hot groups")),
+            KvCacheSpec::HiSparseResident(_) => {
+                return Err(hisparse::unsupported("resident groups"))
+            }
             KvCacheSpec::UniformType(u) => {
                 let layer =
                     u.kv_cache_specs.specs().next().ok_or_else(|| {

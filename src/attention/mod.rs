@@ -19,6 +19,7 @@ pub mod circular_buffer;
 pub mod context_parallel;
 pub mod cross_attention;
 pub mod full;
+pub mod hisparse;
 pub mod mamba;
 pub mod rswa;
 pub mod sliding_window;

@@ -1,8 +1,8 @@
 //! [`ManagerParams`]: what a group's manager needs to know about its group, and the
 //! mapping from a config's groups to it.
 
-use super::{AttentionKind, ContextParallel};
-use crate::config::KvCacheConfig;
+use super::{hisparse, AttentionKind, ContextParallel};
+use crate::config::{GroupRole, KvCacheConfig};
 use crate::error::Result;
 
 /// What a manager needs to know about its group, independent of how specs are modelled.
@@ -61,13 +61,20 @@ impl ManagerParams {
 impl ManagerParams {
     /// One parameter set per group of `config`, in group order: vLLM's spec-to-manager
     /// mapping (MLA is full attention; a uniform group uses its first layer's spec).
-    /// Groups with equal specs share a `spec_class`. Mamba "align" is not supported.
+    /// Groups with equal specs share a `spec_class`. HiSparse's host-resident and source
+    /// groups are refused (`hisparse.rs`).
     pub fn from_config(config: &KvCacheConfig) -> Result<Vec<Self>> {
         let groups = &config.kv_cache_groups;
         groups
             .iter()
             .enumerate()
             .map(|(i, g)| {
+                if g.host_resident {
+                    return Err(hisparse::unsupported("host-resident groups"));
+                }
+                if g.role == GroupRole::HisparseSource {
+                    return Err(hisparse::unsupported("source groups"));
+                }
                 let spec = &g.kv_cache_spec;
                 let class = groups
                     .iter()

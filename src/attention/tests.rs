@@ -211,11 +211,8 @@ fn params_from_config() {
         .build()
         .unwrap()
     };
-    let group = |name: &str, spec: KvCacheSpec| KvCacheGroupSpec {
-        layer_names: vec![name.into()],
-        kv_cache_spec: spec,
-        is_eagle_group: false,
-    };
+    let group =
+        |name: &str, spec: KvCacheSpec| KvCacheGroupSpec::new(vec![name.into()], spec, false);
     let cfg = KvCacheConfig::new(
         10,
         vec![],

@@ -9,7 +9,7 @@ use pyo3::IntoPyObjectExt;
 
 use super::non_negative::NonNegativeInt;
 use super::spec::{spec_to_py, PyKVCacheSpec};
-use crate::config::{BlockSizeParams, KvCacheConfig, KvCacheGroupSpec, KvCacheTensor};
+use crate::config::{BlockSizeParams, GroupRole, KvCacheConfig, KvCacheGroupSpec, KvCacheTensor};
 use crate::python::errors::{int_overflow, invalid_type};
 
 /// `==`/`!=` by value; other comparisons are not supported.
@@ -102,18 +102,29 @@ pub(crate) struct PyKVCacheGroupSpec {
 
 #[pymethods]
 impl PyKVCacheGroupSpec {
+    /// `role` is a `KVCacheGroupRole` value (`"default"`, `"hisparse_source"`,
+    /// `"hisparse_indexer"`); vLLM's enum members are strings too.
     #[new]
-    #[pyo3(signature = (layer_names, kv_cache_spec, is_eagle_group = false))]
+    #[pyo3(signature = (
+        layer_names, kv_cache_spec, is_eagle_group = false, *, host_resident = false,
+        role = "default",
+    ))]
     fn new(
         layer_names: &Bound<'_, PyAny>,
         kv_cache_spec: PyRef<'_, PyKVCacheSpec>,
         is_eagle_group: bool,
+        host_resident: bool,
+        role: &str,
     ) -> PyResult<Self> {
         Ok(PyKVCacheGroupSpec {
             inner: KvCacheGroupSpec {
-                layer_names: names(layer_names, "layer_names")?,
-                kv_cache_spec: kv_cache_spec.inner.clone(),
-                is_eagle_group,
+                host_resident,
+                role: GroupRole::parse(role)?,
+                ..KvCacheGroupSpec::new(
+                    names(layer_names, "layer_names")?,
+                    kv_cache_spec.inner.clone(),
+                    is_eagle_group,
+                )
             },
         })
     }
@@ -133,20 +144,30 @@ impl PyKVCacheGroupSpec {
         self.inner.is_eagle_group
     }
 
+    #[getter]
+    fn host_resident(&self) -> bool {
+        self.inner.host_resident
+    }
+
+    #[getter]
+    fn role(&self) -> &'static str {
+        self.inner.role.as_str()
+    }
+
     fn __richcmp__(&self, other: PyRef<'_, Self>, op: CompareOp) -> PyResult<PyObject> {
         compare(&self.inner, &other.inner, op, other.py())
     }
 
     fn __repr__(&self) -> String {
+        let py_bool = |b: bool| if b { "True" } else { "False" };
         format!(
-            "KVCacheGroupSpec(layer_names={}, kv_cache_spec={}, is_eagle_group={})",
+            "KVCacheGroupSpec(layer_names={}, kv_cache_spec={}, is_eagle_group={}, \
+             host_resident={}, role='{}')",
             py_names(&self.inner.layer_names),
             self.inner.kv_cache_spec,
-            if self.inner.is_eagle_group {
-                "True"
-            } else {
-                "False"
-            }
+            py_bool(self.inner.is_eagle_group),
+            py_bool(self.inner.host_resident),
+            self.inner.role.as_str()
         )
     }
 }
@@ -162,12 +183,14 @@ impl PyKVCacheConfig {
     #[new]
     #[pyo3(signature = (
         num_blocks, kv_cache_tensors, kv_cache_groups, prefix_cache_retention_interval = None,
+        *, hisparse_host_num_blocks = None,
     ))]
     fn new(
         num_blocks: NonNegativeInt,
         kv_cache_tensors: Vec<PyRef<'_, PyKVCacheTensor>>,
         kv_cache_groups: Vec<PyRef<'_, PyKVCacheGroupSpec>>,
         prefix_cache_retention_interval: Option<NonNegativeInt>,
+        hisparse_host_num_blocks: Option<NonNegativeInt>,
     ) -> PyResult<Self> {
         let interval = prefix_cache_retention_interval
             .map(|c| u32::try_from(c.0))
@@ -178,7 +201,8 @@ impl PyKVCacheConfig {
             kv_cache_tensors.iter().map(|t| t.inner.clone()).collect(),
             kv_cache_groups.iter().map(|g| g.inner.clone()).collect(),
             interval,
-        )?;
+        )?
+        .with_hisparse_host_num_blocks(hisparse_host_num_blocks.map(|n| n.0));
         Ok(PyKVCacheConfig { inner })
     }
 
@@ -212,6 +236,11 @@ impl PyKVCacheConfig {
     #[getter]
     fn prefix_cache_retention_interval(&self) -> Option<u32> {
         self.inner.prefix_cache_retention_interval
+    }
+
+    #[getter]
+    fn hisparse_host_num_blocks(&self) -> Option<usize> {
+        self.inner.hisparse_host_num_blocks
     }
 
     /// `(scheduler_block_size, hash_block_size)` as vLLM's `resolve_kv_cache_block_sizes`.

@@ -12,9 +12,9 @@ use super::non_negative::NonNegativeInt;
 
 use crate::spec::{
     is_uniform_type, AttentionParams, ChunkedLocalAttentionSpec, CircularBufferSpec,
-    CrossAttentionSpec, Dtype, FullAttentionSpec, KvCacheSpec, LayerSpecs, MambaCacheMode,
-    MambaSpec, MemoryParams, MlaAttentionSpec, RswaSpec, SinkFullAttentionSpec,
-    SlidingWindowMlaSpec, SlidingWindowSpec, SpecClass, UniformTypeSpecs,
+    CrossAttentionSpec, Dtype, FullAttentionSpec, HiSparseHotSpec, HiSparseResidentSpec,
+    KvCacheSpec, LayerSpecs, MambaCacheMode, MambaSpec, MemoryParams, MlaAttentionSpec, RswaSpec,
+    SinkFullAttentionSpec, SlidingWindowMlaSpec, SlidingWindowSpec, SpecClass, UniformTypeSpecs,
 };
 
 fn opt(v: Option<NonNegativeInt>) -> Option<usize> {
@@ -116,6 +116,12 @@ pub(crate) fn spec_to_py(py: Python<'_>, inner: KvCacheSpec) -> PyResult<Bound<'
             Bound::new(py, attention_init(inner).add_subclass(PyCircularBufferSpec))?.into_any()
         }
         SpecClass::Mamba => Bound::new(py, base_init(inner).add_subclass(PyMambaSpec))?.into_any(),
+        SpecClass::HiSparseHot => {
+            Bound::new(py, base_init(inner).add_subclass(PyHiSparseHotSpec))?.into_any()
+        }
+        SpecClass::HiSparseResident => {
+            Bound::new(py, base_init(inner).add_subclass(PyHiSparseResidentSpec))?.into_any()
+        }
         SpecClass::UniformType => {
             Bound::new(py, base_init(inner).add_subclass(PyUniformTypeKVCacheSpecs))?.into_any()
         }
@@ -144,6 +150,10 @@ fn class_of(cls: &Bound<'_, PyType>) -> PyResult<SpecClass> {
         SpecClass::CircularBuffer
     } else if cls.is_subclass_of::<PyMambaSpec>()? {
         SpecClass::Mamba
+    } else if cls.is_subclass_of::<PyHiSparseHotSpec>()? {
+        SpecClass::HiSparseHot
+    } else if cls.is_subclass_of::<PyHiSparseResidentSpec>()? {
+        SpecClass::HiSparseResident
     } else if cls.is_subclass_of::<PyUniformTypeKVCacheSpecs>()? {
         SpecClass::UniformType
     } else {
@@ -971,6 +981,78 @@ impl PyMambaSpec {
     }
 }
 
+/// A request's HiSparse hot-cache region (vLLM's `HiSparseHotSpec`).
+#[pyclass(name = "HiSparseHotSpec", module = "kvblocks._core", extends = PyKVCacheSpec)]
+pub(crate) struct PyHiSparseHotSpec;
+
+#[pymethods]
+impl PyHiSparseHotSpec {
+    #[new]
+    #[pyo3(signature = (*, block_size, page_size, blocks_per_request))]
+    fn new(
+        block_size: NonNegativeInt,
+        page_size: NonNegativeInt,
+        blocks_per_request: NonNegativeInt,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let spec = KvCacheSpec::from(HiSparseHotSpec {
+            block_size: block_size.0,
+            page_size: page_size.0,
+            blocks_per_request: blocks_per_request.0,
+        })
+        .build()?;
+        Ok(base_init(spec).add_subclass(PyHiSparseHotSpec))
+    }
+
+    #[getter]
+    fn page_size(slf: PyRef<'_, Self>) -> usize {
+        slf.as_super().inner.page_size_bytes()
+    }
+
+    #[getter]
+    fn blocks_per_request(slf: PyRef<'_, Self>) -> PyResult<usize> {
+        match &slf.as_super().inner {
+            KvCacheSpec::HiSparseHot(h) => Ok(h.blocks_per_request),
+            _ => Err(invalid_type("not a HiSparseHotSpec")),
+        }
+    }
+}
+
+/// GPU-resident pages of host-backed HiSparse KV (vLLM's `HiSparseResidentSpec`).
+#[pyclass(name = "HiSparseResidentSpec", module = "kvblocks._core", extends = PyKVCacheSpec)]
+pub(crate) struct PyHiSparseResidentSpec;
+
+#[pymethods]
+impl PyHiSparseResidentSpec {
+    #[new]
+    #[pyo3(signature = (*, block_size, page_size))]
+    fn new(
+        block_size: NonNegativeInt,
+        page_size: NonNegativeInt,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let spec = KvCacheSpec::from(HiSparseResidentSpec {
+            block_size: block_size.0,
+            page_size: page_size.0,
+        })
+        .build()?;
+        Ok(base_init(spec).add_subclass(PyHiSparseResidentSpec))
+    }
+
+    #[getter]
+    fn page_size(slf: PyRef<'_, Self>) -> usize {
+        slf.as_super().inner.page_size_bytes()
+    }
+
+    fn max_admission_blocks_per_request(
+        slf: PyRef<'_, Self>,
+        max_in_flight_tokens: NonNegativeInt,
+        max_model_len: NonNegativeInt,
+    ) -> Option<usize> {
+        slf.as_super()
+            .inner
+            .max_admission_blocks_per_request(max_in_flight_tokens.0, max_model_len.0)
+    }
+}
+
 /// Same-type layers sharing one block table (vLLM's `UniformTypeKVCacheSpecs`).
 #[pyclass(name = "UniformTypeKVCacheSpecs", module = "kvblocks._core", extends = PyKVCacheSpec)]
 pub(crate) struct PyUniformTypeKVCacheSpecs;
@@ -1036,6 +1118,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCrossAttentionSpec>()?;
     m.add_class::<PyCircularBufferSpec>()?;
     m.add_class::<PyMambaSpec>()?;
+    m.add_class::<PyHiSparseHotSpec>()?;
+    m.add_class::<PyHiSparseResidentSpec>()?;
     m.add_class::<PyUniformTypeKVCacheSpecs>()?;
     Ok(())
 }

@@ -109,6 +109,16 @@ impl fmt::Display for KvCacheSpec {
             ),
             KvCacheSpec::CrossAttention(c) => write!(f, "CrossAttentionSpec({})", c.attn),
             KvCacheSpec::CircularBuffer(c) => write!(f, "CircularBufferSpec({})", c.attn),
+            KvCacheSpec::HiSparseHot(h) => write!(
+                f,
+                "HiSparseHotSpec(block_size={}, page_size={}, blocks_per_request={})",
+                h.block_size, h.page_size, h.blocks_per_request
+            ),
+            KvCacheSpec::HiSparseResident(r) => write!(
+                f,
+                "HiSparseResidentSpec(block_size={}, page_size={})",
+                r.block_size, r.page_size
+            ),
             KvCacheSpec::Mamba(m) => {
                 let shapes: Vec<String> = m
                     .shapes

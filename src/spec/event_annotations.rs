@@ -23,6 +23,10 @@ impl KvCacheSpec {
             // vLLM's `get_kv_cache_spec_kind` has no kind for a circular buffer (never
             // cached, so it never reaches an event).
             KvCacheSpec::CircularBuffer(_) => attention::UNKNOWN_SPEC_KIND,
+            // vLLM's `get_kv_cache_spec_kind` has no kind for HiSparse's pages.
+            KvCacheSpec::HiSparseHot(_) | KvCacheSpec::HiSparseResident(_) => {
+                attention::UNKNOWN_SPEC_KIND
+            }
             KvCacheSpec::UniformType(u) => {
                 let mut kinds = u.kv_cache_specs.specs().map(KvCacheSpec::kind);
                 let first = kinds.next().unwrap_or(attention::UNKNOWN_SPEC_KIND);

@@ -4,8 +4,9 @@
 
 use super::{
     invalid, is_uniform_type, overflow, AttentionParams, ChunkedLocalAttentionSpec,
-    CircularBufferSpec, CrossAttentionSpec, FullAttentionSpec, MambaSpec, MlaAttentionSpec,
-    RswaSpec, SinkFullAttentionSpec, SlidingWindowMlaSpec, SlidingWindowSpec, UniformTypeSpecs,
+    CircularBufferSpec, CrossAttentionSpec, FullAttentionSpec, HiSparseHotSpec,
+    HiSparseResidentSpec, MambaSpec, MlaAttentionSpec, RswaSpec, SinkFullAttentionSpec,
+    SlidingWindowMlaSpec, SlidingWindowSpec, UniformTypeSpecs,
 };
 use crate::attention::full;
 use crate::error::Result;
@@ -36,6 +37,10 @@ pub enum SpecClass {
     CrossAttention,
     /// `CircularBufferSpec`.
     CircularBuffer,
+    /// `HiSparseHotSpec`.
+    HiSparseHot,
+    /// `HiSparseResidentSpec`.
+    HiSparseResident,
     /// `UniformTypeKVCacheSpecs`.
     UniformType,
 }
@@ -63,6 +68,10 @@ pub enum KvCacheSpec {
     CrossAttention(CrossAttentionSpec),
     /// One ring block per request, never cached.
     CircularBuffer(CircularBufferSpec),
+    /// HiSparse's per-request hot region.
+    HiSparseHot(HiSparseHotSpec),
+    /// HiSparse's GPU-resident pages of host-backed KV.
+    HiSparseResident(HiSparseResidentSpec),
     /// Same-type layers sharing one block table.
     UniformType(UniformTypeSpecs),
 }
@@ -88,6 +97,8 @@ impl_from!(
     MambaSpec => Mamba,
     CrossAttentionSpec => CrossAttention,
     CircularBufferSpec => CircularBuffer,
+    HiSparseHotSpec => HiSparseHot,
+    HiSparseResidentSpec => HiSparseResident,
     UniformTypeSpecs => UniformType,
 );
 
@@ -159,6 +170,8 @@ impl KvCacheSpec {
             }
             KvCacheSpec::CrossAttention(c) => c.attn.check()?,
             KvCacheSpec::CircularBuffer(c) => c.attn.check()?,
+            KvCacheSpec::HiSparseHot(h) => check_positive("block_size", h.block_size)?,
+            KvCacheSpec::HiSparseResident(r) => check_positive("block_size", r.block_size)?,
             KvCacheSpec::Mamba(m) => {
                 check_positive("block_size", m.block_size)?;
                 if m.shapes.len() != m.dtypes.len() {
@@ -220,6 +233,8 @@ impl KvCacheSpec {
             KvCacheSpec::Mamba(_) => SpecClass::Mamba,
             KvCacheSpec::CrossAttention(_) => SpecClass::CrossAttention,
             KvCacheSpec::CircularBuffer(_) => SpecClass::CircularBuffer,
+            KvCacheSpec::HiSparseHot(_) => SpecClass::HiSparseHot,
+            KvCacheSpec::HiSparseResident(_) => SpecClass::HiSparseResident,
             KvCacheSpec::UniformType(_) => SpecClass::UniformType,
         }
     }
@@ -262,13 +277,15 @@ impl KvCacheSpec {
     pub fn block_size(&self) -> usize {
         match self {
             KvCacheSpec::Mamba(m) => m.block_size,
+            KvCacheSpec::HiSparseHot(h) => h.block_size,
+            KvCacheSpec::HiSparseResident(r) => r.block_size,
             KvCacheSpec::UniformType(u) => u.block_size,
             _ => self.attention().map_or(0, |a| a.block_size),
         }
     }
 
-    /// Whether DCP shards this cache's tokens (attention default true; Mamba false;
-    /// a uniform group takes its first member's).
+    /// Whether DCP shards this cache's tokens (attention default true; Mamba and
+    /// HiSparse false; a uniform group takes its first member's).
     pub fn dcp_sharded(&self) -> bool {
         match self {
             KvCacheSpec::Mamba(_) => false,
@@ -287,6 +304,8 @@ impl KvCacheSpec {
             KvCacheSpec::Mamba(m) => m
                 .page_size_padded
                 .unwrap_or_else(|| m.unpadded_page_size().unwrap_or(usize::MAX)),
+            KvCacheSpec::HiSparseHot(h) => h.page_size,
+            KvCacheSpec::HiSparseResident(r) => r.page_size,
             KvCacheSpec::UniformType(u) => {
                 u.kv_cache_specs.specs().map(|s| s.page_size_bytes()).sum()
             }

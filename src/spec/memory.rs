@@ -5,7 +5,7 @@
 
 use super::{overflow, KvCacheSpec};
 use crate::arith::cdiv;
-use crate::attention::{circular_buffer, cross_attention, full, mamba, AttentionKind};
+use crate::attention::{circular_buffer, cross_attention, full, hisparse, mamba, AttentionKind};
 use crate::error::{KvError, Result};
 
 /// The explicit numbers vLLM's `max_memory_usage_bytes` reads from its `VllmConfig`.
@@ -47,8 +47,9 @@ impl MemoryParams {
 
 impl KvCacheSpec {
     /// The per-request admission cap in blocks for specs that recycle blocks
-    /// (sliding window, chunked local); `None` for the others. The rules are the
-    /// attention types' ([`attention::sliding_window`], [`attention::chunked_local`]).
+    /// (sliding window, chunked local) and for HiSparse resident pages; `None` for the
+    /// others. The rules are the attention types' ([`attention::sliding_window`],
+    /// [`attention::chunked_local`], [`attention::hisparse`]).
     pub fn max_admission_blocks_per_request(
         &self,
         max_in_flight_tokens: usize,
@@ -60,6 +61,11 @@ impl KvCacheSpec {
             | KvCacheSpec::ChunkedLocalAttention(_) => AttentionKind::from_spec(self)
                 .ok()?
                 .max_admission_blocks(self.block_size(), max_in_flight_tokens, max_model_len),
+            KvCacheSpec::HiSparseResident(r) => Some(hisparse::resident_max_admission_blocks(
+                r.block_size,
+                max_in_flight_tokens,
+                max_model_len,
+            )),
             _ => None,
         }
     }
@@ -87,9 +93,12 @@ impl KvCacheSpec {
                 self.max_admission_blocks_per_request(p.max_in_flight_tokens()?, p.max_model_len)
                     .unwrap_or(0)
             }
-            KvCacheSpec::ChunkedLocalAttention(_) => self
+            KvCacheSpec::ChunkedLocalAttention(_) | KvCacheSpec::HiSparseResident(_) => self
                 .max_admission_blocks_per_request(p.max_in_flight_tokens()?, p.max_model_len)
                 .unwrap_or(0),
+            KvCacheSpec::HiSparseHot(h) => {
+                hisparse::hot_max_blocks_per_request(h.blocks_per_request)
+            }
             KvCacheSpec::Mamba(m) => mamba::max_blocks_per_request(m).ok_or_else(overflow)?,
             KvCacheSpec::CrossAttention(_) => cross_attention::max_blocks_per_request(
                 p.max_num_encoder_input_tokens,

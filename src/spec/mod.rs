@@ -14,7 +14,7 @@
 //! ```
 //!
 //! One file per job: [`AttentionParams`] and the attention specs (`attention_specs.rs`),
-//! Mamba (`mamba_spec.rs`), uniform groups (`uniform.rs`), the [`KvCacheSpec`] enum and
+//! Mamba (`mamba_spec.rs`), HiSparse's hot and resident pages (`hisparse_specs.rs`), uniform groups (`uniform.rs`), the [`KvCacheSpec`] enum and
 //! its validation (`kv_cache_spec.rs`), memory and admission (`memory.rs`), event
 //! annotations (`event_annotations.rs`), merge rules (`merge.rs`), vLLM-style `repr`s
 //! (`display.rs`) and dtypes (`dtype.rs`).
@@ -23,6 +23,7 @@ mod attention_specs;
 mod display;
 mod dtype;
 mod event_annotations;
+mod hisparse_specs;
 mod kv_cache_spec;
 mod mamba_spec;
 mod memory;
@@ -35,6 +36,7 @@ pub use attention_specs::{
     SlidingWindowSpec,
 };
 pub use dtype::Dtype;
+pub use hisparse_specs::{HiSparseHotSpec, HiSparseResidentSpec};
 pub use kv_cache_spec::{KvCacheSpec, SpecClass};
 pub use mamba_spec::{MambaCacheMode, MambaSpec};
 pub use memory::MemoryParams;

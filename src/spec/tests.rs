@@ -231,6 +231,51 @@ fn merge_sink_mla_and_base() {
 }
 
 #[test]
+fn hisparse_pages_memory_kind_and_refusal() {
+    let hot = KvCacheSpec::from(HiSparseHotSpec {
+        block_size: 16,
+        page_size: 64,
+        blocks_per_request: 2,
+    })
+    .build()
+    .unwrap();
+    let resident = KvCacheSpec::from(HiSparseResidentSpec {
+        block_size: 16,
+        page_size: 64,
+    })
+    .build()
+    .unwrap();
+    assert_eq!(
+        (hot.page_size_bytes(), resident.page_size_bytes()),
+        (64, 64)
+    );
+    assert!(!hot.dcp_sharded() && !resident.dcp_sharded());
+    // Two batches of 300 tokens in flight under a 4096-token model: cdiv(600, 16) pages.
+    let p = MemoryParams {
+        max_num_batched_tokens: 300,
+        max_concurrent_batches: 2,
+        ..MemoryParams::new(4096)
+    };
+    assert_eq!(hot.max_memory_usage_bytes(&p).unwrap(), 2 * 64);
+    assert_eq!(resident.max_memory_usage_bytes(&p).unwrap(), 38 * 64);
+    assert_eq!(resident.max_admission_blocks_per_request(600, 100), Some(7));
+    assert_eq!(hot.max_admission_blocks_per_request(600, 100), None);
+    assert_eq!((hot.kind(), resident.kind()), ("unknown", "unknown"));
+    for spec in [&hot, &resident] {
+        assert!(matches!(
+            AttentionKind::from_spec(spec),
+            Err(crate::error::KvError::Unsupported(_))
+        ));
+    }
+    assert!(KvCacheSpec::from(HiSparseResidentSpec {
+        block_size: 0,
+        page_size: 64
+    })
+    .build()
+    .is_err());
+}
+
+#[test]
 fn kinds_windows_and_managers() {
     assert_eq!(full(16).kind(), "full_attention");
     assert_eq!(mla(None).kind(), "mla_attention");

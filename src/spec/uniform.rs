@@ -70,9 +70,9 @@ impl UniformTypeSpecs {
 /// `UniformTypeKVCacheSpecs.is_uniform_type`): one block size, one DCP sharding, and
 /// one type family: all full attention (MLA and sink included), all sliding window with
 /// one window (a sliding-window MLA first: all sliding-window MLA with one window and
-/// one replay policy), all chunked local
-/// with one chunk size, all Mamba with the same page size and extra block counts, all
-/// cross attention, or all circular buffers. An empty list is not uniform.
+/// one replay policy), all chunked local with one chunk size, all Mamba with the same page
+/// size and extra block counts, all cross attention, all circular buffers, or all of one
+/// HiSparse class. An empty list is not uniform.
 pub fn is_uniform_type<'a>(specs: impl IntoIterator<Item = &'a KvCacheSpec>) -> bool {
     let specs: Vec<&KvCacheSpec> = specs.into_iter().collect();
     let Some(first) = specs.first() else {
@@ -109,6 +109,10 @@ pub fn is_uniform_type<'a>(specs: impl IntoIterator<Item = &'a KvCacheSpec>) -> 
         }),
         KvCacheSpec::CrossAttention(_) => same(&|s| matches!(s, KvCacheSpec::CrossAttention(_))),
         KvCacheSpec::CircularBuffer(_) => same(&|s| matches!(s, KvCacheSpec::CircularBuffer(_))),
+        KvCacheSpec::HiSparseHot(_) => same(&|s| matches!(s, KvCacheSpec::HiSparseHot(_))),
+        KvCacheSpec::HiSparseResident(_) => {
+            same(&|s| matches!(s, KvCacheSpec::HiSparseResident(_)))
+        }
         KvCacheSpec::UniformType(_) => false,
     }
 }

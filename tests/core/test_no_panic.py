@@ -247,12 +247,17 @@ def calls() -> list[Call]:
         ("BlockRemoved", None, kb.BlockRemoved, [[1], "GPU", 0]),
         ("AllBlocksCleared", None, kb.AllBlocksCleared, []),
         ("KVCacheTensor", None, kb.KVCacheTensor, [1024, ["a"]]),
-        ("KVCacheGroupSpec", None, kb.KVCacheGroupSpec, [["a"], spec(), False]),
+        (
+            "KVCacheGroupSpec",
+            None,
+            lambda *a: kb.KVCacheGroupSpec(a[0], a[1], a[2], host_resident=a[3], role=a[4]),
+            [["a"], spec(), False, True, "hisparse_source"],
+        ),
         (
             "KVCacheConfig",
             None,
-            kb.KVCacheConfig,
-            [8, [], [kb.KVCacheGroupSpec(["a"], spec())], None],
+            lambda *a: kb.KVCacheConfig(a[0], a[1], a[2], a[3], hisparse_host_num_blocks=a[4]),
+            [8, [], [kb.KVCacheGroupSpec(["a"], spec())], None, 4],
         ),
         (
             "KVCacheConfig.resolve_block_sizes",
@@ -391,6 +396,24 @@ def calls() -> list[Call]:
                 num_speculative_blocks=a[5],
             ),
             [BS, [[2, 3]], ["float16"], "mamba2", "none", 0],
+        ),
+        (
+            "HiSparseHotSpec",
+            None,
+            lambda *a: kb.HiSparseHotSpec(block_size=a[0], page_size=a[1], blocks_per_request=a[2]),
+            [BS, 64, 2],
+        ),
+        (
+            "HiSparseResidentSpec",
+            None,
+            lambda *a: kb.HiSparseResidentSpec(block_size=a[0], page_size=a[1]),
+            [BS, 64],
+        ),
+        (
+            "HiSparseResidentSpec.max_admission_blocks_per_request",
+            None,
+            kb.HiSparseResidentSpec(block_size=BS, page_size=64).max_admission_blocks_per_request,
+            [16, 64],
         ),
         (
             "UniformTypeKVCacheSpecs",

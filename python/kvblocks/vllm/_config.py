@@ -89,6 +89,8 @@ SPECS: dict[str, tuple[Callable[..., kb.KVCacheSpec], tuple[str, ...]]] = {
             "prefill_checkpoint_alignment",
         ),
     ),
+    "HiSparseHotSpec": (kb.HiSparseHotSpec, ("block_size", "page_size", "blocks_per_request")),
+    "HiSparseResidentSpec": (kb.HiSparseResidentSpec, ("block_size", "page_size")),
 }
 
 #: The fields kvblocks reads of vLLM's other `kv_cache_interface` classes (here and in
@@ -104,10 +106,11 @@ CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
     ),
 }
 
-#: Fields read where present only (a vLLM without them has nothing to refuse), so the
-#: drift guard does not require them: `host_resident` of a group. (A spec's `is_draft`
-#: and `non_causal` are not read: vLLM's manager never reads them either.)
-OPTIONAL_FIELDS = ("host_resident",)
+#: Fields read where present only (a vLLM without them has nothing to convert), so the
+#: drift guard does not require them: `host_resident` and `role` of a group,
+#: `hisparse_host_num_blocks` of a config. (A spec's `is_draft` and `non_causal` are not
+#: read: vLLM's manager never reads them either.)
+OPTIONAL_FIELDS = ("host_resident", "role", "hisparse_host_num_blocks")
 
 
 def _value(name: str, value: Any) -> Any:
@@ -148,19 +151,22 @@ def convert_spec(spec: Any) -> kb.KVCacheSpec:
 
 
 def convert_config(config: Any) -> kb.KVCacheConfig:
-    """kvblocks' `KVCacheConfig` for vLLM's (its groups, specs and block count)."""
-    groups = []
-    for g in config.kv_cache_groups:
-        if getattr(g, "host_resident", False):
-            raise UnsupportedConfigError("host-resident KV cache groups")
-        groups.append(
-            kb.KVCacheGroupSpec(
-                list(g.layer_names), convert_spec(g.kv_cache_spec), g.is_eagle_group
-            )
+    """kvblocks' `KVCacheConfig` for vLLM's (its groups, specs and block counts)."""
+    groups = [
+        kb.KVCacheGroupSpec(
+            list(g.layer_names),
+            convert_spec(g.kv_cache_spec),
+            g.is_eagle_group,
+            host_resident=getattr(g, "host_resident", False),
+            # vLLM 0.33's `KVCacheGroupRole` is a `str` enum: its value is the role's name.
+            role=getattr(getattr(g, "role", None), "value", "default"),
         )
+        for g in config.kv_cache_groups
+    ]
     return kb.KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=groups,
         prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        hisparse_host_num_blocks=getattr(config, "hisparse_host_num_blocks", None),
     )

@@ -209,10 +209,6 @@ def _config_classes() -> Iterator[str]:
     for name, fields in declared.items():
         cls = getattr(interface, name, None)
         if cls is None:
-            if name in SPECS:
-                # A release without this spec class never builds one (0.32 has no
-                # circular buffers): nothing to convert, nothing to check.
-                continue
             yield f"vllm.v1.kv_cache_interface has no {name} (kvblocks converts it)"
             continue
         for field in fields:

@@ -1,0 +1,115 @@
+"""HiSparse's specs and group fields (vLLM 0.33's `HiSparseHotSpec`, `HiSparseResidentSpec`,
+`KVCacheGroupSpec.host_resident` / `role`, `KVCacheConfig.hisparse_host_num_blocks`) in the
+core, and the managers' refusal of HiSparse groups: vLLM drives them with its
+`HiSparseCoordinator`, which kvblocks does not implement (`src/attention/hisparse.rs`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import kvblocks as kb
+import pytest
+
+BS = 16
+
+
+def full() -> kb.FullAttentionSpec:
+    return kb.FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype="float32")
+
+
+def hot(blocks_per_request: int = 2) -> kb.HiSparseHotSpec:
+    return kb.HiSparseHotSpec(
+        block_size=BS, page_size=BS * 4, blocks_per_request=blocks_per_request
+    )
+
+
+def resident() -> kb.HiSparseResidentSpec:
+    return kb.HiSparseResidentSpec(block_size=BS, page_size=BS * 4)
+
+
+def test_spec_fields_page_size_and_classes() -> None:
+    h, r = hot(3), resident()
+    assert (h.block_size, h.page_size, h.blocks_per_request) == (BS, 64, 3)
+    assert (r.block_size, r.page_size) == (BS, 64)
+    assert h.page_size_bytes == r.page_size_bytes == 64
+    assert isinstance(h, kb.KVCacheSpec) and not isinstance(h, kb.AttentionSpec)
+    assert isinstance(r, kb.KVCacheSpec) and not isinstance(r, kb.HiSparseHotSpec)
+    assert h == hot(3) and h != hot(2) and hash(h) == hash(hot(3))
+    assert repr(h) == "HiSparseHotSpec(block_size=16, page_size=64, blocks_per_request=3)"
+    assert repr(r) == "HiSparseResidentSpec(block_size=16, page_size=64)"
+    with pytest.raises(kb.InvalidSpecError):
+        kb.HiSparseResidentSpec(block_size=0, page_size=64)
+
+
+def test_max_memory_and_admission_cap() -> None:
+    # The hot region is fixed; resident pages cover the tokens in flight, at most the
+    # model length (older pages live on the host).
+    assert hot(3).max_memory_usage_bytes(max_model_len=10_000) == 3 * 64
+    r = resident()
+    assert r.max_admission_blocks_per_request(256, 10_000) == math.ceil(256 / BS)
+    assert r.max_admission_blocks_per_request(256, 40) == math.ceil(40 / BS)
+    got = r.max_memory_usage_bytes(
+        max_model_len=10_000, max_num_batched_tokens=200, max_concurrent_batches=2
+    )
+    assert got == math.ceil(400 / BS) * 64
+
+
+def test_uniform_groups_and_merge_need_one_class() -> None:
+    assert kb.UniformTypeKVCacheSpecs.is_uniform_type({"a": hot(), "b": hot()})
+    assert not kb.UniformTypeKVCacheSpecs.is_uniform_type({"a": hot(), "b": resident()})
+    assert kb.KVCacheSpec.merge([resident(), resident()]) == resident()
+    with pytest.raises(kb.InvalidSpecError):
+        kb.KVCacheSpec.merge([hot(2), hot(3)])
+
+
+def test_group_role_and_host_fields() -> None:
+    g = kb.KVCacheGroupSpec(["source"], full(), host_resident=True, role="hisparse_source")
+    assert (g.host_resident, g.role) == (True, "hisparse_source")
+    plain = kb.KVCacheGroupSpec(["source"], full())
+    assert (plain.host_resident, plain.role) == (False, "default")
+    assert g != plain
+    assert "host_resident=True, role='hisparse_source'" in repr(g)
+    with pytest.raises(kb.InvalidSpecError, match="hisparse_indexer"):
+        kb.KVCacheGroupSpec(["x"], full(), role="hisparse")
+    c = kb.KVCacheConfig(32, [], [g], hisparse_host_num_blocks=16)
+    assert c.hisparse_host_num_blocks == 16
+    assert kb.KVCacheConfig(32, [], [plain]).hisparse_host_num_blocks is None
+
+
+def _groups(**kw: bool) -> list[kb.KVCacheGroupSpec]:
+    """vLLM 0.33's HiSparse layout (`tests/v1/core/test_prefix_caching.py`): the
+    host-resident source, its device indexer, the resident pages and the hot region."""
+    groups = [
+        kb.KVCacheGroupSpec(["source"], full(), host_resident=True, role="hisparse_source"),
+        kb.KVCacheGroupSpec(["indexer"], full(), role="hisparse_indexer"),
+        kb.KVCacheGroupSpec(["resident"], resident()),
+        kb.KVCacheGroupSpec(["hot"], hot()),
+    ]
+    keep = [kw.get(name, True) for name in ("source", "indexer", "resident", "hot")]
+    return [g for g, k in zip(groups, keep, strict=True) if k]
+
+
+@pytest.mark.parametrize(
+    ("groups", "what"),
+    [
+        (_groups(), "host-resident groups"),
+        (_groups(source=False), "resident groups"),
+        (_groups(source=False, resident=False), "hot groups"),
+        (
+            [kb.KVCacheGroupSpec(["source"], full(), role="hisparse_source")],
+            "source groups",
+        ),
+    ],
+)
+def test_managers_refuse_hisparse_groups(groups: list[kb.KVCacheGroupSpec], what: str) -> None:
+    config = kb.KVCacheConfig(32, [], groups, hisparse_host_num_blocks=16)
+    with pytest.raises(kb.UnsupportedError, match=f"HiSparse {what}: .*HiSparseCoordinator"):
+        kb.KVCacheManager(config, 128, BS)
+
+
+def test_indexer_group_is_a_plain_full_attention_group() -> None:
+    # Only the source role picks another manager in vLLM; the indexer is full attention.
+    config = kb.KVCacheConfig(32, [], _groups(source=False, resident=False, hot=False))
+    mgr = kb.KVCacheManager(config, 128, BS)
+    assert mgr.usage == 0.0
