@@ -660,8 +660,8 @@ class KVCacheManager:
         `BlockStored` then carries the tokens after it (`lookahead_token_ids`).
         `dcp_world_size` and `pcp_world_size` are vLLM's decode and prefill context
         parallelism: a DCP-sharded group's blocks hold `block_size * dcp_world_size`
-        tokens (`group_block_sizes`). With `record_block_metrics`, the pool records the calls vLLM's pool makes on a KV cache
-        metrics collector (`take_block_metrics`)."""
+        tokens (`group_block_sizes`). With `record_block_metrics`, the pool records the
+        calls vLLM's pool makes on a KV cache metrics collector (`take_block_metrics`)."""
     def get_computed_blocks(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int]: ...
