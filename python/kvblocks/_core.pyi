@@ -690,6 +690,10 @@ class KVCacheManager:
     def group_context_parallel_sizes(self) -> list[tuple[int, int]]: ...
     @property
     def full_attention_group_id(self) -> int | None: ...
+    @property
+    def spec_groups(self) -> list[tuple[list[int], bool]] | None:
+        """The hybrid coordinator's spec groups in lookup order, `(group_ids, use_eagle)`
+        each; `None` for the other coordinators."""
     def allocate_slots(
         self,
         request: Any,

@@ -23,7 +23,7 @@ use crate::python::vllm_reads::request as attr;
 use crate::python::vllm_request::{request_id, AnyRequest, RequestMemos, VllmRequest};
 use crate::request::Request;
 use crate::request_fields::RequestFields;
-use crate::types::{BlockHash, BlockId};
+use crate::types::{BlockHash, BlockId, GroupId};
 
 /// Prompts at least this long are looked up with the GIL released.
 const RELEASE_GIL_HASHES: usize = 1024;
@@ -560,6 +560,13 @@ impl PyKVCacheManager {
     #[getter]
     fn full_attention_group_id(&self) -> Option<usize> {
         self.inner.coordinator().full_attention_group_id()
+    }
+
+    /// The hybrid coordinator's spec groups in lookup order: `(group_ids, use_eagle)`
+    /// each (vLLM's `coordinator.attention_groups`); `None` for the other coordinators.
+    #[getter]
+    fn spec_groups(&self) -> Option<Vec<(Vec<GroupId>, bool)>> {
+        self.inner.coordinator().spec_groups()
     }
 
     /// Slots for new tokens; `None` when they do not fit. `skip_zeroing_group_ids`: groups

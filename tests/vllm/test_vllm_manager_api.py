@@ -287,6 +287,30 @@ def test_what_vllm_reads_of_the_manager_comes_from_the_core(
         assert ours.prefix_cache_lookup_enabled(a) == theirs.prefix_cache_lookup_enabled(a)
 
 
+@pytest.mark.parametrize("layout", ["full", "full+swa+full", "swa+full+swa"])
+@pytest.mark.parametrize("retention", [None, 0])
+def test_coordinator_attributes_as_vllms(layout: str, retention: int | None) -> None:
+    """The coordinator view's class name, `retention_interval` and (hybrid only)
+    `attention_groups` (spec, group ids, manager class, use_eagle, full attention first)
+    are vLLM's coordinator's."""
+    swa = spec(sliding_window=32)
+    specs = {"full": [spec()], "full+swa+full": [spec(), swa, spec()]}.get(
+        layout, [swa, spec(), swa]
+    )
+    cfg = config(*specs)
+    cfg.prefix_cache_retention_interval = retention
+    theirs, ours = managers(cfg, use_eagle=True)
+    assert type(ours.coordinator).__name__ == type(theirs.coordinator).__name__
+    assert ours.coordinator.retention_interval == theirs.coordinator.retention_interval
+    assert hasattr(ours.coordinator, "attention_groups") == hasattr(
+        theirs.coordinator, "attention_groups"
+    )
+    if hasattr(theirs.coordinator, "attention_groups"):
+        assert ours.coordinator.attention_groups == theirs.coordinator.attention_groups
+    with pytest.raises(AttributeError):
+        ours.coordinator.retention_interval = 64
+
+
 def test_a_bad_watermark_is_the_cores_error() -> None:
     import kvblocks as kb
 

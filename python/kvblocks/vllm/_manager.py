@@ -171,12 +171,13 @@ class SingleTypeManagerView:
 
 
 def _registered_view(base: type, vllm_class: type) -> type:
-    """A subclass of `base` that vLLM's `vllm_class` (an ABC) counts as its own, so
-    callers' `isinstance` checks hold; it inherits none of vLLM's code."""
+    """A subclass of `base` named as vLLM's `vllm_class` (an ABC), which counts it as its
+    own, so callers' `isinstance` checks and class-name checks hold; it inherits none of
+    vLLM's code."""
     key = (base, vllm_class)
     view = _VIEW_CLASSES.get(key)
     if view is None:
-        view = type(f"{vllm_class.__name__}View", (base,), {})
+        view = type(vllm_class.__name__, (base,), {"__module__": __name__})
         vllm_class.register(view)  # type: ignore[attr-defined]
         _VIEW_CLASSES[key] = view
     return view
@@ -211,6 +212,7 @@ class CoordinatorView:
 
     def __init__(self, manager: KVCacheManager, config: Any) -> None:
         self._manager = manager
+        self._config = config
         self.block_pool = manager.block_pool
         self.single_type_managers = [
             _manager_view(manager, i, g.kv_cache_spec, block_size)
@@ -221,6 +223,32 @@ class CoordinatorView:
         self.group_block_sizes = tuple(manager.group_block_sizes)
         self.full_attention_group_id: int | None = manager.full_attention_group_id
         self.num_reprefillable_tokens = manager.num_reprefillable_tokens
+
+    @property
+    def retention_interval(self) -> int | None:
+        """The config's `prefix_cache_retention_interval`, as vLLM's coordinator keeps it
+        (read-only: the core fixes the retention at construction)."""
+        return self._config.prefix_cache_retention_interval  # type: ignore[no-any-return]
+
+    @property
+    def attention_groups(self) -> list[Any]:
+        """The hybrid coordinator's spec groups in lookup order, as vLLM's `SpecGroup`
+        tuples (spec, group ids, vLLM's manager class, use_eagle). vLLM's other
+        coordinators have no such attribute, so neither do their views."""
+        groups = self._manager.spec_groups
+        if groups is None:
+            raise AttributeError(
+                f"'{type(self).__name__}' object has no attribute 'attention_groups'"
+            )
+        from vllm.v1.core.kv_cache_coordinator import SpecGroup
+        from vllm.v1.core.single_type_kv_cache_manager import KVCacheSpecRegistry
+
+        out = []
+        for group_ids, use_eagle in groups:
+            spec = self._config.kv_cache_groups[group_ids[0]].kv_cache_spec
+            manager_cls = KVCacheSpecRegistry.get_manager_class(spec, None)
+            out.append(SpecGroup(spec, list(group_ids), manager_cls, use_eagle))
+        return out
 
     def find_longest_cache_hit_per_group(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
