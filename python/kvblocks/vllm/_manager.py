@@ -88,6 +88,32 @@ class BlockPool:
     def touch(self, blocks: Iterable[Any]) -> None:
         self._pool.touch(_block_ids(blocks))
 
+    def cache_full_blocks(
+        self,
+        request: Any,
+        blocks: Sequence[Any],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        """vLLM's pool call: caches `blocks[num_cached_blocks:num_full_blocks]` under the
+        request's hashes, with `BlockStored` events naming `kv_cache_group_id`. A
+        `block_mask` that skips a block is not supported (kvblocks' managers keep that
+        rule in the core)."""
+        if block_mask is not None and not all(block_mask):
+            raise kb.UnsupportedError("cache_full_blocks with a block_mask that skips blocks")
+        self._pool.cache_full_blocks(
+            list(request.block_hashes),
+            _block_ids(blocks),
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            kv_cache_group_id,
+            token_ids=list(request.all_token_ids),
+        )
+
     def get_cached_block(
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
     ) -> list[KVCacheBlock] | None:
