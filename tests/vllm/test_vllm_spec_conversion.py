@@ -7,6 +7,7 @@ the installed vLLM's for each, and a spec type with no kvblocks manager is refus
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from fractions import Fraction
 from types import SimpleNamespace
@@ -154,7 +155,6 @@ SPECS: dict[str, Callable[[], Any]] = {
     "rswa": lambda: _attention(vi.RSWASpec, rswa_window=64),
     # vLLM's manager reads neither flag: they convert as the plain spec.
     "full_non_causal": lambda: _attention(vi.FullAttentionSpec, non_causal=True),
-    "full_draft": lambda: _attention(vi.FullAttentionSpec, is_draft=True),
     "uniform_sliding_window_mla": lambda: vi.UniformTypeKVCacheSpecs(
         block_size=64,
         kv_cache_specs={
@@ -176,6 +176,9 @@ SPECS: dict[str, Callable[[], Any]] = {
         },
     ),
 }
+# vLLM 0.33 marks a draft model's layers (`is_draft`); 0.32's specs have no such field.
+if "is_draft" in {f.name for f in dataclasses.fields(vi.FullAttentionSpec)}:
+    SPECS["full_draft"] = lambda: _attention(vi.FullAttentionSpec, is_draft=True)
 
 
 def _vllm_config(spec: Any) -> SimpleNamespace:
