@@ -683,6 +683,12 @@ class KVCacheManager:
     def num_reprefillable_tokens(self) -> int:
         """Computed tokens multi-module MTP may re-prefill, never cached."""
     @property
+    def enable_partial_hash_hits(self) -> bool:
+        """Whether prefix hits may end on a hash boundary inside a block."""
+    @property
+    def cache_hit_alignment_tokens(self) -> int:
+        """The granularity of prefix hits, in tokens."""
+    @property
     def num_hash_lookahead_tokens(self) -> int: ...
     @property
     def group_block_sizes(self) -> list[int]: ...
@@ -752,6 +758,12 @@ class KVCacheManager:
         longest of those tables, at least 1; an unknown request id gives a row of nulls."""
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None: ...
     def new_step_starts(self) -> None: ...
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """Partial-hit copies queued since the last call, `[(src, dst), ...]`; each
+        endpoint keeps a reference until freed with the pool's `free_blocks`."""
+    def finalize_partial_tail_offloads(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+    ) -> list[tuple[int, int, int]]: ...
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """Align-mode Mamba states cached since the last call, for a KV connector to
         offload: `{request_id: [(group_id, block_id, num_tokens), ...]}`."""
@@ -789,6 +801,7 @@ class KVCacheManager:
         total_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        num_local_computed_tokens: int = 0,
     ) -> int: ...
     def remove_skipped_blocks(
         self,

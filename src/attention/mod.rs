@@ -26,6 +26,7 @@ pub mod sliding_window;
 
 mod allocate;
 mod caching;
+mod copy_on_write;
 mod free;
 mod hit_query;
 mod kind;
@@ -62,7 +63,8 @@ pub struct SingleTypeManager {
     /// Align-mode Mamba: whether prefill checkpoints follow EAGLE's replay boundary
     /// (vLLM's `drop_eagle_checkpoint_block`, set by the coordinator under EAGLE).
     pub(crate) use_eagle_checkpoint: bool,
-    /// `cache_hit_alignment_tokens` (the scheduler block size).
+    /// `cache_hit_alignment_tokens` (the scheduler block size; the hash block size with
+    /// partial hits).
     pub(crate) alignment_tokens: usize,
     sink_blocks: Vec<BlockId>,
     /// Align-mode Mamba: keys cached during this step, which other requests may not hit
@@ -70,6 +72,9 @@ pub struct SingleTypeManager {
     cached_this_step: FxHashSet<HashKey>,
     /// Align-mode Mamba: cached states not yet handed to a KV connector.
     boundary_offloads: Vec<BoundaryOffload>,
+    /// Copy-on-write copies of partial hits not yet handed over, `(source, destination)`
+    /// (vLLM's `_pending_cow_copies`).
+    pending_copies: Vec<(BlockId, BlockId)>,
 }
 
 impl SingleTypeManager {
@@ -107,6 +112,7 @@ impl SingleTypeManager {
             sink_blocks,
             cached_this_step: FxHashSet::default(),
             boundary_offloads: Vec::new(),
+            pending_copies: Vec::new(),
         })
     }
 

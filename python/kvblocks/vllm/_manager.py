@@ -5,8 +5,8 @@ The scheduler's per-step calls (`allocate_slots`, `get_computed_blocks`, `free`,
 `get_blocks`, `cache_blocks`, ...) are the core's own methods, inherited: one boundary
 crossing per call, vLLM's `Request` read in place. What is here is vLLM's Python-level
 surface: its constructor, the coordinator and pool views its callers reach into, its
-event and stats classes, and the per-step `take_*` calls of features kvblocks refuses at
-construction (so they have nothing to hand over).
+event and stats classes, and the per-step hand-overs as vLLM's types (partial-hit copies,
+finished partial tails).
 """
 
 from __future__ import annotations
@@ -165,6 +165,13 @@ class SingleTypeManagerView:
         self.req_to_blocks = _RequestTables(manager, group_id)
         self.num_cached_block = _NumCachedBlocks(manager, group_id)
         self.new_block_ids: list[int] = []
+        self._manager = manager
+
+    @property
+    def cache_hit_alignment_tokens(self) -> int:
+        """The granularity of prefix hits, in tokens (the hash block size with partial
+        hits, the scheduler block size otherwise)."""
+        return self._manager.cache_hit_alignment_tokens
 
     def take_new_block_ids(self) -> list[int]:
         return []
@@ -206,7 +213,6 @@ class CoordinatorView:
     """vLLM's coordinator as its callers read it: the groups' managers, the pool and the
     dry-run `get_num_blocks_to_allocate`."""
 
-    enable_partial_hash_hits = False
     eagle_group_ids: tuple[int, ...] = ()
 
     def __init__(self, manager: KVCacheManager, config: Any) -> None:
@@ -221,6 +227,7 @@ class CoordinatorView:
         self.group_block_sizes = tuple(manager.group_block_sizes)
         self.full_attention_group_id: int | None = manager.full_attention_group_id
         self.num_reprefillable_tokens = manager.num_reprefillable_tokens
+        self.enable_partial_hash_hits = manager.enable_partial_hash_hits
 
     def find_longest_cache_hit_per_group(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
@@ -252,6 +259,7 @@ class CoordinatorView:
             total_computed_tokens,
             num_tokens if num_tokens_main_model is None else num_tokens_main_model,
             apply_admission_cap,
+            num_local_computed_tokens,
         )
 
     def new_step_starts(self) -> None:
@@ -407,15 +415,24 @@ class KVCacheManager(kb.KVCacheManager):
     def create_kv_cache_blocks(self, blocks: Sequence[Sequence[Any]]) -> kb.KVCacheBlocks:
         return self.kv_cache_blocks([_block_ids(g) for g in blocks])
 
-    # Per-step hand-overs of features kvblocks does not have: nothing to hand over.
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
-        """Copy-on-write copies: none (partial hash hits are off in kvblocks)."""
-        return [], []
+        """The partial-hit copies queued since the last call, as vLLM's
+        `KVCacheBlockCopy`, and their endpoints, each holding a reference the caller drops
+        with `block_pool.free_blocks` once the copy has run."""
+        pairs = self.take_block_copies()
+        if not pairs:
+            return [], []
+        from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+
+        copies = [KVCacheBlockCopy(src_block_id=s, dst_block_id=d) for s, d in pairs]
+        return copies, self.block_objects([b for pair in pairs for b in pair])
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        """Producer partial tails of finishing requests: none (they come only from
-        partial prefix-cache hits, which are off in kvblocks)."""
-        return []
+        """The align-mode Mamba partial tails a finishing request cached itself and did
+        not overwrite, `[(group_id, block_id, boundary_tokens), ...]`."""
+        return super().finalize_partial_tail_offloads(
+            request.request_id, request.num_computed_tokens, request.num_in_flight_tokens
+        )
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
