@@ -830,6 +830,13 @@ impl KvCacheManager {
         self.slots.tables(s).get(group)?.num_cached
     }
 
+    /// The request's prefill checkpoint of this step in align-mode Mamba group `group`,
+    /// `(position, table index)` (vLLM's `_checkpoints`), if any.
+    pub fn mamba_checkpoint(&self, request_id: &str, group: usize) -> Option<(usize, usize)> {
+        let s = self.slots.get(request_id)?;
+        self.slots.tables(s).get(group)?.mamba.checkpoint()
+    }
+
     /// The blocks an allocation would take from the pool (vLLM's
     /// `coordinator.get_num_blocks_to_allocate`, a dry run: nothing changes).
     #[allow(clippy::too_many_arguments)]

@@ -53,3 +53,42 @@ pub(crate) fn eagle_proof_margin(
         block_size
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mamba(bs: usize) -> ManagerParams {
+        let kind = AttentionKind::Mamba {
+            num_speculative_blocks: 0,
+            align: true,
+            checkpoint_alignment: None,
+        };
+        ManagerParams::new(kind, bs, 1)
+    }
+
+    fn swa(bs: usize) -> ManagerParams {
+        let kind = AttentionKind::SlidingWindow {
+            sliding_window: 64,
+            extra_retained_tokens: 0,
+        };
+        ManagerParams::new(kind, bs, 2)
+    }
+
+    #[test]
+    fn enabled_by_a_coarse_align_mamba_block() {
+        let full = ManagerParams::new(AttentionKind::FullAttention, 16, 0);
+        assert!(enabled(&[full.clone(), mamba(32)], 16));
+        assert!(!enabled(&[full.clone(), mamba(16)], 16));
+        // A sliding window cannot look inside its blocks: only hash-sized ones allow it.
+        assert!(enabled(&[full.clone(), mamba(32), swa(16)], 16));
+        assert!(!enabled(&[full, mamba(32), swa(32)], 16));
+    }
+
+    #[test]
+    fn eagle_margin_is_one_hash_block_when_fine_grained() {
+        assert_eq!(eagle_proof_margin(32, 16, true), 16);
+        assert_eq!(eagle_proof_margin(32, 16, false), 32);
+        assert_eq!(eagle_proof_margin(16, 16, true), 16);
+    }
+}

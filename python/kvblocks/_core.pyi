@@ -689,6 +689,13 @@ class KVCacheManager:
     def cache_hit_alignment_tokens(self) -> int:
         """The granularity of prefix hits, in tokens."""
     @property
+    def scheduler_block_size(self) -> int: ...
+    @property
+    def hash_block_size(self) -> int: ...
+    def mamba_checkpoint(self, request_id: str, group_id: int) -> tuple[int, int] | None:
+        """This step's prefill checkpoint in an align-mode Mamba group, `(position,
+        table index)`, or None."""
+    @property
     def num_hash_lookahead_tokens(self) -> int: ...
     @property
     def group_block_sizes(self) -> list[int]: ...

@@ -89,14 +89,28 @@ pub struct MambaState {
     producer_tail: Option<(BlockId, usize)>,
 }
 
+impl MambaState {
+    /// This step's prefill checkpoint, `(position, table index)`.
+    #[inline]
+    pub fn checkpoint(&self) -> Option<(usize, usize)> {
+        self.checkpoint
+    }
+}
+
 /// vLLM's `get_mamba_prefill_checkpoint_position`: the reusable state boundary of a
 /// prefill of `num_tokens` tokens, a multiple of `alignment` that leaves a token to
-/// recompute the logits from (EAGLE: one `alignment` less, the dropped block).
-pub(crate) fn checkpoint_position(num_tokens: usize, alignment: usize, drop_eagle: bool) -> usize {
+/// recompute the logits from, and the `hash_lookahead` tokens the boundary's hash
+/// covers (EAGLE: one `alignment` less, the dropped block).
+pub(crate) fn checkpoint_position(
+    num_tokens: usize,
+    alignment: usize,
+    drop_eagle: bool,
+    hash_lookahead: usize,
+) -> usize {
     let limit = if drop_eagle {
         num_tokens
     } else {
-        num_tokens.saturating_sub(1)
+        num_tokens.saturating_sub(hash_lookahead.max(1))
     };
     let position = limit / alignment * alignment;
     if drop_eagle {
@@ -143,7 +157,13 @@ fn internal_checkpoint(
     pool: &BlockPool,
 ) -> Option<(usize, usize)> {
     let bs = mgr.block_size();
-    let position = checkpoint_position(end, mgr.alignment_tokens, mgr.use_eagle_checkpoint);
+    let lookahead = pool.num_hash_lookahead_tokens();
+    let position = checkpoint_position(
+        end,
+        mgr.alignment_tokens,
+        mgr.use_eagle_checkpoint,
+        lookahead,
+    );
     let idx = cdiv(end, bs).checked_sub(2)?;
     if !checkpoint_exportable(start, end, position, pool.hash_block_size(), bs, alignment) {
         return None;
@@ -512,6 +532,7 @@ fn cache_partial_tail_block<R: RequestView>(
 ) -> Result<Option<HashKey>> {
     let (bs, hash_bs) = (mgr.block_size(), pool.hash_block_size());
     let drop_eagle = mgr.use_eagle_checkpoint;
+    let lookahead = pool.num_hash_lookahead_tokens();
     let (position, block) = if let Some((position, idx)) = rb.mamba.checkpoint {
         let block = rb.table[idx];
         if block == NULL_BLOCK_ID {
@@ -522,6 +543,7 @@ fn cache_partial_tail_block<R: RequestView>(
                 request.num_prompt_tokens(),
                 mgr.alignment_tokens,
                 drop_eagle,
+                lookahead,
             );
         // Dense caching keeps every block-aligned state.
         if !prompt_checkpoint
@@ -541,7 +563,8 @@ fn cache_partial_tail_block<R: RequestView>(
     } else {
         if num_tokens == 0
             || !num_tokens.is_multiple_of(hash_bs)
-            || num_tokens != checkpoint_position(request.num_prompt_tokens(), hash_bs, drop_eagle)
+            || num_tokens
+                != checkpoint_position(request.num_prompt_tokens(), hash_bs, drop_eagle, lookahead)
         {
             return Ok(None);
         }

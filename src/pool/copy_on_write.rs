@@ -52,3 +52,38 @@ impl BlockPool {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::events::event::TokensOnly;
+    use crate::pool::BlockPool;
+    use crate::types::{BlockHash, NULL_BLOCK_ID};
+
+    fn hash(n: u8) -> BlockHash {
+        BlockHash::from_slice(&[n; 32]).unwrap()
+    }
+
+    #[test]
+    fn move_block_hashes_moves_every_key_and_retain_counts() {
+        let mut pool = BlockPool::new(6, true, 16, false).unwrap();
+        let blocks = pool.get_new_blocks(2).unwrap();
+        let (src, dst) = (blocks[0], blocks[1]);
+        let hashes = [hash(1), hash(2)];
+        pool.cache_partial_block(&hashes, src, 32, 0, &TokensOnly(&[]))
+            .unwrap();
+        pool.cache_partial_block(&hashes, src, 16, 0, &TokensOnly(&[]))
+            .unwrap();
+        pool.move_block_hashes(src, dst).unwrap();
+        assert_eq!(pool.cached_block(&hash(2), 0), Some(dst));
+        assert_eq!(pool.cached_block(&hash(1), 0), Some(dst));
+        assert_eq!(pool.block_hash(src).unwrap(), None);
+        assert_eq!(pool.block_hash_num_tokens(dst).unwrap(), Some(32));
+        assert!(
+            pool.move_block_hashes(src, dst).is_err(),
+            "dst is cached now"
+        );
+        pool.retain(dst).unwrap();
+        assert_eq!(pool.ref_cnt(dst).unwrap(), 2);
+        assert!(pool.retain(NULL_BLOCK_ID).is_err());
+    }
+}

@@ -537,6 +537,25 @@ impl PyKVCacheManager {
         self.inner.coordinator().hit_alignment()
     }
 
+    /// The scheduler block size (hybrid hits align to it without partial hits).
+    #[getter]
+    fn scheduler_block_size(&self) -> usize {
+        self.inner.coordinator().scheduler_block_size()
+    }
+
+    /// Tokens per request hash.
+    #[getter]
+    fn hash_block_size(&self) -> usize {
+        self.inner.pool().hash_block_size()
+    }
+
+    /// This step's prefill checkpoint of the request in an align-mode Mamba group,
+    /// `(position, table index)` (vLLM's `MambaManager._checkpoints[request_id]`), or
+    /// `None`.
+    fn mamba_checkpoint(&self, request_id: &str, group_id: usize) -> Option<(usize, usize)> {
+        self.inner.mamba_checkpoint(request_id, group_id)
+    }
+
     /// Tokens after each block that its hash covers (`num_hash_lookahead_tokens`).
     #[getter]
     fn num_hash_lookahead_tokens(&self) -> usize {

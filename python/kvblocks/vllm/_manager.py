@@ -12,14 +12,17 @@ finished partial tails).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import kvblocks as kb
 from kvblocks._core import KVCacheBlock
 from kvblocks.vllm._config import UnsupportedConfigError, convert_config
 from kvblocks.vllm._metrics import attach as attach_metrics_collector
 from kvblocks.vllm._version_rules import rules
+
+
+_T = TypeVar("_T")
 
 
 def _block_ids(blocks: Iterable[Any]) -> list[int]:
@@ -124,25 +127,22 @@ class _RequestTables(Mapping[str, list[KVCacheBlock]]):
         return len(self._manager.request_ids())
 
 
-class _NumCachedBlocks(Mapping[str, int]):
-    """vLLM's `num_cached_block` of one group: request id -> leading cached blocks."""
+class _PerRequest(Mapping[str, _T]):
+    """A per-request field of one group as vLLM's dict of it (`num_cached_block`,
+    Mamba's `_checkpoints`): request id -> value, for the requests that have one."""
 
-    def __init__(self, manager: KVCacheManager, group_id: int) -> None:
+    def __init__(self, manager: KVCacheManager, read: Callable[[str], _T | None]) -> None:
         self._manager = manager
-        self._group_id = group_id
+        self._read = read
 
-    def __getitem__(self, request_id: str) -> int:
-        n = self._manager.num_cached_blocks(request_id, self._group_id)
-        if n is None:
+    def __getitem__(self, request_id: str) -> _T:
+        value = self._read(request_id)
+        if value is None:
             raise KeyError(request_id)
-        return n
+        return value
 
     def _known(self) -> list[str]:
-        return [
-            r
-            for r in self._manager.request_ids()
-            if self._manager.num_cached_blocks(r, self._group_id) is not None
-        ]
+        return [r for r in self._manager.request_ids() if self._read(r) is not None]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._known())
@@ -163,7 +163,12 @@ class SingleTypeManagerView:
         self.dcp_world_size, self.pcp_world_size = sizes
         self.block_pool = manager.block_pool
         self.req_to_blocks = _RequestTables(manager, group_id)
-        self.num_cached_block = _NumCachedBlocks(manager, group_id)
+        self.num_cached_block = _PerRequest(
+            manager, lambda r: manager.num_cached_blocks(r, group_id)
+        )
+        # Mamba's `_checkpoints` (read by vLLM's tests): this step's prefill checkpoint,
+        # `(position, table index)`.
+        self._checkpoints = _PerRequest(manager, lambda r: manager.mamba_checkpoint(r, group_id))
         self.new_block_ids: list[int] = []
         self._manager = manager
 
@@ -228,6 +233,10 @@ class CoordinatorView:
         self.full_attention_group_id: int | None = manager.full_attention_group_id
         self.num_reprefillable_tokens = manager.num_reprefillable_tokens
         self.enable_partial_hash_hits = manager.enable_partial_hash_hits
+        self.scheduler_block_size = manager.scheduler_block_size
+        self.hash_block_size = manager.hash_block_size
+        # vLLM's private name of the hit granularity (read by its tests).
+        self._cache_hit_alignment_tokens = manager.cache_hit_alignment_tokens
 
     def find_longest_cache_hit_per_group(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
