@@ -21,7 +21,6 @@ from kvblocks.vllm._config import UnsupportedConfigError, convert_config
 from kvblocks.vllm._metrics import attach as attach_metrics_collector
 from kvblocks.vllm._version_rules import rules
 
-
 _T = TypeVar("_T")
 
 
