@@ -379,6 +379,18 @@ impl Coordinator {
         }
     }
 
+    /// The hybrid coordinator's spec groups in lookup order (full attention first):
+    /// each one's group ids and whether its hits drop the EAGLE block (vLLM's
+    /// `attention_groups`). `None` for the other coordinators, which have none.
+    pub fn spec_groups(&self) -> Option<Vec<(Vec<GroupId>, bool)>> {
+        (self.kind == CoordinatorKind::Hybrid).then(|| {
+            self.spec_groups
+                .iter()
+                .map(|sg| (sg.group_ids.clone(), sg.use_eagle))
+                .collect()
+        })
+    }
+
     /// Whether this is the hybrid coordinator (several groups, prefix caching on).
     pub fn is_hybrid(&self) -> bool {
         self.kind == CoordinatorKind::Hybrid

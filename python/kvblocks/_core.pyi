@@ -660,8 +660,8 @@ class KVCacheManager:
         `BlockStored` then carries the tokens after it (`lookahead_token_ids`).
         `dcp_world_size` and `pcp_world_size` are vLLM's decode and prefill context
         parallelism: a DCP-sharded group's blocks hold `block_size * dcp_world_size`
-        tokens (`group_block_sizes`). With `record_block_metrics`, the pool records the calls vLLM's pool makes on a KV cache
-        metrics collector (`take_block_metrics`)."""
+        tokens (`group_block_sizes`). With `record_block_metrics`, the pool records the
+        calls vLLM's pool makes on a KV cache metrics collector (`take_block_metrics`)."""
     def get_computed_blocks(
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int]: ...
@@ -703,6 +703,10 @@ class KVCacheManager:
     def group_context_parallel_sizes(self) -> list[tuple[int, int]]: ...
     @property
     def full_attention_group_id(self) -> int | None: ...
+    @property
+    def spec_groups(self) -> list[tuple[list[int], bool]] | None:
+        """The hybrid coordinator's spec groups in lookup order, `(group_ids, use_eagle)`
+        each; `None` for the other coordinators."""
     def allocate_slots(
         self,
         request: Any,

@@ -595,6 +595,13 @@ impl PyKVCacheManager {
         self.inner.coordinator().full_attention_group_id()
     }
 
+    /// The hybrid coordinator's spec groups in lookup order: `(group_ids, use_eagle)`
+    /// each (vLLM's `coordinator.attention_groups`); `None` for the other coordinators.
+    #[getter]
+    fn spec_groups(&self) -> Option<Vec<(Vec<GroupId>, bool)>> {
+        self.inner.coordinator().spec_groups()
+    }
+
     /// Slots for new tokens; `None` when they do not fit. `skip_zeroing_group_ids`: groups
     /// whose KV-connector blocks are not recorded for zeroing.
     #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens=0,

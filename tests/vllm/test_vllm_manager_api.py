@@ -17,6 +17,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
+import kvblocks as kb  # noqa: E402
 import kvblocks.vllm as kv  # noqa: E402
 from vllm.distributed.kv_events import BlockStored  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
@@ -285,6 +286,57 @@ def test_what_vllm_reads_of_the_manager_comes_from_the_core(
     for skip in (False, True):
         a.skip_reading_prefix_cache = skip
         assert ours.prefix_cache_lookup_enabled(a) == theirs.prefix_cache_lookup_enabled(a)
+
+
+@pytest.mark.parametrize("layout", ["full", "full+swa+full", "swa+full+swa"])
+@pytest.mark.parametrize("retention", [None, 0])
+def test_coordinator_attributes_as_vllms(layout: str, retention: int | None) -> None:
+    """The coordinator view's class name, `retention_interval` and (hybrid only)
+    `attention_groups` (spec, group ids, manager class, use_eagle, full attention first)
+    are vLLM's coordinator's."""
+    swa = spec(sliding_window=32)
+    specs = {"full": [spec()], "full+swa+full": [spec(), swa, spec()]}.get(
+        layout, [swa, spec(), swa]
+    )
+    cfg = config(*specs)
+    cfg.prefix_cache_retention_interval = retention
+    theirs, ours = managers(cfg, use_eagle=True)
+    assert type(ours.coordinator).__name__ == type(theirs.coordinator).__name__
+    assert ours.coordinator.retention_interval == theirs.coordinator.retention_interval
+    assert hasattr(ours.coordinator, "attention_groups") == hasattr(
+        theirs.coordinator, "attention_groups"
+    )
+    if hasattr(theirs.coordinator, "attention_groups"):
+        assert ours.coordinator.attention_groups == theirs.coordinator.attention_groups
+    with pytest.raises(AttributeError):
+        ours.coordinator.retention_interval = 64
+
+
+@pytest.mark.parametrize("group_id", [0, 1])
+def test_pool_cache_full_blocks_as_vllms(group_id: int) -> None:
+    """vLLM's `BlockPool.cache_full_blocks` on the view: the same blocks become hits and
+    the same `BlockStored` events (group index included) come out."""
+    theirs, ours = managers(config(spec(), spec(sliding_window=32)), enable_kv_cache_events=True)
+    for mgr in (theirs, ours):
+        req = request("a", list(range(3 * BS)))
+        blocks = mgr.block_pool.get_new_blocks(3)
+        mgr.block_pool.cache_full_blocks(req, blocks, 0, 2, BS, group_id)
+        mgr.block_pool.cache_full_blocks(req, blocks, 2, 2, BS, group_id)
+    assert ours.block_pool.take_events() == theirs.block_pool.take_events()
+    hashes = request("a", list(range(3 * BS))).block_hashes
+    found = [
+        [
+            [b.block_id for b in hit] if hit else None
+            for hit in (m.block_pool.get_cached_block(h, [group_id]) for h in hashes)
+        ]
+        for m in (theirs, ours)
+    ]
+    assert found[0] == found[1]
+    assert [f is not None for f in found[1]] == [True, True, False]
+    with pytest.raises(kb.UnsupportedError):
+        ours.block_pool.cache_full_blocks(
+            request("b", list(range(2 * BS))), [], 0, 2, BS, 0, block_mask=[True, False]
+        )
 
 
 def test_a_bad_watermark_is_the_cores_error() -> None:

@@ -366,14 +366,15 @@ def replay_layout(
     ``mamba`` with (with caching) a Mamba block of twice the block size, so hits end on
     hash boundaries inside it (vLLM 0.33's partial hits, copied on write); ``bs32``: full attention
     with 32-token blocks over 16-token hashes (plus a 16-token full-attention group: vLLM
-    0.33 accepts mixed block sizes only in the hybrid coordinator), scheduler block size 32; ``mtp``: full attention with multi-module MTP
-    (3 tokens of prefill and hash lookahead); ``spec-lookahead``: full + sliding window with
-    EAGLE's lookahead hashes (1 token); ``deepseek-v4``: DeepSeek-V4-like, full MLA +
-    sliding-window MLA (``sliding_window``) + an 8-token compressor ring; ``glm5-next``:
-    GLM-5-next-like (vLLM 0.33's ``models/glm5next``), full MLA + its indexer (an MLA
-    group storing one state per 4 tokens) + a 4-token tail ring. ``dcp_world_size`` shards
-    every attention group over that many decode context parallel ranks (its blocks then hold
-    ``block_size * dcp_world_size`` tokens).
+    0.33 accepts mixed block sizes only in the hybrid coordinator), scheduler block size 32;
+    ``mtp``: full attention with multi-module MTP (3 tokens of prefill and hash lookahead);
+    ``spec-lookahead``: full + sliding window with EAGLE's lookahead hashes (1 token);
+    ``deepseek-v4``: DeepSeek-V4-like, full MLA + sliding-window MLA (``sliding_window``) +
+    an 8-token compressor ring; ``glm5-next``: GLM-5-next-like (vLLM 0.33's
+    ``models/glm5next``), full MLA + its indexer (an MLA group storing one state per 4
+    tokens) + a 4-token tail ring. ``dcp_world_size`` shards every attention group over that
+    many decode context parallel ranks (its blocks then hold ``block_size * dcp_world_size``
+    tokens).
     """
     if config not in REPLAY_CONFIGS:
         raise InvalidArgumentError(

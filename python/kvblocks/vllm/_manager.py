@@ -90,6 +90,32 @@ class BlockPool:
     def touch(self, blocks: Iterable[Any]) -> None:
         self._pool.touch(_block_ids(blocks))
 
+    def cache_full_blocks(
+        self,
+        request: Any,
+        blocks: Sequence[Any],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        """vLLM's pool call: caches `blocks[num_cached_blocks:num_full_blocks]` under the
+        request's hashes, with `BlockStored` events naming `kv_cache_group_id`. A
+        `block_mask` that skips a block is not supported (kvblocks' managers keep that
+        rule in the core)."""
+        if block_mask is not None and not all(block_mask):
+            raise kb.UnsupportedError("cache_full_blocks with a block_mask that skips blocks")
+        self._pool.cache_full_blocks(
+            list(request.block_hashes),
+            _block_ids(blocks),
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            kv_cache_group_id,
+            token_ids=list(request.all_token_ids),
+        )
+
     def get_cached_block(
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
     ) -> list[KVCacheBlock] | None:
@@ -182,12 +208,13 @@ class SingleTypeManagerView:
 
 
 def _registered_view(base: type, vllm_class: type) -> type:
-    """A subclass of `base` that vLLM's `vllm_class` (an ABC) counts as its own, so
-    callers' `isinstance` checks hold; it inherits none of vLLM's code."""
+    """A subclass of `base` named as vLLM's `vllm_class` (an ABC), which counts it as its
+    own, so callers' `isinstance` checks and class-name checks hold; it inherits none of
+    vLLM's code."""
     key = (base, vllm_class)
     view = _VIEW_CLASSES.get(key)
     if view is None:
-        view = type(f"{vllm_class.__name__}View", (base,), {})
+        view = type(vllm_class.__name__, (base,), {"__module__": __name__})
         vllm_class.register(view)  # type: ignore[attr-defined]
         _VIEW_CLASSES[key] = view
     return view
@@ -221,6 +248,7 @@ class CoordinatorView:
 
     def __init__(self, manager: KVCacheManager, config: Any) -> None:
         self._manager = manager
+        self._config = config
         self.block_pool = manager.block_pool
         self.single_type_managers = [
             _manager_view(manager, i, g.kv_cache_spec, block_size)
@@ -236,6 +264,32 @@ class CoordinatorView:
         self.hash_block_size = manager.hash_block_size
         # vLLM's private name of the hit granularity (read by its tests).
         self._cache_hit_alignment_tokens = manager.cache_hit_alignment_tokens
+
+    @property
+    def retention_interval(self) -> int | None:
+        """The config's `prefix_cache_retention_interval`, as vLLM's coordinator keeps it
+        (read-only: the core fixes the retention at construction)."""
+        return self._config.prefix_cache_retention_interval  # type: ignore[no-any-return]
+
+    @property
+    def attention_groups(self) -> list[Any]:
+        """The hybrid coordinator's spec groups in lookup order, as vLLM's `SpecGroup`
+        tuples (spec, group ids, vLLM's manager class, use_eagle). vLLM's other
+        coordinators have no such attribute, so neither do their views."""
+        groups = self._manager.spec_groups
+        if groups is None:
+            raise AttributeError(
+                f"'{type(self).__name__}' object has no attribute 'attention_groups'"
+            )
+        from vllm.v1.core.kv_cache_coordinator import SpecGroup
+        from vllm.v1.core.single_type_kv_cache_manager import KVCacheSpecRegistry
+
+        out = []
+        for group_ids, use_eagle in groups:
+            spec = self._config.kv_cache_groups[group_ids[0]].kv_cache_spec
+            manager_cls = KVCacheSpecRegistry.get_manager_class(spec, None)
+            out.append(SpecGroup(spec, list(group_ids), manager_cls, use_eagle))
+        return out
 
     def find_longest_cache_hit_per_group(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
