@@ -772,9 +772,11 @@ class KVCacheManager:
     def take_block_copies(self) -> list[tuple[int, int]]:
         """Partial-hit copies queued since the last call, `[(src, dst), ...]`; each
         endpoint keeps a reference until freed with the pool's `free_blocks`."""
-    def finalize_partial_tail_offloads(
+    def finalize_partial_tails(
         self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
-    ) -> list[tuple[int, int, int]]: ...
+    ) -> list[tuple[int, int, int]]:
+        """The align-mode Mamba partial tails a finishing request cached itself and did
+        not overwrite, `[(group_id, block_id, boundary_tokens), ...]`."""
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """Align-mode Mamba states cached since the last call, for a KV connector to
         offload: `{request_id: [(group_id, block_id, num_tokens), ...]}`."""

@@ -355,6 +355,7 @@ impl AttentionKind {
     /// The type's own `get_num_blocks_to_allocate`, where the common count does not
     /// apply (Mamba: a hit cached during this step defers the request; "align" mode
     /// counts state blocks, from `total_computed_tokens`); `None` for the common count.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn own_num_blocks_to_allocate(
         &self,
         mgr: &SingleTypeManager,

@@ -221,6 +221,7 @@ pub(crate) fn find_longest_cache_hit(
 /// last block was cached during this step, so the request waits a step; the "align"
 /// count below for a step computing tokens `[start, num_tokens_main_model)`; `None`
 /// (the common count) otherwise.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn own_num_blocks_to_allocate(
     mgr: &SingleTypeManager,
     rb: &RequestBlocks,

@@ -896,7 +896,7 @@ impl PyKVCacheManager {
     /// The align-mode Mamba partial tails a finishing request cached itself and did not
     /// overwrite: `[(group_id, block_id, boundary_tokens), ...]` (vLLM's
     /// `finalize_partial_tail_offloads`).
-    fn finalize_partial_tail_offloads(
+    fn finalize_partial_tails(
         &mut self,
         request_id: &str,
         num_computed_tokens: usize,

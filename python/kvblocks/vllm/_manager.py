@@ -492,7 +492,7 @@ class KVCacheManager(kb.KVCacheManager):
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
         """The align-mode Mamba partial tails a finishing request cached itself and did
         not overwrite, `[(group_id, block_id, boundary_tokens), ...]`."""
-        return super().finalize_partial_tail_offloads(
+        return self.finalize_partial_tails(
             request.request_id, request.num_computed_tokens, request.num_in_flight_tokens
         )
 
