@@ -261,6 +261,20 @@ impl Coordinator {
         self.partial_hits
     }
 
+    /// vLLM's `enable_mamba_shared_prefix_checkpoint`: align-mode Mamba groups also key
+    /// the state at a request's shared-prefix junction, where an EAGLE sibling resumes.
+    /// Armed only with an EAGLE group, partial hits and no multi-module MTP re-prefill
+    /// (`cache_blocks` then sees the chunk end); returns whether it is.
+    pub fn arm_mamba_shared_prefix_checkpoint(&mut self) -> bool {
+        let armed = self.any_drop_eagle && self.partial_hits && self.num_reprefillable_tokens == 0;
+        if armed {
+            for m in &mut self.managers {
+                m.shared_prefix_checkpoint = m.params().kind.keeps_recurrent_state();
+            }
+        }
+        armed
+    }
+
     /// The granularity of hybrid hits (vLLM's `_cache_hit_alignment_tokens`): the hash
     /// block size with partial hits, the scheduler block size otherwise.
     #[inline]

@@ -879,6 +879,12 @@ impl KvCacheManager {
         self.coord.partial_hits_enabled()
     }
 
+    /// Arms vLLM's Mamba shared-prefix checkpoint where vLLM would
+    /// ([`Coordinator::arm_mamba_shared_prefix_checkpoint`]); returns whether it is armed.
+    pub fn arm_mamba_shared_prefix_checkpoint(&mut self) -> bool {
+        self.coord.arm_mamba_shared_prefix_checkpoint()
+    }
+
     /// vLLM's `finalize_partial_tail_offloads` for a finishing request that computed
     /// `num_computed` tokens with `num_in_flight` in flight: `(group, block, boundary)`
     /// of each align-mode Mamba partial tail it cached itself and did not overwrite

@@ -688,6 +688,8 @@ class KVCacheManager:
     @property
     def cache_hit_alignment_tokens(self) -> int:
         """The granularity of prefix hits, in tokens."""
+    def arm_mamba_shared_prefix_checkpoint(self) -> bool:
+        """Arms vLLM's Mamba shared-prefix checkpoint where vLLM would; whether it is."""
     @property
     def scheduler_block_size(self) -> int: ...
     @property

@@ -521,7 +521,7 @@ pub(crate) fn after_cache_blocks<R: RequestView>(
 /// block is re-keyed at its checkpoint position, or dropped from the cache when that
 /// position is neither the prompt's checkpoint, a block boundary nor the request's
 /// shared-prefix junction; without a checkpoint, the state at the prompt's last hash
-/// boundary is keyed there, and when that boundary is inside a block, the request
+/// boundary (or, armed, at the request's shared-prefix junction) is keyed there, and when that boundary is inside a block, the request
 /// itself copies the block before it writes past the boundary (its partial hit, with
 /// the block's earlier whole blocks cached). Returns the key it registered.
 fn cache_partial_tail_block<R: RequestView>(
@@ -562,10 +562,16 @@ fn cache_partial_tail_block<R: RequestView>(
         pool.evict_blocks(&[block])?;
         (position, block)
     } else {
+        let prompt = request.num_prompt_tokens();
+        // The junction where a sibling resumes, within the prompt chunk being computed.
+        let junction = mgr.shared_prefix_checkpoint
+            && num_tokens == request.shared_prefix_boundary()
+            && request.num_computed_tokens() < num_tokens
+            && num_tokens <= prompt;
         if num_tokens == 0
             || !num_tokens.is_multiple_of(hash_bs)
-            || num_tokens
-                != checkpoint_position(request.num_prompt_tokens(), hash_bs, drop_eagle, lookahead)
+            || (num_tokens != checkpoint_position(prompt, hash_bs, drop_eagle, lookahead)
+                && !junction)
         {
             return Ok(None);
         }

@@ -66,6 +66,9 @@ pub struct SingleTypeManager {
     /// `cache_hit_alignment_tokens` (the scheduler block size; the hash block size with
     /// partial hits).
     pub(crate) alignment_tokens: usize,
+    /// Align-mode Mamba: also key the state at a request's shared-prefix junction
+    /// (vLLM's `shared_prefix_checkpoint`, armed by the coordinator).
+    pub(crate) shared_prefix_checkpoint: bool,
     sink_blocks: Vec<BlockId>,
     /// Align-mode Mamba: keys cached during this step, which other requests may not hit
     /// until the next step (vLLM's `cached_blocks_this_step`).
@@ -109,6 +112,7 @@ impl SingleTypeManager {
             use_eagle: false,
             use_eagle_checkpoint: false,
             alignment_tokens: scheduler_block_size,
+            shared_prefix_checkpoint: false,
             sink_blocks,
             cached_this_step: FxHashSet::default(),
             boundary_offloads: Vec::new(),

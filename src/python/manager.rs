@@ -537,6 +537,13 @@ impl PyKVCacheManager {
         self.inner.coordinator().hit_alignment()
     }
 
+    /// Arms vLLM's Mamba shared-prefix checkpoint (`enable_mamba_shared_prefix_checkpoint`)
+    /// where vLLM would: an EAGLE group, partial hits, no multi-module MTP re-prefill.
+    /// Returns whether it is armed.
+    fn arm_mamba_shared_prefix_checkpoint(&mut self) -> bool {
+        self.inner.arm_mamba_shared_prefix_checkpoint()
+    }
+
     /// The scheduler block size (hybrid hits align to it without partial hits).
     #[getter]
     fn scheduler_block_size(&self) -> usize {

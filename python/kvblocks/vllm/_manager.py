@@ -271,6 +271,16 @@ class CoordinatorView:
         (read-only: the core fixes the retention at construction)."""
         return self._config.prefix_cache_retention_interval  # type: ignore[no-any-return]
 
+    @retention_interval.setter
+    def retention_interval(self, value: int | None) -> None:
+        """Setting the value it has is a no-op (vLLM's tests do it); another value raises
+        `kvblocks.UnsupportedError`, as the core fixes the retention at construction."""
+        if value != self.retention_interval:
+            raise kb.UnsupportedError(
+                f"prefix_cache_retention_interval is fixed at construction "
+                f"({self.retention_interval}); it cannot become {value}"
+            )
+
     @property
     def attention_groups(self) -> list[Any]:
         """The hybrid coordinator's spec groups in lookup order, as vLLM's `SpecGroup`
@@ -417,7 +427,9 @@ class KVCacheManager(kb.KVCacheManager):
         self.use_eagle = use_eagle
         self.log_stats = log_stats
         self.metrics_collector = metrics_collector
-        self.mamba_shared_prefix_checkpoint = False
+        self.mamba_shared_prefix_checkpoint = (
+            enable_mamba_shared_prefix_checkpoint and self.arm_mamba_shared_prefix_checkpoint()
+        )
         self.retained_hit_group_ids = ()
         self.empty_kv_cache_blocks = self.get_blocks("")
         self._vllm_block_pool = BlockPool(self)
