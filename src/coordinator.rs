@@ -108,6 +108,8 @@ pub struct Coordinator {
     /// Hybrid: whether hits may end on a hash boundary inside a block (vLLM's
     /// `enable_partial_hash_hits`, `partial_hits.rs`).
     partial_hits: bool,
+    /// Whether the Mamba shared-prefix checkpoint is armed.
+    shared_prefix_checkpoint: bool,
 }
 
 impl Coordinator {
@@ -160,6 +162,7 @@ impl Coordinator {
             spec_groups: Vec::new(),
             sparse_caching,
             partial_hits: false,
+            shared_prefix_checkpoint: false,
         };
         match kind {
             CoordinatorKind::Unitary => me.managers[0].use_eagle = me.drop_eagle[0],
@@ -242,10 +245,15 @@ impl Coordinator {
         &self.managers
     }
 
-    /// Whether sparse prefix caching is on (`prefix_cache_retention_interval`
-    /// set): only then does caching read a request's shared-prefix junction.
+    /// Whether sparse prefix caching is on (`prefix_cache_retention_interval` set).
     pub fn sparse_caching(&self) -> bool {
         self.sparse_caching != SparseCaching::Dense
+    }
+
+    /// Whether caching reads a request's shared-prefix junction: under sparse prefix
+    /// caching, or with the Mamba shared-prefix checkpoint armed.
+    pub fn reads_junction(&self) -> bool {
+        self.sparse_caching() || self.shared_prefix_checkpoint
     }
 
     /// The scheduler block size.
@@ -272,6 +280,7 @@ impl Coordinator {
                 m.shared_prefix_checkpoint = m.params().kind.keeps_recurrent_state();
             }
         }
+        self.shared_prefix_checkpoint |= armed;
         armed
     }
 

@@ -867,7 +867,7 @@ fn uncached_sliding_window_leaves_hits_to_full_attention() {
 
 /// Full attention (bs 16) + align-mode Mamba (bs 32) over 16-token hashes: partial hits
 /// are on, hits align to 16 tokens.
-fn mamba_partial() -> KvCacheManager {
+fn mamba_partial(use_eagle: bool) -> KvCacheManager {
     let g = ManagerParams::new(
         K::Mamba {
             num_speculative_blocks: 0,
@@ -879,6 +879,7 @@ fn mamba_partial() -> KvCacheManager {
     );
     let mut opts = ManagerOptions::new(1024, 16);
     opts.scheduler_block_size = Some(32);
+    opts.use_eagle = use_eagle;
     KvCacheManager::new(vec![full(16), g], 20, None, opts).unwrap()
 }
 
@@ -889,7 +890,7 @@ fn mamba_partial() -> KvCacheManager {
 /// 48 tokens hits 48, and its first allocation copies the shared tail into its own block.
 #[test]
 fn mamba_partial_hit_copy_on_write() {
-    let mut m = mamba_partial();
+    let mut m = mamba_partial(false);
     assert!(m.partial_hits_enabled());
     assert_eq!(m.coordinator().hit_alignment(), 16);
     let mut a = TestReq::new("a", toks(0, 56), 16);
@@ -955,4 +956,13 @@ fn partial_hits_need_a_coarse_mamba_block() {
     let m = KvCacheManager::new(vec![full(32), g], 20, None, opts).unwrap();
     assert!(!m.partial_hits_enabled());
     assert_eq!(m.coordinator().hit_alignment(), 32);
+}
+
+/// vLLM's Mamba shared-prefix checkpoint is armed only with an EAGLE group and partial
+/// hits.
+#[test]
+fn mamba_shared_prefix_checkpoint_needs_eagle_and_partial_hits() {
+    assert!(!mamba_partial(false).arm_mamba_shared_prefix_checkpoint());
+    assert!(mamba_partial(true).arm_mamba_shared_prefix_checkpoint());
+    assert!(!mamba_align(0, false, true).arm_mamba_shared_prefix_checkpoint());
 }
