@@ -274,11 +274,12 @@ class CoordinatorView:
     @retention_interval.setter
     def retention_interval(self, value: int | None) -> None:
         """Setting the value it has is a no-op (vLLM's tests do it); another value raises
-        `kvblocks.UnsupportedError`, as the core fixes the retention at construction."""
+        `AttributeError`, as for a read-only attribute: the core fixes the retention at
+        construction."""
         if value != self.retention_interval:
-            raise kb.UnsupportedError(
-                f"prefix_cache_retention_interval is fixed at construction "
-                f"({self.retention_interval}); it cannot become {value}"
+            raise AttributeError(
+                f"retention_interval is read-only: prefix_cache_retention_interval is fixed "
+                f"at construction ({self.retention_interval}), it cannot become {value}"
             )
 
     @property
