@@ -987,6 +987,17 @@ class BlockPool:
 
         `token_ids` (the request's tokens) are used only for `BlockStored` events.
         """
+    def cache_partial_block(
+        self,
+        request_block_hashes: Sequence[bytes],
+        block_id: int,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        token_ids: Sequence[int] | None = None,
+        replace_existing_hashes: bool = False,
+    ) -> None:
+        """Registers the prefix of `num_tokens` tokens as a partial cache entry of
+        `block_id`; `replace_existing_hashes` first drops the block's keys."""
     def get_cached_block(
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
     ) -> list[int] | None:

@@ -180,6 +180,7 @@ def calls() -> list[Call]:
         ("free_blocks", [[1]]),
         ("touch", [[1]]),
         ("cache_full_blocks", [[H], [4], 0, 1, BS, 0, [1, 2, 3, 4]]),
+        ("cache_partial_block", [[H], 4, BS, 0, [1, 2, 3, 4], True]),
         ("get_cached_block", [H, [0]]),
         ("evict_blocks", [{1}]),
         ("reset_prefix_cache", []),

@@ -116,6 +116,40 @@ class BlockPool:
             token_ids=list(request.all_token_ids),
         )
 
+    def cache_partial_block(
+        self,
+        request: Any,
+        block: Any,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        replace_existing_hashes: bool = False,
+    ) -> Any:
+        """vLLM 0.33's pool call: the request's prefix of `num_tokens` tokens (a multiple of
+        the hash block size) becomes a cache entry of `block`, vLLM's
+        `BlockHashWithGroupId` of it returned (None for the null block)."""
+        if block_size % self.hash_block_size:
+            raise kb.InvalidArgumentError(
+                f"block_size {block_size} is not a multiple of the hash block size "
+                f"{self.hash_block_size}"
+            )
+        hashes = list(request.block_hashes)
+        self._pool.cache_partial_block(
+            hashes,
+            block.block_id,
+            num_tokens,
+            kv_cache_group_id,
+            token_ids=list(request.all_token_ids),
+            replace_existing_hashes=replace_existing_hashes,
+        )
+        if block.is_null:
+            return None
+        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+        return make_block_hash_with_group_id(
+            hashes[num_tokens // self.hash_block_size - 1], kv_cache_group_id
+        )
+
     def get_cached_block(
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
     ) -> list[KVCacheBlock] | None:
