@@ -8,10 +8,11 @@
 
 use crate::arith::cdiv;
 use crate::attention::{
-    BoundaryOffload, HitQuery, ManagerParams, RequestBlocks, RequestView, SingleTypeManager,
+    mamba, BoundaryOffload, HitQuery, ManagerParams, RequestBlocks, RequestView, SingleTypeManager,
     SparseCaching,
 };
 use crate::error::{KvError, Result};
+use crate::partial_hits;
 use crate::pool::BlockPool;
 use crate::types::{BlockHash, BlockId, GroupId};
 use crate::zeroing::ZeroingLog;
@@ -34,6 +35,8 @@ struct SpecGroup {
     is_full: bool,
     /// Whether an EAGLE lookup searches one block past the limit.
     extends_eagle_lookup: bool,
+    /// Whether the type's lookup probes hash boundaries inside its blocks.
+    fine_grained_lookup: bool,
     use_eagle: bool,
 }
 
@@ -102,6 +105,11 @@ pub struct Coordinator {
     spec_groups: Vec<SpecGroup>,
     sparse_caching: SparseCaching,
     zeroing: ZeroingLog,
+    /// Hybrid: whether hits may end on a hash boundary inside a block (vLLM's
+    /// `enable_partial_hash_hits`, `partial_hits.rs`).
+    partial_hits: bool,
+    /// Whether the Mamba shared-prefix checkpoint is armed.
+    shared_prefix_checkpoint: bool,
 }
 
 impl Coordinator {
@@ -153,10 +161,21 @@ impl Coordinator {
             drop_eagle,
             spec_groups: Vec::new(),
             sparse_caching,
+            partial_hits: false,
+            shared_prefix_checkpoint: false,
         };
         match kind {
             CoordinatorKind::Unitary => me.managers[0].use_eagle = me.drop_eagle[0],
-            CoordinatorKind::Hybrid => me.split_spec_groups(),
+            CoordinatorKind::Hybrid => {
+                let params: Vec<ManagerParams> =
+                    me.managers.iter().map(|m| m.params().clone()).collect();
+                me.partial_hits = partial_hits::enabled(&params, hbs);
+                let alignment = me.hit_alignment();
+                for m in &mut me.managers {
+                    m.alignment_tokens = alignment;
+                }
+                me.split_spec_groups();
+            }
             CoordinatorKind::NoPrefixCache => {}
         }
         Ok(me)
@@ -184,6 +203,7 @@ impl Coordinator {
                         group_ids: vec![i as GroupId],
                         is_full: p.kind.is_full_attention(),
                         extends_eagle_lookup: p.kind.extends_eagle_lookup(),
+                        fine_grained_lookup: partial_hits::supports_fine_grained_lookup(&p.kind),
                         use_eagle,
                     },
                 ));
@@ -225,16 +245,67 @@ impl Coordinator {
         &self.managers
     }
 
-    /// Whether sparse prefix caching is on (`prefix_cache_retention_interval`
-    /// set): only then does caching read a request's shared-prefix junction.
+    /// Whether sparse prefix caching is on (`prefix_cache_retention_interval` set).
     pub fn sparse_caching(&self) -> bool {
         self.sparse_caching != SparseCaching::Dense
+    }
+
+    /// Whether caching reads a request's shared-prefix junction: under sparse prefix
+    /// caching, or with the Mamba shared-prefix checkpoint armed.
+    pub fn reads_junction(&self) -> bool {
+        self.sparse_caching() || self.shared_prefix_checkpoint
     }
 
     /// The scheduler block size.
     #[inline]
     pub fn scheduler_block_size(&self) -> usize {
         self.scheduler_block_size
+    }
+
+    /// Whether hybrid hits may end on a hash boundary inside a block (vLLM's
+    /// `enable_partial_hash_hits`).
+    #[inline]
+    pub fn partial_hits_enabled(&self) -> bool {
+        self.partial_hits
+    }
+
+    /// vLLM's `enable_mamba_shared_prefix_checkpoint`: align-mode Mamba groups also key
+    /// the state at a request's shared-prefix junction, where an EAGLE sibling resumes.
+    /// Armed only with an EAGLE group, partial hits and no multi-module MTP re-prefill
+    /// (`cache_blocks` then sees the chunk end); returns whether it is.
+    pub fn arm_mamba_shared_prefix_checkpoint(&mut self) -> bool {
+        let armed = self.any_drop_eagle && self.partial_hits && self.num_reprefillable_tokens == 0;
+        if armed {
+            for m in &mut self.managers {
+                m.shared_prefix_checkpoint = m.params().kind.keeps_recurrent_state();
+            }
+        }
+        self.shared_prefix_checkpoint |= armed;
+        armed
+    }
+
+    /// The granularity of hybrid hits (vLLM's `_cache_hit_alignment_tokens`): the hash
+    /// block size with partial hits, the scheduler block size otherwise.
+    #[inline]
+    pub fn hit_alignment(&self) -> usize {
+        if self.partial_hits {
+            self.hash_block_size
+        } else {
+            self.scheduler_block_size
+        }
+    }
+
+    /// The longest an EAGLE lookup of spec group `sg` reads, `limit` tokens being the
+    /// candidate hit: one drop unit more ([`partial_hits::eagle_proof_margin`]) for a
+    /// type that drops what it reads past the limit.
+    fn eagle_lookup_limit(&self, sg: &SpecGroup, limit: usize, num_hashes: usize) -> usize {
+        if !sg.extends_eagle_lookup {
+            return limit;
+        }
+        let bs = self.managers[sg.group_ids[0] as usize].block_size();
+        let fine = self.partial_hits && sg.fine_grained_lookup;
+        let margin = partial_hits::eagle_proof_margin(bs, self.hash_block_size, fine);
+        (limit + margin).min(num_hashes * self.hash_block_size)
     }
 
     /// The longest prefix hit of `hashes` no longer than `max_length` tokens: one block
@@ -295,8 +366,8 @@ impl Coordinator {
         let mut lengths = vec![0usize; n];
         for sg in &self.spec_groups {
             let m = &self.managers[sg.group_ids[0] as usize];
-            let limit = if sg.use_eagle && sg.extends_eagle_lookup {
-                (max_length + m.block_size()).min(hashes.len() * self.hash_block_size)
+            let limit = if sg.use_eagle {
+                self.eagle_lookup_limit(sg, max_length, hashes.len())
             } else {
                 max_length
             };
@@ -306,7 +377,7 @@ impl Coordinator {
                 max_length: limit,
                 groups: &sg.group_ids,
                 drop_eagle: sg.use_eagle,
-                alignment: self.scheduler_block_size,
+                alignment: self.hit_alignment(),
             };
             let mut out = vec![Vec::new(); sg.group_ids.len()];
             let found = m.find_longest_cache_hit(&query, &self.pool, &mut out)?;
@@ -368,8 +439,8 @@ impl Coordinator {
                 }
                 let m = &self.managers[first];
                 let drop = sg.use_eagle && !verified[idx];
-                let limit = if drop && sg.extends_eagle_lookup {
-                    (curr + m.block_size()).min(hashes.len() * self.hash_block_size)
+                let limit = if drop {
+                    self.eagle_lookup_limit(sg, curr, hashes.len())
                 } else {
                     curr
                 };
@@ -379,7 +450,7 @@ impl Coordinator {
                     max_length: limit,
                     groups: &sg.group_ids,
                     drop_eagle: drop,
-                    alignment: self.scheduler_block_size,
+                    alignment: self.hit_alignment(),
                 };
                 let mut out = vec![Vec::new(); sg.group_ids.len()];
                 let found = m.find_longest_cache_hit(&query, &self.pool, &mut out)?;
@@ -420,7 +491,8 @@ impl Coordinator {
 
     /// Blocks an allocation would take off the free queue, summed over groups (signed:
     /// align-mode Mamba can count negatively). `hits` is `None` for no prefix hit (vLLM's
-    /// empty sentinel).
+    /// empty sentinel); of the `total_computed_tokens`, `num_local_computed_tokens` are
+    /// the prefix hit's.
     #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
         &self,
@@ -430,6 +502,7 @@ impl Coordinator {
         hits: Option<&[Vec<BlockId>]>,
         num_encoder_tokens: usize,
         total_computed_tokens: usize,
+        num_local_computed_tokens: usize,
         apply_admission_cap: bool,
     ) -> isize {
         self.managers
@@ -444,6 +517,7 @@ impl Coordinator {
                         num_encoder_tokens,
                         &[],
                         0,
+                        0,
                         apply_admission_cap,
                         &self.pool,
                     )
@@ -455,6 +529,7 @@ impl Coordinator {
                         num_tokens_main_model,
                         h,
                         total_computed_tokens,
+                        num_local_computed_tokens,
                         apply_admission_cap,
                         &self.pool,
                     )
@@ -533,52 +608,98 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Extends every group's table to `num_tokens` slots (a group that counts encoder
-    /// tokens: `num_encoder_tokens`; align-mode Mamba: the step computing
-    /// `[total_computed_tokens, num_tokens_main_model)`), group by group.
+    /// Extends every group's table of request `request_id` to `num_tokens` slots (a
+    /// group that counts encoder tokens: `num_encoder_tokens`; align-mode Mamba: the
+    /// step computing `[total_computed_tokens, num_tokens_main_model)`), group by group.
+    /// A partial hit's copy that replaced a table entry in place goes to `copies[g]`
+    /// (it comes first among the group's new blocks).
+    #[allow(clippy::too_many_arguments)]
     pub fn allocate_new_blocks(
         &mut self,
         rbs: &mut [RequestBlocks],
+        request_id: &str,
         num_tokens: usize,
         total_computed_tokens: usize,
         num_tokens_main_model: usize,
         num_encoder_tokens: usize,
+        copies: &mut [Option<BlockId>],
     ) -> Result<()> {
-        for (g, (m, rb)) in self.managers.iter().zip(rbs.iter_mut()).enumerate() {
+        let groups = self.managers.iter_mut().zip(rbs.iter_mut()).zip(copies);
+        for (g, ((m, rb), copy)) in groups.enumerate() {
             let n = if m.params().kind.counts_encoder_tokens() {
                 num_encoder_tokens
             } else {
                 num_tokens
             };
             let start = rb.table.len();
-            m.allocate_new_blocks(
+            *copy = m.allocate_new_blocks(
                 rb,
+                request_id,
                 n,
                 total_computed_tokens,
                 num_tokens_main_model,
                 &mut self.pool,
             )?;
+            if let Some(c) = *copy {
+                self.zeroing.record(g, &[c]);
+            }
             self.zeroing
                 .record(g, &rb.table[start.min(rb.table.len())..]);
         }
         Ok(())
     }
 
+    /// The partial-hit copies queued since the last call, `(source, destination)`,
+    /// group after group (vLLM's `take_pending_cow_copies` of every manager).
+    pub fn take_block_copies(&mut self) -> Vec<(BlockId, BlockId)> {
+        let mut out = Vec::new();
+        for m in &mut self.managers {
+            m.take_block_copies(&mut out);
+        }
+        out
+    }
+
+    /// vLLM's `finalize_partial_tail_offloads` for a request finishing after
+    /// `num_computed` tokens with `num_in_flight` in flight: per align-mode Mamba group,
+    /// the partial tail it cached itself if no later token overwrote it, as
+    /// `(group, block, boundary)`.
+    pub fn finalize_partial_tail_offloads(
+        &self,
+        rbs: &mut [RequestBlocks],
+        num_computed: usize,
+        num_in_flight: usize,
+    ) -> Vec<(GroupId, BlockId, usize)> {
+        rbs.iter_mut()
+            .enumerate()
+            .filter_map(|(g, rb)| {
+                mamba::finalize_partial_tail(rb, num_computed, num_in_flight)
+                    .map(|(block, boundary)| (g as GroupId, block, boundary))
+            })
+            .collect()
+    }
+
     /// Tokens group `group` may cache out of `num_tokens` computed ones: all but the
     /// last `num_reprefillable_tokens` (multi-module MTP re-prefills them); hybrid:
-    /// aligned down to the scheduler block size, and an EAGLE group one block further,
-    /// within the tokens no MTP module re-prefills.
+    /// aligned down to the scheduler block size (not at all with partial hits, vLLM's
+    /// `_align_cacheable`), and an EAGLE group one block further, within the tokens no
+    /// MTP module re-prefills.
     #[inline]
     pub fn num_cacheable_tokens(&self, num_tokens: usize, group: usize) -> usize {
         let finalized = num_tokens.saturating_sub(self.num_reprefillable_tokens);
         if self.kind != CoordinatorKind::Hybrid {
             return finalized;
         }
-        let sbs = self.scheduler_block_size;
-        let aligned = num_tokens / sbs * sbs;
+        let align = |n: usize| {
+            if self.partial_hits {
+                n
+            } else {
+                n / self.scheduler_block_size * self.scheduler_block_size
+            }
+        };
+        let aligned = align(num_tokens);
         let m = &self.managers[group];
         if m.use_eagle && aligned > 0 {
-            finalized.min(finalized / sbs * sbs + m.block_size())
+            finalized.min(align(finalized) + m.block_size())
         } else {
             aligned
         }
@@ -742,7 +863,7 @@ fn validate(
 /// group's block size is a multiple of the hash block size, and a single group's equals it.
 fn validate_prefix_caching(groups: &[ManagerParams], hbs: usize, sparse: bool) -> Result<()> {
     for g in groups {
-        g.kind.check_prefix_caching(g.block_size, hbs, sparse)?;
+        g.kind.check_prefix_caching(sparse)?;
         if g.caches_prefix() && g.block_size % hbs != 0 {
             return Err(KvError::InvalidArgument(format!(
                 "block_size {} is not divisible by hash_block_size {hbs}",

@@ -36,7 +36,7 @@ use crate::error::{KvError, Result};
 use crate::events::event::KvCacheEvent;
 use crate::pool::{BlockPool, FreeTag};
 pub use crate::stats::PrefixCacheStats;
-use crate::types::BlockId;
+use crate::types::{BlockId, GroupId};
 pub use lookup::Lookup;
 use slots::RequestSlots;
 
@@ -418,6 +418,7 @@ impl KvCacheManager {
                 hits,
                 args.num_encoder_tokens,
                 total,
+                local,
                 true,
             );
             if need + watermark > free {
@@ -442,6 +443,7 @@ impl KvCacheManager {
             hits,
             args.num_encoder_tokens,
             local + args.num_external_computed_tokens,
+            local,
             false,
         );
         let available =
@@ -467,30 +469,34 @@ impl KvCacheManager {
                 args.skip_zeroing_groups,
             )?;
         }
-        let mut starts = [0usize; 8];
-        let mut starts_vec = Vec::new();
-        let starts: &mut [usize] = if g <= 8 {
-            &mut starts[..g]
-        } else {
-            starts_vec.resize(g, 0);
-            &mut starts_vec
-        };
+        let (mut starts, mut starts_vec) = ([0usize; 8], Vec::new());
+        let starts = per_group_scratch(&mut starts, &mut starts_vec, g);
+        let (mut copies, mut copies_vec) = ([None; 8], Vec::new());
+        let copies = per_group_scratch(&mut copies, &mut copies_vec, g);
         for (st, rb) in starts.iter_mut().zip(rbs.iter()) {
             *st = rb.table.len();
         }
         self.coord.allocate_new_blocks(
             rbs,
+            request.request_id(),
             need_slots,
             local + args.num_external_computed_tokens,
             main,
             args.num_encoder_tokens,
+            copies,
         )?;
         if !args.delay_cache_blocks {
             let n = (total + args.num_new_tokens).min(request.num_tokens());
             self.coord.cache_blocks(rbs, request, n)?;
         }
-        for (group, (rb, &st)) in rbs.iter().zip(starts.iter()).enumerate() {
-            new_blocks(group, &rb.table[st..]);
+        for (group, (rb, (&st, &copy))) in
+            rbs.iter().zip(starts.iter().zip(copies.iter())).enumerate()
+        {
+            match copy {
+                // A partial hit's copy replaced a table entry: it comes first.
+                Some(c) => new_blocks(group, &[&[c][..], &rb.table[st..]].concat()),
+                None => new_blocks(group, &rb.table[st..]),
+            }
         }
         Ok(true)
     }
@@ -537,8 +543,9 @@ impl KvCacheManager {
                 num_blocks: n,
             });
         }
+        let partial_hits = self.coord.partial_hits_enabled();
         for (m, h) in self.coord.managers().iter().zip(hits) {
-            if !h.is_empty() && !local_tokens.is_multiple_of(m.block_size()) {
+            if !partial_hits && !h.is_empty() && !local_tokens.is_multiple_of(m.block_size()) {
                 return Err(KvError::Unsupported(
                     "prefix hits ending inside a block (0.33 partial-hit copy-on-write)".into(),
                 ));
@@ -823,6 +830,13 @@ impl KvCacheManager {
         self.slots.tables(s).get(group)?.num_cached
     }
 
+    /// The request's prefill checkpoint of this step in align-mode Mamba group `group`,
+    /// `(position, table index)` (vLLM's `_checkpoints`), if any.
+    pub fn mamba_checkpoint(&self, request_id: &str, group: usize) -> Option<(usize, usize)> {
+        let s = self.slots.get(request_id)?;
+        self.slots.tables(s).get(group)?.mamba.checkpoint()
+    }
+
     /// The blocks an allocation would take from the pool (vLLM's
     /// `coordinator.get_num_blocks_to_allocate`, a dry run: nothing changes).
     #[allow(clippy::too_many_arguments)]
@@ -834,6 +848,7 @@ impl KvCacheManager {
         hits: Option<&[Vec<BlockId>]>,
         num_encoder_tokens: usize,
         total_computed_tokens: usize,
+        num_local_computed_tokens: usize,
         apply_admission_cap: bool,
     ) -> Result<isize> {
         self.check_hit_groups("new_computed_blocks", hits)?;
@@ -845,8 +860,49 @@ impl KvCacheManager {
             hits,
             num_encoder_tokens,
             total_computed_tokens,
+            num_local_computed_tokens,
             apply_admission_cap,
         ))
+    }
+
+    /// The partial-hit copies queued since the last call, `(source, destination)`
+    /// (vLLM's `take_kv_cache_block_copies`): the worker copies each block before the
+    /// step runs; every endpoint keeps one reference for the copy, which the caller
+    /// drops with the pool's `free_blocks` once the copy has run.
+    pub fn take_block_copies(&mut self) -> Vec<(BlockId, BlockId)> {
+        self.coord.take_block_copies()
+    }
+
+    /// Whether prefix hits may end on a hash boundary inside a block (vLLM's
+    /// `coordinator.enable_partial_hash_hits`).
+    pub fn partial_hits_enabled(&self) -> bool {
+        self.coord.partial_hits_enabled()
+    }
+
+    /// Arms vLLM's Mamba shared-prefix checkpoint where vLLM would
+    /// ([`Coordinator::arm_mamba_shared_prefix_checkpoint`]); returns whether it is armed.
+    pub fn arm_mamba_shared_prefix_checkpoint(&mut self) -> bool {
+        self.coord.arm_mamba_shared_prefix_checkpoint()
+    }
+
+    /// vLLM's `finalize_partial_tail_offloads` for a finishing request that computed
+    /// `num_computed` tokens with `num_in_flight` in flight: `(group, block, boundary)`
+    /// of each align-mode Mamba partial tail it cached itself and did not overwrite
+    /// (empty for an unknown request).
+    pub fn finalize_partial_tail_offloads(
+        &mut self,
+        request_id: &str,
+        num_computed: usize,
+        num_in_flight: usize,
+    ) -> Vec<(GroupId, BlockId, usize)> {
+        let Some(s) = self.slots.get(request_id) else {
+            return Vec::new();
+        };
+        self.coord.finalize_partial_tail_offloads(
+            self.slots.tables_mut(s),
+            num_computed,
+            num_in_flight,
+        )
     }
 
     /// Frees the request's blocks that no token from `processed_computed_tokens` on
@@ -883,3 +939,17 @@ mod slots;
 mod stats;
 #[cfg(test)]
 mod tests;
+
+/// The first `n` entries of a per-group scratch array, or of `spill` for more groups.
+fn per_group_scratch<'a, T: Copy + Default>(
+    array: &'a mut [T; 8],
+    spill: &'a mut Vec<T>,
+    n: usize,
+) -> &'a mut [T] {
+    if n <= 8 {
+        &mut array[..n]
+    } else {
+        spill.resize(n, T::default());
+        spill
+    }
+}

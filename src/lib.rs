@@ -18,6 +18,7 @@ pub mod events;
 pub mod hashing;
 pub mod kv_cache_manager;
 pub mod offload;
+mod partial_hits;
 pub mod pool;
 pub mod request;
 pub mod request_fields;

@@ -16,7 +16,8 @@ pub struct RequestFields {
     pub lookup: bool,
     /// Its priority, session and tenant (a retention policy is set).
     pub retention: bool,
-    /// Its shared-prefix junction (sparse prefix-cache retention is on).
+    /// Its shared-prefix junction (sparse prefix-cache retention or the Mamba
+    /// shared-prefix checkpoint is on).
     pub junction: bool,
 }
 
@@ -40,23 +41,24 @@ impl RequestFields {
 
 impl KvCacheManager {
     /// What `allocate_slots` reads: tokens with events on, the status when the watermark
-    /// applies, the retention hints with a policy, the junction under sparse retention.
+    /// applies, the retention hints with a policy, the junction under sparse retention or
+    /// with the Mamba shared-prefix checkpoint.
     pub fn fields_for_allocate(&self, has_scheduled_reqs: bool) -> RequestFields {
         RequestFields {
             event_tokens: self.pool().events_enabled(),
             status: admission::status_matters(self.watermark_blocks(), has_scheduled_reqs),
             lookup: false,
             retention: self.retention_policy().is_some(),
-            junction: self.coordinator().sparse_caching(),
+            junction: self.coordinator().reads_junction(),
         }
     }
 
     /// What `cache_blocks` reads: tokens with events on, the junction under sparse
-    /// retention.
+    /// retention or with the Mamba shared-prefix checkpoint.
     pub fn fields_for_caching(&self) -> RequestFields {
         RequestFields {
             event_tokens: self.pool().events_enabled(),
-            junction: self.coordinator().sparse_caching(),
+            junction: self.coordinator().reads_junction(),
             ..RequestFields::NONE
         }
     }

@@ -36,6 +36,7 @@ CONFIGS = {  # name -> replay.py flags
     "full+chunked8192": ["--config", "chunked", "--chunk-size", "8192"],
     "full+mamba": ["--config", "mamba"],
     "mamba-align-spec": ["--config", "mamba-spec"],
+    "mamba-partial": ["--config", "mamba-partial"],
     "full+eagle": ["--config", "eagle"],
     "bs32/hash16": ["--config", "bs32"],
     "caching-off": ["--config", "full", "--no-prefix-caching"],

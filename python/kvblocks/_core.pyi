@@ -683,6 +683,21 @@ class KVCacheManager:
     def num_reprefillable_tokens(self) -> int:
         """Computed tokens multi-module MTP may re-prefill, never cached."""
     @property
+    def enable_partial_hash_hits(self) -> bool:
+        """Whether prefix hits may end on a hash boundary inside a block."""
+    @property
+    def cache_hit_alignment_tokens(self) -> int:
+        """The granularity of prefix hits, in tokens."""
+    def arm_mamba_shared_prefix_checkpoint(self) -> bool:
+        """Arms vLLM's Mamba shared-prefix checkpoint where vLLM would; whether it is."""
+    @property
+    def scheduler_block_size(self) -> int: ...
+    @property
+    def hash_block_size(self) -> int: ...
+    def mamba_checkpoint(self, request_id: str, group_id: int) -> tuple[int, int] | None:
+        """This step's prefill checkpoint in an align-mode Mamba group, `(position,
+        table index)`, or None."""
+    @property
     def num_hash_lookahead_tokens(self) -> int: ...
     @property
     def group_block_sizes(self) -> list[int]: ...
@@ -756,6 +771,14 @@ class KVCacheManager:
         longest of those tables, at least 1; an unknown request id gives a row of nulls."""
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None: ...
     def new_step_starts(self) -> None: ...
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """Partial-hit copies queued since the last call, `[(src, dst), ...]`; each
+        endpoint keeps a reference until freed with the pool's `free_blocks`."""
+    def finalize_partial_tails(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+    ) -> list[tuple[int, int, int]]:
+        """The align-mode Mamba partial tails a finishing request cached itself and did
+        not overwrite, `[(group_id, block_id, boundary_tokens), ...]`."""
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """Align-mode Mamba states cached since the last call, for a KV connector to
         offload: `{request_id: [(group_id, block_id, num_tokens), ...]}`."""
@@ -793,6 +816,7 @@ class KVCacheManager:
         total_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        num_local_computed_tokens: int = 0,
     ) -> int: ...
     def remove_skipped_blocks(
         self,
@@ -963,6 +987,17 @@ class BlockPool:
 
         `token_ids` (the request's tokens) are used only for `BlockStored` events.
         """
+    def cache_partial_block(
+        self,
+        request_block_hashes: Sequence[bytes],
+        block_id: int,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        token_ids: Sequence[int] | None = None,
+        replace_existing_hashes: bool = False,
+    ) -> None:
+        """Registers the prefix of `num_tokens` tokens as a partial cache entry of
+        `block_id`; `replace_existing_hashes` first drops the block's keys."""
     def get_cached_block(
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
     ) -> list[int] | None:

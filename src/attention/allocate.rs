@@ -14,7 +14,8 @@ impl SingleTypeManager {
     /// `get_num_blocks_to_allocate`, hits that are still free included), or the type's
     /// own count (`kind.rs`, `own_num_blocks_to_allocate`: align-mode Mamba may
     /// return a negative count, and `num_blocks + 1` to defer a request whose hit was
-    /// cached during this step).
+    /// cached during this step). A local hit of `num_local_computed` tokens ending
+    /// inside a block takes one block more, its copy (`copy_on_write.rs`).
     #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
         &self,
@@ -23,15 +24,18 @@ impl SingleTypeManager {
         num_tokens_main_model: usize,
         new_computed: &[BlockId],
         total_computed_tokens: usize,
+        num_local_computed: usize,
         apply_admission_cap: bool,
         pool: &BlockPool,
     ) -> isize {
+        let partial_hit = self.has_partial_local_hit(new_computed, num_local_computed);
         if let Some(n) = self.params.kind.own_num_blocks_to_allocate(
             self,
             rb,
             total_computed_tokens,
             num_tokens_main_model,
             new_computed,
+            partial_hit,
             pool,
         ) {
             return n;
@@ -44,6 +48,7 @@ impl SingleTypeManager {
             apply_admission_cap,
             pool,
         ) as isize
+            + isize::from(partial_hit && rb.num_cached.is_none())
     }
 
     /// The common (non align-mode) `get_num_blocks_to_allocate`.
@@ -101,6 +106,7 @@ impl SingleTypeManager {
         rb.table.extend(std::iter::repeat_n(NULL_BLOCK_ID, skipped));
         rb.table.extend_from_slice(kept);
         rb.num_cached = Some(rb.table.len());
+        self.record_partial_hit(rb, kept, num_local_computed);
         Ok(())
     }
 
@@ -134,20 +140,25 @@ impl SingleTypeManager {
         pool.get_new_blocks_into(n, &mut rb.table)
     }
 
-    /// Extends the table to cover `num_tokens` tokens with blocks from the queue head
-    /// (align-mode Mamba: the state blocks of a step computing
-    /// `[total_computed_tokens, num_tokens_main_model)`).
+    /// Extends the table of request `request_id` to cover `num_tokens` tokens with
+    /// blocks from the queue head (align-mode Mamba: the state blocks of a step
+    /// computing `[total_computed_tokens, num_tokens_main_model)`), after redirecting a
+    /// partial hit to its copy. Returns the copy's block where it replaced a table
+    /// entry in place (for zeroing).
     pub fn allocate_new_blocks(
-        &self,
+        &mut self,
         rb: &mut RequestBlocks,
+        request_id: &str,
         num_tokens: usize,
         total_computed_tokens: usize,
         num_tokens_main_model: usize,
         pool: &mut BlockPool,
-    ) -> Result<()> {
-        self.params.kind.allocate_new_blocks(
+    ) -> Result<Option<BlockId>> {
+        let kind = self.params.kind;
+        kind.allocate_new_blocks(
             self,
             rb,
+            request_id,
             num_tokens,
             total_computed_tokens,
             num_tokens_main_model,

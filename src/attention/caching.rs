@@ -52,7 +52,7 @@ impl SingleTypeManager {
             }
             rb.num_cached = Some(num_full);
         }
-        let kind = self.params.kind.clone();
+        let kind = self.params.kind;
         kind.after_cache_blocks(self, rb, request, num_tokens, cached, pool)?;
         if self.params.kind.is_full_attention() && bs != hash_bs {
             full::cache_partial_tail_block(self, rb, request, num_tokens, pool)?;

@@ -50,7 +50,9 @@ pub(crate) fn max_blocks_per_request(
 }
 
 /// Scans left to right and stops at the first miss: chained hashes make the set of
-/// cached prefixes downward-closed. EAGLE drops one block; the result is aligned down.
+/// cached prefixes downward-closed; with fine-grained hits, then probes the hash
+/// boundaries inside the next block. EAGLE drops one block (fine-grained: one hash
+/// block); the result is aligned down.
 pub(crate) fn find_longest_cache_hit(
     q: &HitQuery<'_>,
     bs: usize,
@@ -76,6 +78,9 @@ pub(crate) fn find_longest_cache_hit(
         }
     }
     let mut hit = n * bs;
+    if q.fine_grained(bs) {
+        hit = q.extend_into_partial_block(pool, n, bs, out).unwrap_or(hit);
+    }
     if q.drop_eagle && hit > 0 {
         hit -= q.alignment.min(bs);
     }

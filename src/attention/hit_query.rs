@@ -6,7 +6,7 @@ use super::SingleTypeManager;
 use crate::error::Result;
 use crate::hashing::BlockHashView;
 use crate::pool::BlockPool;
-use crate::types::{BlockHash, BlockId, GroupId};
+use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 
 /// A prefix-cache lookup, shared by every attention type's `find_longest_cache_hit`.
 #[derive(Debug, Clone, Copy)]
@@ -49,6 +49,65 @@ impl<'a> HitQuery<'a> {
     #[inline]
     pub(crate) fn max_blocks(&self, bs: usize) -> usize {
         (self.max_length / bs).min(self.num_hashed_blocks(bs))
+    }
+
+    /// Whether hits may end on a hash boundary inside a block of size `bs` (vLLM's
+    /// fine-grained lookup: the alignment, then the hash block size, divides `bs`).
+    #[inline]
+    pub(crate) fn fine_grained(&self, bs: usize) -> bool {
+        self.alignment < bs && bs.is_multiple_of(self.alignment)
+    }
+
+    /// The hash-block entry `unit` (0-based) cached in every group: one block per group.
+    fn cached_unit(&self, pool: &BlockPool, unit: usize) -> Option<Vec<BlockId>> {
+        pool.get_cached_block(&self.hashes[unit], self.groups)
+    }
+
+    /// Fine-grained phase 2 of a left-to-right search that hit `num_blocks` whole
+    /// blocks: the highest hash boundary inside the next block that is cached in every
+    /// group appends its block to `out`; returns the hit length, if any.
+    pub(crate) fn extend_into_partial_block(
+        &self,
+        pool: &BlockPool,
+        num_blocks: usize,
+        bs: usize,
+        out: &mut [Vec<BlockId>],
+    ) -> Option<usize> {
+        let scale = bs / self.alignment;
+        let first = num_blocks * scale;
+        let end = (first + scale - 1)
+            .min(self.max_length / self.alignment)
+            .min(self.hashes.len());
+        (first..end).rev().find_map(|unit| {
+            let blocks = self.cached_unit(pool, unit)?;
+            for (o, b) in out.iter_mut().zip(blocks) {
+                o.push(b);
+            }
+            Some((unit + 1) * self.alignment)
+        })
+    }
+
+    /// Fine-grained right-to-left search of a position-indexed table (align-mode
+    /// Mamba): the highest cached hash boundary gives nulls up to its block and the
+    /// block; returns the hit length (0 if none).
+    pub(crate) fn last_cached_unit(
+        &self,
+        pool: &BlockPool,
+        bs: usize,
+        out: &mut [Vec<BlockId>],
+    ) -> usize {
+        let scale = bs / self.alignment;
+        let units = (self.max_length / self.alignment).min(self.hashes.len());
+        for unit in (0..units).rev() {
+            if let Some(blocks) = self.cached_unit(pool, unit) {
+                for (o, b) in out.iter_mut().zip(blocks) {
+                    o.resize(unit / scale, NULL_BLOCK_ID);
+                    o.push(b);
+                }
+                return (unit + 1) * self.alignment;
+            }
+        }
+        0
     }
 
     /// Looks block `i` up in every group; on a full hit appends one block per group to

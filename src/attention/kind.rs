@@ -17,7 +17,7 @@ use crate::spec::KvCacheSpec;
 use crate::types::BlockId;
 
 /// The attention type of a KV cache group, with the fields its manager needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKind {
     /// Full attention (also MLA): every token's KV is kept until the request ends.
     FullAttention,
@@ -244,18 +244,11 @@ impl AttentionKind {
         matches!(self, Self::SlidingWindow { .. } | Self::Mamba { .. })
     }
 
-    /// Whether the type's prefix caching is supported for a group of `block_size` under
-    /// a pool hashed at `hash_block_size`, `sparse` saying whether sparse caching is on.
-    pub fn check_prefix_caching(
-        &self,
-        block_size: usize,
-        hash_block_size: usize,
-        sparse: bool,
-    ) -> Result<()> {
+    /// Whether the type's prefix caching is supported, `sparse` saying whether sparse
+    /// caching is on.
+    pub fn check_prefix_caching(&self, sparse: bool) -> Result<()> {
         match *self {
-            Self::Mamba { align, .. } => {
-                mamba::check_prefix_caching(align, block_size, hash_block_size, sparse)
-            }
+            Self::Mamba { align, .. } => mamba::check_prefix_caching(align, sparse),
             Self::CrossAttention => Err(cross_attention::no_prefix_caching()),
             _ => Ok(()),
         }
@@ -362,6 +355,7 @@ impl AttentionKind {
     /// The type's own `get_num_blocks_to_allocate`, where the common count does not
     /// apply (Mamba: a hit cached during this step defers the request; "align" mode
     /// counts state blocks, from `total_computed_tokens`); `None` for the common count.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn own_num_blocks_to_allocate(
         &self,
         mgr: &SingleTypeManager,
@@ -369,6 +363,7 @@ impl AttentionKind {
         total_computed_tokens: usize,
         num_tokens_main_model: usize,
         new_computed: &[BlockId],
+        partial_hit: bool,
         pool: &BlockPool,
     ) -> Option<isize> {
         match *self {
@@ -379,6 +374,7 @@ impl AttentionKind {
                 total_computed_tokens,
                 num_tokens_main_model,
                 new_computed,
+                partial_hit,
                 pool,
             ),
             Self::CircularBuffer => Some(circular_buffer::num_blocks_to_allocate(rb)),
@@ -389,25 +385,32 @@ impl AttentionKind {
     /// Extends the table with new blocks: to `num_tokens` slots, or by the type's own
     /// rule (align-mode Mamba: the state blocks of a step computing
     /// `[total_computed_tokens, num_tokens_main_model)`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn allocate_new_blocks(
         &self,
-        mgr: &SingleTypeManager,
+        mgr: &mut SingleTypeManager,
         rb: &mut RequestBlocks,
+        request_id: &str,
         num_tokens: usize,
         total_computed_tokens: usize,
         num_tokens_main_model: usize,
         pool: &mut BlockPool,
-    ) -> Result<()> {
+    ) -> Result<Option<BlockId>> {
         match *self {
             Self::Mamba { align: true, .. } => mamba::allocate_new_blocks(
                 mgr,
                 rb,
+                request_id,
                 total_computed_tokens,
                 num_tokens_main_model,
                 pool,
             ),
-            Self::CircularBuffer => circular_buffer::claim_ring_block(rb, pool),
-            _ => mgr.extend_table(rb, num_tokens, pool),
+            Self::CircularBuffer => circular_buffer::claim_ring_block(rb, pool).map(|()| None),
+            _ => {
+                let cow = mgr.redirect_partial_hit(rb, pool)?;
+                mgr.extend_table(rb, num_tokens, pool)?;
+                Ok(cow)
+            }
         }
     }
 
@@ -483,7 +486,7 @@ impl AttentionKind {
     pub(super) fn after_cache_blocks<R: RequestView>(
         &self,
         mgr: &mut SingleTypeManager,
-        rb: &RequestBlocks,
+        rb: &mut RequestBlocks,
         request: &R,
         num_tokens: usize,
         cached: Range<usize>,

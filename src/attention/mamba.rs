@@ -50,14 +50,9 @@ pub(crate) fn max_blocks_per_request(m: &MambaSpec) -> Option<usize> {
     }
 }
 
-/// Prefix caching needs "align" mode, with the hash block size as the block size (no
-/// fine-grained hits) and dense caching (`sparse` off).
-pub(crate) fn check_prefix_caching(
-    align: bool,
-    block_size: usize,
-    hash_block_size: usize,
-    sparse: bool,
-) -> Result<()> {
+/// Prefix caching needs "align" mode and dense caching (`sparse` off); a block coarser
+/// than a hash block allows partial hits (`partial_hits.rs`).
+pub(crate) fn check_prefix_caching(align: bool, sparse: bool) -> Result<()> {
     if !align {
         // vLLM 0.33 asserts this away; 0.32 builds a manager for it, which kvblocks does
         // not have (unsupported, so kvblocks.vllm falls back).
@@ -65,11 +60,8 @@ pub(crate) fn check_prefix_caching(
             "prefix caching requires mamba_cache_mode='align'; use enable_caching=False",
         ));
     }
-    if block_size != hash_block_size || sparse {
-        return Err(unsupported(
-            "\"align\" mode with a block size other than hash_block_size (fine-grained hits) \
-             or with sparse retention",
-        ));
+    if sparse {
+        return Err(unsupported("\"align\" mode with sparse retention"));
     }
     Ok(())
 }
@@ -92,16 +84,33 @@ pub struct MambaState {
     /// This step's prefill checkpoint: its token position and table index
     /// (`_checkpoints`).
     checkpoint: Option<(usize, usize)>,
+    /// The partial tail this request cached at its prompt's last hash boundary inside
+    /// a block: the block and the boundary (`_producer_partial_tail_reqs`).
+    producer_tail: Option<(BlockId, usize)>,
+}
+
+impl MambaState {
+    /// This step's prefill checkpoint, `(position, table index)`.
+    #[inline]
+    pub fn checkpoint(&self) -> Option<(usize, usize)> {
+        self.checkpoint
+    }
 }
 
 /// vLLM's `get_mamba_prefill_checkpoint_position`: the reusable state boundary of a
 /// prefill of `num_tokens` tokens, a multiple of `alignment` that leaves a token to
-/// recompute the logits from (EAGLE: one `alignment` less, the dropped block).
-pub(crate) fn checkpoint_position(num_tokens: usize, alignment: usize, drop_eagle: bool) -> usize {
+/// recompute the logits from, and the `hash_lookahead` tokens the boundary's hash
+/// covers (EAGLE: one `alignment` less, the dropped block).
+pub(crate) fn checkpoint_position(
+    num_tokens: usize,
+    alignment: usize,
+    drop_eagle: bool,
+    hash_lookahead: usize,
+) -> usize {
     let limit = if drop_eagle {
         num_tokens
     } else {
-        num_tokens.saturating_sub(1)
+        num_tokens.saturating_sub(hash_lookahead.max(1))
     };
     let position = limit / alignment * alignment;
     if drop_eagle {
@@ -148,7 +157,13 @@ fn internal_checkpoint(
     pool: &BlockPool,
 ) -> Option<(usize, usize)> {
     let bs = mgr.block_size();
-    let position = checkpoint_position(end, mgr.alignment_tokens, mgr.use_eagle_checkpoint);
+    let lookahead = pool.num_hash_lookahead_tokens();
+    let position = checkpoint_position(
+        end,
+        mgr.alignment_tokens,
+        mgr.use_eagle_checkpoint,
+        lookahead,
+    );
     let idx = cdiv(end, bs).checked_sub(2)?;
     if !checkpoint_exportable(start, end, position, pool.hash_block_size(), bs, alignment) {
         return None;
@@ -173,13 +188,17 @@ pub(crate) fn unsupported(what: &str) -> KvError {
 }
 
 /// Align mode: the rightmost cached state at or below `max_length` (on an aligned
-/// boundary) is the hit; positions before it are nulls.
+/// boundary; with fine-grained hits, at any hash boundary) is the hit; positions
+/// before it are nulls.
 pub(crate) fn find_longest_cache_hit(
     q: &HitQuery<'_>,
     bs: usize,
     pool: &BlockPool,
     out: &mut [Vec<BlockId>],
 ) -> usize {
+    if q.fine_grained(bs) {
+        return q.last_cached_unit(pool, bs, out);
+    }
     let max_blocks = q.max_blocks(bs);
     for i in (0..max_blocks).rev() {
         let h = q.hash(bs, i);
@@ -202,6 +221,7 @@ pub(crate) fn find_longest_cache_hit(
 /// last block was cached during this step, so the request waits a step; the "align"
 /// count below for a step computing tokens `[start, num_tokens_main_model)`; `None`
 /// (the common count) otherwise.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn own_num_blocks_to_allocate(
     mgr: &SingleTypeManager,
     rb: &RequestBlocks,
@@ -209,6 +229,7 @@ pub(crate) fn own_num_blocks_to_allocate(
     start: usize,
     num_tokens_main_model: usize,
     hits: &[BlockId],
+    partial_hit: bool,
     pool: &BlockPool,
 ) -> Option<isize> {
     if let Some(&last) = hits.last() {
@@ -217,13 +238,32 @@ pub(crate) fn own_num_blocks_to_allocate(
             return Some(pool.num_blocks() as isize + 1);
         }
     }
-    align.then(|| num_blocks_to_allocate(mgr, rb, start, num_tokens_main_model, hits, pool))
+    let partial_hit = partial_hit || rb.partial_hit.is_some();
+    align.then(|| {
+        num_blocks_to_allocate(
+            mgr,
+            rb,
+            start,
+            num_tokens_main_model,
+            hits,
+            partial_hit,
+            pool,
+        )
+    })
 }
 
-/// The blocks an align-mode step may take at most: one state block, the checkpoint
-/// block, and the speculative blocks on the request's first allocation.
-fn max_new_blocks(rb: &RequestBlocks, num_spec: usize, checkpoint: bool) -> usize {
-    1 + usize::from(checkpoint) + if rb.mamba.allocated { 0 } else { num_spec }
+/// The blocks an align-mode step may take at most: one state block, a partial hit's
+/// copy, the checkpoint block, and the speculative blocks on the request's first
+/// allocation.
+fn max_new_blocks(
+    rb: &RequestBlocks,
+    num_spec: usize,
+    partial_hit: bool,
+    checkpoint: bool,
+) -> usize {
+    1 + usize::from(partial_hit)
+        + usize::from(checkpoint)
+        + if rb.mamba.allocated { 0 } else { num_spec }
 }
 
 /// The prefill checkpoint of a step computing `[start, end)`, for a kind that has
@@ -240,22 +280,28 @@ fn step_checkpoint(
 }
 
 /// Align mode `get_num_blocks_to_allocate`: the state positions up to the last token
-/// plus the speculative blocks, capped at [`max_new_blocks`], plus the hits still in
-/// the free queue. May be negative (over-allocated drafts), as vLLM.
+/// plus the speculative blocks (a partial hit's copy on top), capped at
+/// [`max_new_blocks`], plus the hits still in the free queue. May be negative
+/// (over-allocated drafts), as vLLM.
 fn num_blocks_to_allocate(
     mgr: &SingleTypeManager,
     rb: &RequestBlocks,
     start: usize,
     num_tokens_main_model: usize,
     hits: &[BlockId],
+    partial_hit: bool,
     pool: &BlockPool,
 ) -> isize {
     let num_spec = mgr.params().kind.num_speculative_blocks();
     let required = (cdiv(num_tokens_main_model, mgr.block_size()) + num_spec) as isize;
     let mut new = required - hits.len() as isize - rb.table.len() as isize;
+    if partial_hit {
+        new = new.max(0) + 1;
+    }
     if new > 0 {
         let checkpoint = step_checkpoint(mgr, rb, start, num_tokens_main_model, pool);
-        new = new.min(max_new_blocks(rb, num_spec, checkpoint.is_some()) as isize);
+        let cap = max_new_blocks(rb, num_spec, partial_hit, checkpoint.is_some());
+        new = new.min(cap as isize);
     }
     let evictable = hits
         .iter()
@@ -264,25 +310,29 @@ fn num_blocks_to_allocate(
     new + evictable as isize
 }
 
-/// Align mode `allocate_new_blocks` for a step computing `[start, num_tokens_main_model)`:
-/// records the previous state block, pads with nulls up to the state position of the
-/// last token (short of this step's checkpoint block), moves the speculative blocks the
-/// step leaves behind to the end, then takes the new blocks.
+/// Align mode `allocate_new_blocks` for a step of request `request_id` computing
+/// `[start, num_tokens_main_model)`: records the previous state block, pads with nulls
+/// up to the state position of the last token (short of this step's checkpoint block),
+/// moves the speculative blocks the step leaves behind to the end, then takes the new
+/// blocks, the first one for a partial hit's copy ([`copy_partial_tail`]). Returns
+/// the copy where it replaced a table entry in place.
 pub(crate) fn allocate_new_blocks(
-    mgr: &SingleTypeManager,
+    mgr: &mut SingleTypeManager,
     rb: &mut RequestBlocks,
+    request_id: &str,
     start: usize,
     num_tokens_main_model: usize,
     pool: &mut BlockPool,
-) -> Result<()> {
+) -> Result<Option<BlockId>> {
     let num_spec = mgr.params().kind.num_speculative_blocks();
     let checkpoint = step_checkpoint(mgr, rb, start, num_tokens_main_model, pool);
     rb.mamba.checkpoint = checkpoint;
     let required = cdiv(num_tokens_main_model, mgr.block_size()) + num_spec;
     let prev = rb.table.len();
-    if required <= prev && checkpoint.is_none() {
+    let partial_hit = rb.partial_hit.take();
+    if required <= prev && partial_hit.is_none() && checkpoint.is_none() {
         rb.mamba.allocated = true;
-        return Ok(());
+        return Ok(None);
     }
     let allocated = rb.mamba.allocated;
     if allocated {
@@ -302,11 +352,70 @@ pub(crate) fn allocate_new_blocks(
             relocate_speculative_block(rb, idx, pool)?;
         }
     }
-    let new = required.saturating_sub(rb.table.len());
-    debug_assert!(new <= max_new_blocks(rb, num_spec, checkpoint.is_some()));
+    let new = required.saturating_sub(rb.table.len()) + usize::from(partial_hit.is_some());
+    debug_assert!(new <= max_new_blocks(rb, num_spec, partial_hit.is_some(), checkpoint.is_some()));
+    let first_new = rb.table.len();
     pool.get_new_blocks_into(new, &mut rb.table)?;
+    let mut replaced = None;
+    if let Some((idx, source)) = partial_hit {
+        let cow = rb.table.remove(first_new);
+        replaced = copy_partial_tail(mgr, rb, request_id, idx, source, cow, pool)?;
+    }
     rb.mamba.allocated = true;
-    Ok(())
+    Ok(replaced)
+}
+
+/// A partial hit's copy-on-write in align mode. A new request's table takes the copy
+/// (`copy_on_write.rs`). A running request (the producer of a partial tail it cached
+/// itself) stays on `source`, which it keeps writing: the cache entries move to the
+/// copy instead, both blocks keep a reference for the copy, the copy's key is not hit
+/// during this step, and the copy of the producer's own boundary state is offered to
+/// a KV connector. Returns the copy where it replaced the table entry.
+fn copy_partial_tail(
+    mgr: &mut SingleTypeManager,
+    rb: &mut RequestBlocks,
+    request_id: &str,
+    idx: usize,
+    source: BlockId,
+    cow: BlockId,
+    pool: &mut BlockPool,
+) -> Result<Option<BlockId>> {
+    if !rb.mamba.allocated {
+        mgr.apply_cow(rb, idx, source, cow, pool)?;
+        return Ok(Some(cow));
+    }
+    if rb.table.get(idx) != Some(&source) {
+        return Err(KvError::InvalidArgument(format!(
+            "partial tail block {source} is not at table entry {idx}"
+        )));
+    }
+    pool.move_block_hashes(source, cow)?;
+    pool.retain(source)?;
+    mgr.pending_copies.push((source, cow));
+    if let Some((_, num_tokens)) = rb.mamba.producer_tail.take() {
+        mgr.boundary_offloads.push(BoundaryOffload {
+            request_id: request_id.to_owned(),
+            group: mgr.group(),
+            block: cow,
+            num_tokens,
+        });
+    }
+    if let Some(key) = pool.block_hash(cow)? {
+        mgr.cached_this_step.insert(key);
+    }
+    Ok(None)
+}
+
+/// vLLM's `finalize_partial_tail_offload` when a request finishes after `num_computed`
+/// tokens with `num_in_flight` still in flight: the partial tail it cached itself, if
+/// no later token was computed into its block, as `(block, boundary)`.
+pub(crate) fn finalize_partial_tail(
+    rb: &mut RequestBlocks,
+    num_computed: usize,
+    num_in_flight: usize,
+) -> Option<(BlockId, usize)> {
+    let (block, boundary) = rb.mamba.producer_tail.take()?;
+    (num_in_flight == 0 && num_computed == boundary).then_some((block, boundary))
 }
 
 /// vLLM's `_relocate_speculative_block`: a speculative block the step leaves behind
@@ -381,7 +490,7 @@ pub struct BoundaryOffload {
 /// state to a KV connector.
 pub(crate) fn after_cache_blocks<R: RequestView>(
     mgr: &mut SingleTypeManager,
-    rb: &RequestBlocks,
+    rb: &mut RequestBlocks,
     request: &R,
     num_tokens: usize,
     cached: Range<usize>,
@@ -408,20 +517,23 @@ pub(crate) fn after_cache_blocks<R: RequestView>(
     Ok(())
 }
 
-/// vLLM's `_cache_partial_tail_block` (dense caching, no partial hits): the step's
-/// prefill checkpoint block is re-keyed at its checkpoint position, or dropped from the
-/// cache when that position is neither the prompt's checkpoint, a block boundary nor
-/// the request's shared-prefix junction; without a checkpoint, the state at the
-/// prompt's last hash boundary is keyed there. Returns the key it registered.
+/// vLLM's `_cache_partial_tail_block` (dense caching): the step's prefill checkpoint
+/// block is re-keyed at its checkpoint position, or dropped from the cache when that
+/// position is neither the prompt's checkpoint, a block boundary nor the request's
+/// shared-prefix junction; without a checkpoint, the state at the prompt's last hash
+/// boundary (or, armed, at the request's shared-prefix junction) is keyed there, and when that boundary is inside a block, the request
+/// itself copies the block before it writes past the boundary (its partial hit, with
+/// the block's earlier whole blocks cached). Returns the key it registered.
 fn cache_partial_tail_block<R: RequestView>(
     mgr: &SingleTypeManager,
-    rb: &RequestBlocks,
+    rb: &mut RequestBlocks,
     request: &R,
     num_tokens: usize,
     pool: &mut BlockPool,
 ) -> Result<Option<HashKey>> {
     let (bs, hash_bs) = (mgr.block_size(), pool.hash_block_size());
     let drop_eagle = mgr.use_eagle_checkpoint;
+    let lookahead = pool.num_hash_lookahead_tokens();
     let (position, block) = if let Some((position, idx)) = rb.mamba.checkpoint {
         let block = rb.table[idx];
         if block == NULL_BLOCK_ID {
@@ -432,6 +544,7 @@ fn cache_partial_tail_block<R: RequestView>(
                 request.num_prompt_tokens(),
                 mgr.alignment_tokens,
                 drop_eagle,
+                lookahead,
             );
         // Dense caching keeps every block-aligned state.
         if !prompt_checkpoint
@@ -449,9 +562,16 @@ fn cache_partial_tail_block<R: RequestView>(
         pool.evict_blocks(&[block])?;
         (position, block)
     } else {
+        let prompt = request.num_prompt_tokens();
+        // The junction where a sibling resumes, within the prompt chunk being computed.
+        let junction = mgr.shared_prefix_checkpoint
+            && num_tokens == request.shared_prefix_boundary()
+            && request.num_computed_tokens() < num_tokens
+            && num_tokens <= prompt;
         if num_tokens == 0
             || !num_tokens.is_multiple_of(hash_bs)
-            || num_tokens != checkpoint_position(request.num_prompt_tokens(), hash_bs, drop_eagle)
+            || (num_tokens != checkpoint_position(prompt, hash_bs, drop_eagle, lookahead)
+                && !junction)
         {
             return Ok(None);
         }
@@ -467,6 +587,12 @@ fn cache_partial_tail_block<R: RequestView>(
     };
     let hashes = request.block_hashes();
     pool.cache_partial_block(hashes, block, position, mgr.group(), request)?;
+    if rb.mamba.checkpoint.is_none() && !position.is_multiple_of(bs) {
+        let idx = cdiv(position, bs) - 1;
+        rb.partial_hit = Some((idx, block));
+        rb.num_cached = Some(idx);
+        rb.mamba.producer_tail = Some((block, position));
+    }
     Ok(Some(HashKey {
         hash: hashes[position / hash_bs - 1],
         group: mgr.group(),

@@ -26,6 +26,7 @@ pub mod sliding_window;
 
 mod allocate;
 mod caching;
+mod copy_on_write;
 mod free;
 mod hit_query;
 mod kind;
@@ -62,14 +63,21 @@ pub struct SingleTypeManager {
     /// Align-mode Mamba: whether prefill checkpoints follow EAGLE's replay boundary
     /// (vLLM's `drop_eagle_checkpoint_block`, set by the coordinator under EAGLE).
     pub(crate) use_eagle_checkpoint: bool,
-    /// `cache_hit_alignment_tokens` (the scheduler block size).
+    /// `cache_hit_alignment_tokens` (the scheduler block size; the hash block size with
+    /// partial hits).
     pub(crate) alignment_tokens: usize,
+    /// Align-mode Mamba: also key the state at a request's shared-prefix junction
+    /// (vLLM's `shared_prefix_checkpoint`, armed by the coordinator).
+    pub(crate) shared_prefix_checkpoint: bool,
     sink_blocks: Vec<BlockId>,
     /// Align-mode Mamba: keys cached during this step, which other requests may not hit
     /// until the next step (vLLM's `cached_blocks_this_step`).
     cached_this_step: FxHashSet<HashKey>,
     /// Align-mode Mamba: cached states not yet handed to a KV connector.
     boundary_offloads: Vec<BoundaryOffload>,
+    /// Copy-on-write copies of partial hits not yet handed over, `(source, destination)`
+    /// (vLLM's `_pending_cow_copies`).
+    pending_copies: Vec<(BlockId, BlockId)>,
 }
 
 impl SingleTypeManager {
@@ -104,9 +112,11 @@ impl SingleTypeManager {
             use_eagle: false,
             use_eagle_checkpoint: false,
             alignment_tokens: scheduler_block_size,
+            shared_prefix_checkpoint: false,
             sink_blocks,
             cached_this_step: FxHashSet::default(),
             boundary_offloads: Vec::new(),
+            pending_copies: Vec::new(),
         })
     }
 

@@ -17,6 +17,9 @@ pub struct RequestBlocks {
     pub table: Vec<BlockId>,
     /// Leading cached entries, if the request is known.
     pub num_cached: Option<usize>,
+    /// A partial prefix hit still to be copied on write: the table index of the shared
+    /// tail block and that block (vLLM's `_partial_hit_reqs`).
+    pub partial_hit: Option<(usize, BlockId)>,
     /// Align-mode Mamba bookkeeping (unused by other types).
     pub mamba: mamba::MambaState,
 }
@@ -26,6 +29,7 @@ impl RequestBlocks {
     pub fn clear(&mut self) {
         self.table.clear();
         self.num_cached = None;
+        self.partial_hit = None;
         self.mamba = mamba::MambaState::default();
     }
 }

@@ -91,7 +91,7 @@ fn chunked_local_hit_patterns() {
     };
     for (cached2, max_length, want) in [(true, 15, 3), (false, 15, 2), (false, 16, 4)] {
         let (mut pool, hs) = pool_with(&[false, false, cached2, false], 4);
-        let m = manager(kind.clone(), 4, &mut pool);
+        let m = manager(kind, 4, &mut pool);
         let q = HitQuery {
             hashes: &hs,
             hash_block_size: 4,
@@ -184,11 +184,11 @@ fn blocks_to_allocate_counts_evictable_hits() {
     hits.extend_from_slice(&real[..5]);
     let rb = RequestBlocks::default();
     assert_eq!(
-        m.get_num_blocks_to_allocate(&rb, 40, 40, &hits, 0, false, &pool),
+        m.get_num_blocks_to_allocate(&rb, 40, 40, &hits, 0, 0, false, &pool),
         15
     );
     assert_eq!(
-        m.get_num_blocks_to_allocate(&rb, 40, 40, &real, 0, false, &pool),
+        m.get_num_blocks_to_allocate(&rb, 40, 40, &real, 0, 0, false, &pool),
         20
     );
 }

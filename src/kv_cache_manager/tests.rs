@@ -227,9 +227,9 @@ fn sliding_window_end_to_end() {
     let (hits, hit) = m.get_computed_blocks(&b).unwrap();
     assert_eq!((hits[0].clone(), hit), (vec![0, 0, 0, 4, 5], 20));
     let rbs = m.slots.tables_or_empty(None);
-    let need = m
-        .coordinator()
-        .get_num_blocks_to_allocate(rbs, 23, 23, Some(&hits), 0, 20, false);
+    let need =
+        m.coordinator()
+            .get_num_blocks_to_allocate(rbs, 23, 23, Some(&hits), 0, 20, 20, false);
     assert_eq!(need, 3, "1 new + 2 evictable hits");
     admit(&mut m, &mut b);
     assert_eq!(m.get_block_ids("b"), vec![vec![0, 0, 0, 4, 5, 6]]);
@@ -863,4 +863,106 @@ fn uncached_sliding_window_leaves_hits_to_full_attention() {
     let new = new.unwrap();
     assert_eq!(m.get_block_ids("1")[1][..2], [0, 0]);
     assert_eq!(new[1].len(), 3);
+}
+
+/// Full attention (bs 16) + align-mode Mamba (bs 32) over 16-token hashes: partial hits
+/// are on, hits align to 16 tokens.
+fn mamba_partial(use_eagle: bool) -> KvCacheManager {
+    let g = ManagerParams::new(
+        K::Mamba {
+            num_speculative_blocks: 0,
+            align: true,
+            checkpoint_alignment: None,
+        },
+        32,
+        1,
+    );
+    let mut opts = ManagerOptions::new(1024, 16);
+    opts.scheduler_block_size = Some(32);
+    opts.use_eagle = use_eagle;
+    KvCacheManager::new(vec![full(16), g], 20, None, opts).unwrap()
+}
+
+/// vLLM 0.33's partial-hit trace (checked against its `KVCacheManager`): a 56-token
+/// prompt computed as 48 + 8 keys its Mamba state at the last hash boundary (48, inside
+/// the second Mamba block); its next step copies that state out of the block it keeps
+/// writing (the key moves to the copy, which is offered for offload). A sibling sharing
+/// 48 tokens hits 48, and its first allocation copies the shared tail into its own block.
+#[test]
+fn mamba_partial_hit_copy_on_write() {
+    let mut m = mamba_partial(false);
+    assert!(m.partial_hits_enabled());
+    assert_eq!(m.coordinator().hit_alignment(), 16);
+    let mut a = TestReq::new("a", toks(0, 56), 16);
+    assert_eq!(
+        step(&mut m, &mut a, 48),
+        Some(vec![vec![1, 2, 3], vec![0, 4]])
+    );
+    assert_eq!(m.num_cached_blocks("a", 1), Some(1));
+    assert!(m.take_block_copies().is_empty());
+    m.new_step_starts();
+    assert_eq!(step(&mut m, &mut a, 8), Some(vec![vec![5], vec![]]));
+    assert_eq!(m.get_block_ids("a"), vec![vec![1, 2, 3, 5], vec![0, 4]]);
+    assert_eq!(m.take_block_copies(), vec![(4, 6)]);
+    assert_eq!(
+        (m.pool().ref_cnt(4).unwrap(), m.pool().ref_cnt(6).unwrap()),
+        (2, 1)
+    );
+    let offloads: Vec<_> = m
+        .take_boundary_offloads()
+        .into_iter()
+        .map(|o| (o.request_id, o.group, o.block, o.num_tokens))
+        .collect();
+    assert_eq!(offloads, vec![("a".to_owned(), 1, 6, 48)]);
+    m.pool_mut().free_blocks([4, 6]).unwrap();
+    assert_eq!(
+        (m.pool().ref_cnt(4).unwrap(), m.pool().ref_cnt(6).unwrap()),
+        (1, 0)
+    );
+    m.new_step_starts();
+    let mut b = TestReq::new("b", [toks(0, 48), toks(900, 20)].concat(), 16);
+    let (hits, hit, new) = admit(&mut m, &mut b);
+    assert_eq!((hits, hit), (vec![vec![1, 2, 3], vec![0, 6]], 48));
+    assert_eq!(new, Some(vec![vec![7, 8], vec![9, 10]]));
+    assert_eq!(
+        m.get_block_ids("b"),
+        vec![vec![1, 2, 3, 7, 8], vec![0, 9, 10]]
+    );
+    assert_eq!(m.take_block_copies(), vec![(6, 9)]);
+    assert_eq!(
+        (m.pool().ref_cnt(6).unwrap(), m.pool().ref_cnt(9).unwrap()),
+        (1, 2)
+    );
+    m.pool_mut().free_blocks([6, 9]).unwrap();
+    assert_eq!(m.pool().num_free_blocks(), 10);
+    assert!(m.finalize_partial_tail_offloads("a", 56, 0).is_empty());
+}
+
+/// Without a Mamba block coarser than the hash block, hits stay scheduler-block aligned
+/// and a hit ending inside a block is refused.
+#[test]
+fn partial_hits_need_a_coarse_mamba_block() {
+    let g = ManagerParams::new(
+        K::Mamba {
+            num_speculative_blocks: 0,
+            align: true,
+            checkpoint_alignment: None,
+        },
+        32,
+        1,
+    );
+    let mut opts = ManagerOptions::new(1024, 32);
+    opts.scheduler_block_size = Some(32);
+    let m = KvCacheManager::new(vec![full(32), g], 20, None, opts).unwrap();
+    assert!(!m.partial_hits_enabled());
+    assert_eq!(m.coordinator().hit_alignment(), 32);
+}
+
+/// vLLM's Mamba shared-prefix checkpoint is armed only with an EAGLE group and partial
+/// hits.
+#[test]
+fn mamba_shared_prefix_checkpoint_needs_eagle_and_partial_hits() {
+    assert!(!mamba_partial(false).arm_mamba_shared_prefix_checkpoint());
+    assert!(mamba_partial(true).arm_mamba_shared_prefix_checkpoint());
+    assert!(!mamba_align(0, false, true).arm_mamba_shared_prefix_checkpoint());
 }

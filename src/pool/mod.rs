@@ -11,6 +11,7 @@
 //! assert_eq!(pool.free_block_ids().take(4).collect::<Vec<_>>(), vec![3, 2, 1, 4]);
 //! ```
 
+mod copy_on_write;
 pub mod free_queue;
 mod hash_lookahead;
 mod id_set;

@@ -523,6 +523,46 @@ impl PyKVCacheManager {
         self.inner.coordinator().num_reprefillable_tokens()
     }
 
+    /// Whether prefix hits may end on a hash boundary inside a block (vLLM's
+    /// `coordinator.enable_partial_hash_hits`).
+    #[getter]
+    fn enable_partial_hash_hits(&self) -> bool {
+        self.inner.partial_hits_enabled()
+    }
+
+    /// The granularity of prefix hits, in tokens (every manager's
+    /// `cache_hit_alignment_tokens` in vLLM).
+    #[getter]
+    fn cache_hit_alignment_tokens(&self) -> usize {
+        self.inner.coordinator().hit_alignment()
+    }
+
+    /// Arms vLLM's Mamba shared-prefix checkpoint (`enable_mamba_shared_prefix_checkpoint`)
+    /// where vLLM would: an EAGLE group, partial hits, no multi-module MTP re-prefill.
+    /// Returns whether it is armed.
+    fn arm_mamba_shared_prefix_checkpoint(&mut self) -> bool {
+        self.inner.arm_mamba_shared_prefix_checkpoint()
+    }
+
+    /// The scheduler block size (hybrid hits align to it without partial hits).
+    #[getter]
+    fn scheduler_block_size(&self) -> usize {
+        self.inner.coordinator().scheduler_block_size()
+    }
+
+    /// Tokens per request hash.
+    #[getter]
+    fn hash_block_size(&self) -> usize {
+        self.inner.pool().hash_block_size()
+    }
+
+    /// This step's prefill checkpoint of the request in an align-mode Mamba group,
+    /// `(position, table index)` (vLLM's `MambaManager._checkpoints[request_id]`), or
+    /// `None`.
+    fn mamba_checkpoint(&self, request_id: &str, group_id: usize) -> Option<(usize, usize)> {
+        self.inner.mamba_checkpoint(request_id, group_id)
+    }
+
     /// Tokens after each block that its hash covers (`num_hash_lookahead_tokens`).
     #[getter]
     fn num_hash_lookahead_tokens(&self) -> usize {
@@ -853,6 +893,29 @@ impl PyKVCacheManager {
         self.inner.new_step_starts();
     }
 
+    /// The partial-hit copies queued since the last call, `[(src_block_id,
+    /// dst_block_id), ...]` (vLLM's `take_kv_cache_block_copies`); each endpoint keeps a
+    /// reference until freed with the pool's `free_blocks` after the copy ran.
+    fn take_block_copies(&mut self) -> Vec<(BlockId, BlockId)> {
+        self.inner.take_block_copies()
+    }
+
+    /// The align-mode Mamba partial tails a finishing request cached itself and did not
+    /// overwrite: `[(group_id, block_id, boundary_tokens), ...]` (vLLM's
+    /// `finalize_partial_tail_offloads`).
+    fn finalize_partial_tails(
+        &mut self,
+        request_id: &str,
+        num_computed_tokens: usize,
+        num_in_flight_tokens: usize,
+    ) -> Vec<(GroupId, BlockId, usize)> {
+        self.inner.finalize_partial_tail_offloads(
+            request_id,
+            num_computed_tokens,
+            num_in_flight_tokens,
+        )
+    }
+
     /// Align-mode Mamba states cached since the last call, for a KV connector to
     /// offload: `{request_id: [(group_id, block_id, num_tokens), ...]}` (vLLM 0.33's
     /// `take_boundary_state_offloads`).
@@ -990,7 +1053,8 @@ impl PyKVCacheManager {
     /// Blocks an allocation would take (a dry run, vLLM's
     /// `coordinator.get_num_blocks_to_allocate`).
     #[pyo3(signature = (request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
-                        total_computed_tokens, num_tokens_main_model, apply_admission_cap=false))]
+                        total_computed_tokens, num_tokens_main_model, apply_admission_cap=false,
+                        num_local_computed_tokens=0))]
     #[allow(clippy::too_many_arguments)]
     fn get_num_blocks_to_allocate(
         &self,
@@ -1001,6 +1065,7 @@ impl PyKVCacheManager {
         total_computed_tokens: usize,
         num_tokens_main_model: usize,
         apply_admission_cap: bool,
+        num_local_computed_tokens: usize,
     ) -> PyResult<isize> {
         let hits = (!new_computed_blocks.iter().all(Vec::is_empty))
             .then_some(new_computed_blocks.as_slice());
@@ -1011,6 +1076,7 @@ impl PyKVCacheManager {
             hits,
             num_encoder_tokens,
             total_computed_tokens,
+            num_local_computed_tokens,
             apply_admission_cap,
         )?)
     }

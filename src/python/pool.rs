@@ -276,6 +276,43 @@ impl PyBlockPool {
         )?)
     }
 
+    /// Registers the prefix of `num_tokens` tokens (a multiple of the hash block size)
+    /// as a partial cache entry of `block_id` (vLLM 0.33's `cache_partial_block`);
+    /// `replace_existing_hashes` first drops every key the block has. `token_ids` are
+    /// used only for `BlockStored` events.
+    #[pyo3(signature = (request_block_hashes, block_id, num_tokens, kv_cache_group_id, token_ids=None, replace_existing_hashes=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn cache_partial_block(
+        &mut self,
+        py: Python<'_>,
+        request_block_hashes: Vec<Bound<'_, PyAny>>,
+        block_id: BlockId,
+        num_tokens: usize,
+        kv_cache_group_id: GroupId,
+        token_ids: Option<&Bound<'_, PyAny>>,
+        replace_existing_hashes: bool,
+    ) -> PyResult<()> {
+        let hashes = request_block_hashes
+            .iter()
+            .map(extract_hash)
+            .collect::<PyResult<Vec<_>>>()?;
+        let tokens = match token_ids {
+            Some(t) if self.owner.borrow(py)?.events_enabled() => extract_u32s(t, "token ids")?,
+            _ => Vec::new(),
+        };
+        let mut pool = self.owner.borrow(py)?;
+        if replace_existing_hashes {
+            pool.evict_blocks(&[block_id])?;
+        }
+        Ok(pool.cache_partial_block(
+            &hashes,
+            block_id,
+            num_tokens,
+            kv_cache_group_id,
+            &TokensOnly(&tokens),
+        )?)
+    }
+
     fn get_cached_block(
         &mut self,
         py: Python<'_>,

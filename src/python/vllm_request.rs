@@ -262,7 +262,8 @@ impl<'a> VllmRequest<'a> {
             .map_err(|_| invalid_type("request.num_in_flight_tokens must be an int"))?
             .max(0) as usize;
         // Set by vLLM's scheduler after `get_computed_blocks`; read only where caching uses
-        // it (sparse retention). A look-alike without it has no junction.
+        // it (sparse retention, the Mamba shared-prefix checkpoint). A look-alike without it
+        // has no junction.
         let shared_prefix_boundary = match fields
             .junction
             .then(|| a.get(intern!(py, attr::SHARED_PREFIX_BOUNDARY)))

@@ -89,6 +89,17 @@ CONFIGS = [
         num_blocks=60,
     ),
     Config("mamba_align", (("mamba", {"block_size": 16, "align": 1}),), num_blocks=30),
+    # A Mamba block of two hash blocks: partial hits, copied on write.
+    Config(
+        "full_mamba_partial",
+        (("full", {"block_size": 16}), ("mamba", {"block_size": 32, "align": 1})),
+        num_blocks=60,
+    ),
+    Config(
+        "full_mamba_partial_checkpoint",
+        (("full", {"block_size": 16}), ("mamba", {"block_size": 32, "align": 1, "ckpt": 16})),
+        num_blocks=70,
+    ),
     Config(
         "full_mamba_align_spec",
         (("full", {"block_size": 16}), ("mamba", {"block_size": 16, "align": 1, "spec": 2})),
@@ -430,6 +441,25 @@ class Driver:
             self.km.block_pool.free_blocks(kids[::-1])
         self.running.remove(p)
 
+    def chunk(self, p: Pair, start: int, n: int) -> int:
+        """`n` tokens from `start`, ended at the prompt's last hash boundary where that is
+        inside a Mamba block coarser than a hash block, as vLLM 0.33's scheduler does
+        there (`mamba_partial_cache_hit`) so the state is cached for partial hits."""
+        h = self.cfg.hash_block_size
+        coarse = any(k == "mamba" and kw["block_size"] > h for k, kw in self.cfg.groups)
+        boundary = (p.v.num_prompt_tokens - 1) // h * h
+        return boundary - start if coarse and start < boundary < start + n else n
+
+    def release_copies(self) -> None:
+        """The step's partial-hit copies agree; both drop their references, as vLLM's
+        scheduler does once it handed them to the worker."""
+        vcopies, vretained = self.vm.take_kv_cache_block_copies()
+        kpairs = self.km.take_block_copies()
+        assert kpairs == [(c.src_block_id, c.dst_block_id) for c in vcopies]
+        assert [b for pair in kpairs for b in pair] == [b.block_id for b in vretained]
+        self.vm.block_pool.free_blocks(vretained)
+        self.km.block_pool.free_blocks([b for pair in kpairs for b in pair])
+
     def step(self) -> None:
         self.vm.new_step_starts()
         self.km.new_step_starts()
@@ -441,6 +471,7 @@ class Driver:
                 continue
             remaining = p.v.num_tokens - p.v.num_computed_tokens
             n = min(remaining, self.rng.randrange(1, 96), budget) if remaining > 1 else 1
+            n = self.chunk(p, p.v.num_computed_tokens, n)
             if n <= 0:
                 continue
             while not self.allocate(p, n):
@@ -469,6 +500,7 @@ class Driver:
             n = min(p.v.num_tokens - vhit - ext, budget)
             if self.rng.random() < 0.3:
                 n = max(1, n // 2)
+            n = self.chunk(p, vhit + ext, n)
             extra = {
                 "num_external_computed_tokens": ext,
                 "delay_cache_blocks": self.rng.random() < 0.15,
@@ -490,6 +522,7 @@ class Driver:
                 delayed.append((p, vhit + ext + n))
             scheduled.append((p, n))
             budget -= n
+        self.release_copies()
         for p, n in scheduled:
             self.advance(p, n)
         for p, t in delayed:

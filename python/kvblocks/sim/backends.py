@@ -47,6 +47,11 @@ class Backend(Protocol):
         ``priority`` and ``session_id`` only matter to a retention policy."""
         ...
 
+    def release_block_copies(self) -> None:
+        """Drops the references of this step's partial-hit copies (copy on write), as
+        vLLM's scheduler does once it handed them to the worker."""
+        ...
+
 
 class KvblocksBackend:
     """kvblocks' ``KVCacheManager`` and ``Request``; ``batch`` turns on the batch calls
@@ -74,6 +79,12 @@ class KvblocksBackend:
         )
         self.batch = self.manager.allocate_slots_batch if batch else None
         self.append_batch = k.append_token_ids_batch if batch else None
+
+    def release_block_copies(self) -> None:
+        """See :class:`Backend`."""
+        pairs = self.manager.take_block_copies()
+        if pairs:
+            self.manager.block_pool.free_blocks([b for pair in pairs for b in pair])
 
     def make_request(
         self,
@@ -119,6 +130,12 @@ class VllmBackend:
         self._hasher = utils.get_request_block_hasher(
             layout.hash_block_size, hash_fn, layout.num_hash_lookahead_tokens
         )
+
+    def release_block_copies(self) -> None:
+        """See :class:`Backend`."""
+        _, retained = self.manager.take_kv_cache_block_copies()
+        if retained:
+            self.manager.block_pool.free_blocks(retained)
 
     def make_request(
         self,

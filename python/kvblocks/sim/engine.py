@@ -16,7 +16,8 @@ connectors, watermark 0). Each executed step (:meth:`Engine.step`):
    retried, until it fits or the request preempted itself;
 3. only if nothing was preempted: waiting requests are admitted while budget and seats
    last (``get_computed_blocks`` then ``allocate_slots`` with the prefix hit and
-   ``full_sequence_must_fit``);
+   ``full_sequence_must_fit``); then the references of the step's partial-hit copies
+   are dropped (``release_block_copies``);
 4. model step: every scheduled request computes its tokens; a request whose whole sequence
    is computed appends output token ``tok(out_seed, k)``; at ``max_output_tokens`` it
    finishes and is freed.
@@ -615,6 +616,7 @@ class Engine:
                 f"({head.num_tokens if head else 0} tokens) into an idle cache of "
                 f"{self.num_blocks} blocks; raise the number of blocks"
             )
+        self.backend.release_block_copies()
         host = self.host
         if host is not None:
             for slot, n in scheduled:

@@ -302,6 +302,7 @@ REPLAY_CONFIGS = (
     "chunked",
     "mamba",
     "mamba-spec",
+    "mamba-partial",
     "eagle",
     "bs32",
     "mtp",
@@ -361,7 +362,9 @@ def replay_layout(
     ``full``: full attention; ``hybrid``: full + sliding window; ``swa``: sliding window
     only; ``chunked``: full + chunked local; ``mamba``: full + mamba; ``eagle``: full with
     ``use_eagle``; ``mamba-spec``: ``mamba`` with two speculative state blocks and (with
-    caching) a prefill-checkpoint block aligned to the block size; ``bs32``: full attention
+    caching) a prefill-checkpoint block aligned to the block size; ``mamba-partial``:
+    ``mamba`` with (with caching) a Mamba block of twice the block size, so hits end on
+    hash boundaries inside it (vLLM 0.33's partial hits, copied on write); ``bs32``: full attention
     with 32-token blocks over 16-token hashes (plus a 16-token full-attention group: vLLM
     0.33 accepts mixed block sizes only in the hybrid coordinator), scheduler block size 32;
     ``mtp``: full attention with multi-module MTP (3 tokens of prefill and hash lookahead);
@@ -393,8 +396,10 @@ def replay_layout(
             "chunked_local", 1, block_size, attention_chunk_size=chunk_size, layer_offset=1
         )
         groups = (full, chunked)
-    elif config in ("mamba", "mamba-spec"):
+    elif config in ("mamba", "mamba-spec", "mamba-partial"):
         mamba = _mamba_group(block_size, enable_caching, max_model_len, 1, 1)
+        if config == "mamba-partial" and enable_caching:
+            mamba = replace(mamba, block_size=2 * block_size)
         if config == "mamba-spec":
             mamba = replace(
                 mamba,

@@ -5,21 +5,23 @@ The scheduler's per-step calls (`allocate_slots`, `get_computed_blocks`, `free`,
 `get_blocks`, `cache_blocks`, ...) are the core's own methods, inherited: one boundary
 crossing per call, vLLM's `Request` read in place. What is here is vLLM's Python-level
 surface: its constructor, the coordinator and pool views its callers reach into, its
-event and stats classes, and the per-step `take_*` calls of features kvblocks refuses at
-construction (so they have nothing to hand over).
+event and stats classes, and the per-step hand-overs as vLLM's types (partial-hit copies,
+finished partial tails).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import kvblocks as kb
 from kvblocks._core import KVCacheBlock
 from kvblocks.vllm._config import UnsupportedConfigError, convert_config
 from kvblocks.vllm._metrics import attach as attach_metrics_collector
 from kvblocks.vllm._version_rules import rules
+
+_T = TypeVar("_T")
 
 
 def _block_ids(blocks: Iterable[Any]) -> list[int]:
@@ -114,6 +116,40 @@ class BlockPool:
             token_ids=list(request.all_token_ids),
         )
 
+    def cache_partial_block(
+        self,
+        request: Any,
+        block: Any,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        replace_existing_hashes: bool = False,
+    ) -> Any:
+        """vLLM 0.33's pool call: the request's prefix of `num_tokens` tokens (a multiple of
+        the hash block size) becomes a cache entry of `block`, vLLM's
+        `BlockHashWithGroupId` of it returned (None for the null block)."""
+        if block_size % self.hash_block_size:
+            raise kb.InvalidArgumentError(
+                f"block_size {block_size} is not a multiple of the hash block size "
+                f"{self.hash_block_size}"
+            )
+        hashes = list(request.block_hashes)
+        self._pool.cache_partial_block(
+            hashes,
+            block.block_id,
+            num_tokens,
+            kv_cache_group_id,
+            token_ids=list(request.all_token_ids),
+            replace_existing_hashes=replace_existing_hashes,
+        )
+        if block.is_null:
+            return None
+        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+        return make_block_hash_with_group_id(
+            hashes[num_tokens // self.hash_block_size - 1], kv_cache_group_id
+        )
+
     def get_cached_block(
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
     ) -> list[KVCacheBlock] | None:
@@ -150,25 +186,22 @@ class _RequestTables(Mapping[str, list[KVCacheBlock]]):
         return len(self._manager.request_ids())
 
 
-class _NumCachedBlocks(Mapping[str, int]):
-    """vLLM's `num_cached_block` of one group: request id -> leading cached blocks."""
+class _PerRequest(Mapping[str, _T]):
+    """A per-request field of one group as vLLM's dict of it (`num_cached_block`,
+    Mamba's `_checkpoints`): request id -> value, for the requests that have one."""
 
-    def __init__(self, manager: KVCacheManager, group_id: int) -> None:
+    def __init__(self, manager: KVCacheManager, read: Callable[[str], _T | None]) -> None:
         self._manager = manager
-        self._group_id = group_id
+        self._read = read
 
-    def __getitem__(self, request_id: str) -> int:
-        n = self._manager.num_cached_blocks(request_id, self._group_id)
-        if n is None:
+    def __getitem__(self, request_id: str) -> _T:
+        value = self._read(request_id)
+        if value is None:
             raise KeyError(request_id)
-        return n
+        return value
 
     def _known(self) -> list[str]:
-        return [
-            r
-            for r in self._manager.request_ids()
-            if self._manager.num_cached_blocks(r, self._group_id) is not None
-        ]
+        return [r for r in self._manager.request_ids() if self._read(r) is not None]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._known())
@@ -189,8 +222,20 @@ class SingleTypeManagerView:
         self.dcp_world_size, self.pcp_world_size = sizes
         self.block_pool = manager.block_pool
         self.req_to_blocks = _RequestTables(manager, group_id)
-        self.num_cached_block = _NumCachedBlocks(manager, group_id)
+        self.num_cached_block = _PerRequest(
+            manager, lambda r: manager.num_cached_blocks(r, group_id)
+        )
+        # Mamba's `_checkpoints` (read by vLLM's tests): this step's prefill checkpoint,
+        # `(position, table index)`.
+        self._checkpoints = _PerRequest(manager, lambda r: manager.mamba_checkpoint(r, group_id))
         self.new_block_ids: list[int] = []
+        self._manager = manager
+
+    @property
+    def cache_hit_alignment_tokens(self) -> int:
+        """The granularity of prefix hits, in tokens (the hash block size with partial
+        hits, the scheduler block size otherwise)."""
+        return self._manager.cache_hit_alignment_tokens
 
     def take_new_block_ids(self) -> list[int]:
         return []
@@ -233,7 +278,6 @@ class CoordinatorView:
     """vLLM's coordinator as its callers read it: the groups' managers, the pool and the
     dry-run `get_num_blocks_to_allocate`."""
 
-    enable_partial_hash_hits = False
     eagle_group_ids: tuple[int, ...] = ()
 
     def __init__(self, manager: KVCacheManager, config: Any) -> None:
@@ -249,12 +293,28 @@ class CoordinatorView:
         self.group_block_sizes = tuple(manager.group_block_sizes)
         self.full_attention_group_id: int | None = manager.full_attention_group_id
         self.num_reprefillable_tokens = manager.num_reprefillable_tokens
+        self.enable_partial_hash_hits = manager.enable_partial_hash_hits
+        self.scheduler_block_size = manager.scheduler_block_size
+        self.hash_block_size = manager.hash_block_size
+        # vLLM's private name of the hit granularity (read by its tests).
+        self._cache_hit_alignment_tokens = manager.cache_hit_alignment_tokens
 
     @property
     def retention_interval(self) -> int | None:
         """The config's `prefix_cache_retention_interval`, as vLLM's coordinator keeps it
         (read-only: the core fixes the retention at construction)."""
         return self._config.prefix_cache_retention_interval  # type: ignore[no-any-return]
+
+    @retention_interval.setter
+    def retention_interval(self, value: int | None) -> None:
+        """Setting the value it has is a no-op (vLLM's tests do it); another value raises
+        `AttributeError`, as for a read-only attribute: the core fixes the retention at
+        construction."""
+        if value != self.retention_interval:
+            raise AttributeError(
+                f"retention_interval is read-only: prefix_cache_retention_interval is fixed "
+                f"at construction ({self.retention_interval}), it cannot become {value}"
+            )
 
     @property
     def attention_groups(self) -> list[Any]:
@@ -306,6 +366,7 @@ class CoordinatorView:
             total_computed_tokens,
             num_tokens if num_tokens_main_model is None else num_tokens_main_model,
             apply_admission_cap,
+            num_local_computed_tokens,
         )
 
     def new_step_starts(self) -> None:
@@ -401,7 +462,9 @@ class KVCacheManager(kb.KVCacheManager):
         self.use_eagle = use_eagle
         self.log_stats = log_stats
         self.metrics_collector = metrics_collector
-        self.mamba_shared_prefix_checkpoint = False
+        self.mamba_shared_prefix_checkpoint = (
+            enable_mamba_shared_prefix_checkpoint and self.arm_mamba_shared_prefix_checkpoint()
+        )
         self.retained_hit_group_ids = ()
         self.empty_kv_cache_blocks = self.get_blocks("")
         self._vllm_block_pool = BlockPool(self)
@@ -461,15 +524,24 @@ class KVCacheManager(kb.KVCacheManager):
     def create_kv_cache_blocks(self, blocks: Sequence[Sequence[Any]]) -> kb.KVCacheBlocks:
         return self.kv_cache_blocks([_block_ids(g) for g in blocks])
 
-    # Per-step hand-overs of features kvblocks does not have: nothing to hand over.
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
-        """Copy-on-write copies: none (partial hash hits are off in kvblocks)."""
-        return [], []
+        """The partial-hit copies queued since the last call, as vLLM's
+        `KVCacheBlockCopy`, and their endpoints, each holding a reference the caller drops
+        with `block_pool.free_blocks` once the copy has run."""
+        pairs = self.take_block_copies()
+        if not pairs:
+            return [], []
+        from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+
+        copies = [KVCacheBlockCopy(src_block_id=s, dst_block_id=d) for s, d in pairs]
+        return copies, self.block_objects([b for pair in pairs for b in pair])
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        """Producer partial tails of finishing requests: none (they come only from
-        partial prefix-cache hits, which are off in kvblocks)."""
-        return []
+        """The align-mode Mamba partial tails a finishing request cached itself and did
+        not overwrite, `[(group_id, block_id, boundary_tokens), ...]`."""
+        return self.finalize_partial_tails(
+            request.request_id, request.num_computed_tokens, request.num_in_flight_tokens
+        )
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
