@@ -93,8 +93,6 @@ class ZmqEventPublisher:
         format: str = "map",
         bind: bool | None = None,
     ) -> None:
-        import zmq
-
         if buffer_steps < 0:
             raise InvalidArgumentError("buffer_steps must be >= 0")
         self._sink = EventSink(
@@ -102,6 +100,9 @@ class ZmqEventPublisher:
         )
         self._topic = topic.encode("utf-8")
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        # Bad arguments are refused above whether or not pyzmq (optional) is installed.
+        import zmq
+
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         endpoint_dp = offset_endpoint_port(endpoint, data_parallel_rank)
         assert endpoint_dp is not None

@@ -25,6 +25,7 @@ makes Rust panic is a sweep of its own, `test_no_panic.py`.
 from __future__ import annotations
 
 import pickle
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -770,9 +771,14 @@ def test_binding_type_and_overflow_checks() -> None:
         kb.Request("big", [2**40] * BS, kb.BlockHasher(BS))
 
 
-def test_events_errors() -> None:
+@pytest.mark.parametrize("have_zmq", [True, False])
+def test_events_errors(have_zmq: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bad publisher arguments are refused before pyzmq (optional) is imported, so the
+    error is the same with or without it."""
     from kvblocks.events import ZmqEventPublisher, offset_endpoint_port
 
+    if not have_zmq:
+        monkeypatch.setitem(sys.modules, "zmq", None)  # `import zmq` raises ImportError
     with pytest.raises(kb.InvalidArgumentError, match="endpoint"):
         offset_endpoint_port("ipc:///tmp/x", 1)
     with pytest.raises(kb.InvalidArgumentError, match="buffer_steps"):
