@@ -233,6 +233,7 @@ class _ReferenceBatch:
         self.name = "vllm-batch"
         self.manager = self.inner.manager
         self.make_request = self.inner.make_request
+        self.release_block_copies = self.inner.release_block_copies
         self.append_batch = None
 
     def batch(self, reqs: list[object], ns: list[int]) -> list[object]:
