@@ -188,6 +188,10 @@ def test_batched_decode_gives_the_same_digest(config: str, kind: str, num_blocks
 )
 def test_kvblocks_matches_vllm(config: str) -> None:
     pytest.importorskip("vllm")
+    from kvblocks.vllm._version_rules import rules
+
+    if config in ("mtp", "spec-lookahead") and not rules().hash_lookahead:
+        pytest.skip("the installed vLLM (0.32) has no hash lookahead")
     trace = _small("shared-prefix")
     layout = replay_layout(config, num_blocks=800, sliding_window=256, chunk_size=512)
     ours = replay(trace, make_backend("kvblocks", layout, batch=True))

@@ -127,9 +127,9 @@ class VllmBackend:
         self._params = importlib.import_module("vllm.sampling_params").SamplingParams
         hash_fn = hashing.get_hash_fn_by_name(hash_algo)
         utils.init_none_hash(hash_fn)
-        self._hasher = utils.get_request_block_hasher(
-            layout.hash_block_size, hash_fn, layout.num_hash_lookahead_tokens
-        )
+        # vLLM 0.32's hasher takes no lookahead: passed only when set.
+        lookahead = [layout.num_hash_lookahead_tokens] if layout.num_hash_lookahead_tokens else []
+        self._hasher = utils.get_request_block_hasher(layout.hash_block_size, hash_fn, *lookahead)
 
     def release_block_copies(self) -> None:
         """See :class:`Backend`."""

@@ -279,6 +279,9 @@ def build_vllm_manager(layout: KVLayout) -> Any:
             spec = g.attention_spec(iface, getattr(torch, g.dtype))
         groups.append(KVCacheGroupSpec(g.layer_names, spec))
     cfg = KVCacheConfig(num_blocks=layout.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    # vLLM 0.32's manager has no `num_hash_lookahead_tokens`: passed only when set.
+    n_hash = layout.num_hash_lookahead_tokens
+    lookahead: dict[str, Any] = {"num_hash_lookahead_tokens": n_hash} if n_hash else {}
     return KVCacheManager(
         kv_cache_config=cfg,
         max_model_len=layout.max_model_len,
@@ -288,9 +291,9 @@ def build_vllm_manager(layout: KVLayout) -> Any:
         enable_caching=layout.enable_caching,
         use_eagle=layout.use_eagle,
         num_prefill_lookahead=layout.num_prefill_lookahead,
-        num_hash_lookahead_tokens=layout.num_hash_lookahead_tokens,
         log_stats=False,
         dcp_world_size=layout.dcp_world_size,
+        **lookahead,
     )
 
 
