@@ -32,6 +32,22 @@ KINDS = {  # kind -> (size flags, num_blocks)
 CONFIGS = {  # name -> replay.py flags
     "full": ["--config", "full"],
     "full+swa1024": ["--config", "hybrid", "--sliding-window", "1024"],
+    "full+swa1024/retain0": [
+        "--config",
+        "hybrid",
+        "--sliding-window",
+        "1024",
+        "--retention-interval",
+        "0",
+    ],
+    "full+swa1024/retain256": [
+        "--config",
+        "hybrid",
+        "--sliding-window",
+        "1024",
+        "--retention-interval",
+        "256",
+    ],
     "swa1024": ["--config", "swa", "--sliding-window", "1024"],
     "full+chunked8192": ["--config", "chunked", "--chunk-size", "8192"],
     "full+mamba": ["--config", "mamba"],

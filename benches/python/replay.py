@@ -203,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=262144)
     ap.add_argument("--no-prefix-caching", action="store_true")
+    ap.add_argument(
+        "--retention-interval",
+        type=int,
+        default=None,
+        help="vLLM 0.33's prefix_cache_retention_interval: sparse caching of sliding-window "
+        "and Mamba states, one per N tokens (0: only the reachable boundaries; default: dense)",
+    )
     ap.add_argument("--reserve-full-isl", type=int, choices=(0, 1), default=1)
     ap.add_argument(
         "--hash-algo",
@@ -233,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be positive")
+    if args.retention_interval is not None and args.retention_interval < 0:
+        ap.error("--retention-interval must be non-negative")
     if (args.compare or args.impl == "vllm") and vllm_available() is None:
         ap.error("vLLM is not importable in this Python (use the oracle venv)")
     try:
@@ -252,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_caching=not args.no_prefix_caching,
         max_in_flight_tokens=args.max_num_batched_tokens,
         dcp_world_size=args.dcp_world_size,
+        retention_interval=args.retention_interval,
     )
     args.timer_overhead = timer_overhead_ns()
     args.timer_window = timer_window_ns()

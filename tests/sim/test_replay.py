@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import kvblocks
@@ -198,6 +199,24 @@ def test_kvblocks_matches_vllm(config: str) -> None:
     theirs = replay(trace, make_backend("vllm", layout))
     assert ours.digest == theirs.digest
     assert ours.hit_tokens == theirs.hit_tokens
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_KB, reason="kvblocks manager not built")
+@pytest.mark.parametrize("retention_interval", [0, 64])
+def test_kvblocks_matches_vllm_under_sparse_retention(retention_interval: int) -> None:
+    pytest.importorskip("vllm")
+    trace = _small("shared-prefix")
+    layout = replay_layout(
+        "hybrid", num_blocks=800, sliding_window=256, retention_interval=retention_interval
+    )
+    ours = replay(trace, make_backend("kvblocks", layout, batch=True))
+    theirs = replay(trace, make_backend("vllm", layout))
+    dense = replay(trace, make_backend("kvblocks", replace(layout, retention_interval=None)))
+    assert ours.digest == theirs.digest
+    assert ours.hit_tokens == theirs.hit_tokens
+    if retention_interval == 0:  # keeping only the reachable states changes this trace's hits
+        assert ours.digest != dense.digest
 
 
 @pytest.mark.vllm

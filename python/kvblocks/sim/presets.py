@@ -187,6 +187,9 @@ class KVLayout:
     num_hash_lookahead_tokens: int = 0
     """Tokens after each block that its hash covers (the request hashers' too)."""
     dcp_world_size: int = 1
+    retention_interval: int | None = None
+    """vLLM 0.33's ``prefix_cache_retention_interval`` (sparse caching of sliding-window
+    and Mamba states; None: dense)."""
 
     @property
     def bytes_per_block(self) -> int:
@@ -200,17 +203,21 @@ class KVLayout:
 
 
 # ------------------------------------------------------------------ builders
-def _kvblocks_config(groups: tuple[GroupDesc, ...], num_blocks: int) -> Any:
+def _kvblocks_config(
+    groups: tuple[GroupDesc, ...], num_blocks: int, retention_interval: int | None = None
+) -> Any:
     import kvblocks as kb
 
     k: Any = kb
     specs = [k.KVCacheGroupSpec(g.layer_names, g.kvblocks_spec()) for g in groups]
-    return k.KVCacheConfig(num_blocks, [], specs)
+    return k.KVCacheConfig(
+        num_blocks, [], specs, prefix_cache_retention_interval=retention_interval
+    )
 
 
 def build_kvblocks_config(layout: KVLayout) -> Any:
     """``kvblocks.KVCacheConfig`` for ``layout`` (no tensors: the manager needs none)."""
-    return _kvblocks_config(layout.groups, layout.num_blocks)
+    return _kvblocks_config(layout.groups, layout.num_blocks, layout.retention_interval)
 
 
 def resolve_block_sizes(
@@ -278,7 +285,12 @@ def build_vllm_manager(layout: KVLayout) -> Any:
         else:
             spec = g.attention_spec(iface, getattr(torch, g.dtype))
         groups.append(KVCacheGroupSpec(g.layer_names, spec))
-    cfg = KVCacheConfig(num_blocks=layout.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    cfg = KVCacheConfig(
+        num_blocks=layout.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=groups,
+        prefix_cache_retention_interval=layout.retention_interval,
+    )
     # vLLM 0.32's manager has no `num_hash_lookahead_tokens`: passed only when set.
     n_hash = layout.num_hash_lookahead_tokens
     lookahead: dict[str, Any] = {"num_hash_lookahead_tokens": n_hash} if n_hash else {}
@@ -359,6 +371,7 @@ def replay_layout(
     enable_caching: bool = True,
     max_in_flight_tokens: int | None = None,
     dcp_world_size: int = 1,
+    retention_interval: int | None = None,
 ) -> KVLayout:
     """The layout of one of :data:`REPLAY_CONFIGS` (one layer per group, 8 heads x 128, bf16).
 
@@ -377,7 +390,8 @@ def replay_layout(
     ``models/glm5next``), full MLA + its indexer (an MLA group storing one state per 4
     tokens) + a 4-token tail ring. ``dcp_world_size`` shards every attention group over that
     many decode context parallel ranks (its blocks then hold ``block_size * dcp_world_size``
-    tokens).
+    tokens). ``retention_interval`` is vLLM 0.33's ``prefix_cache_retention_interval``
+    (sparse caching of the sliding-window and Mamba groups' states; None: dense).
     """
     if config not in REPLAY_CONFIGS:
         raise InvalidArgumentError(
@@ -449,6 +463,7 @@ def replay_layout(
         num_prefill_lookahead=prefill_lookahead,
         num_hash_lookahead_tokens=hash_lookahead if enable_caching else 0,
         dcp_world_size=dcp_world_size,
+        retention_interval=retention_interval,
     )
 
 
