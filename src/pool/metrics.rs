@@ -28,6 +28,8 @@ pub struct BlockMetricsLog {
 impl BlockMetricsLog {
     /// Blocks handed out by `get_new_blocks`, in queue order: with caching on, vLLM
     /// evicts each (reporting it) before counting its allocation.
+    #[cold]
+    #[inline(never)]
     pub(super) fn allocated(&mut self, blocks: &[BlockId], enable_caching: bool) {
         for &b in blocks {
             if enable_caching {
@@ -38,6 +40,8 @@ impl BlockMetricsLog {
     }
 
     /// Blocks touched by a hit; vLLM skips the null block.
+    #[cold]
+    #[inline(never)]
     pub(super) fn accessed(&mut self, blocks: &[BlockId]) {
         let real = blocks.iter().filter(|&&b| b != NULL_BLOCK_ID);
         self.ops
@@ -45,6 +49,8 @@ impl BlockMetricsLog {
     }
 
     /// Blocks named to `evict_blocks`, cached or not.
+    #[cold]
+    #[inline(never)]
     pub(super) fn evicted(&mut self, blocks: &[BlockId]) {
         self.ops
             .extend(blocks.iter().map(|&b| (BlockMetricsOp::Evicted, b)));
