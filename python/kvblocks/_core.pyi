@@ -763,7 +763,9 @@ class KVCacheManager:
     def truncate_computed_blocks(
         self, blocks: KVCacheBlocks, num_computed_tokens: int
     ) -> KVCacheBlocks:
-        """The lookup result cut at `num_computed_tokens` (no ref count changes)."""
+        """The lookup result cut at `num_computed_tokens` (no ref count changes);
+        `InvalidArgumentError` for an end off a prefix-cached group's block grid or past an
+        attention group's hit (only a Mamba group's may end before it)."""
     def block_table(self, request_ids: Sequence[str], group_id: int = 0) -> memoryview:
         """The tables of `request_ids` in group `group_id` as one C-contiguous int32 buffer
         of shape `(len(request_ids), max_blocks)`, rows padded with the null block 0;
