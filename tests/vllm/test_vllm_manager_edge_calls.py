@@ -75,6 +75,14 @@ def request(rid: str, tokens: list[int]) -> Any:
     )
 
 
+def start(mgr: Any, rid: str, tokens: list[int], num_new_tokens: int) -> Any:
+    """A new request's first step: its lookup, then `num_new_tokens` slots after the hit."""
+    req = request(rid, tokens)
+    blocks, hit, _ = mgr.get_computed_blocks(req)
+    assert mgr.allocate_slots(req, num_new_tokens, hit, blocks) is not None
+    return req
+
+
 def ids(blocks: Any) -> list[int]:
     return [b.block_id for b in blocks]
 
@@ -87,9 +95,7 @@ def test_eagle_group_registers_the_unaligned_tail_as_vllm() -> None:
     num_tokens = 2 * 8 + 3 * HASH_BS
     prompt = list(range(num_tokens))
     for mgr in (stock, ours):
-        req = request("0", prompt)
-        blocks, hit, _ = mgr.get_computed_blocks(req)
-        assert mgr.allocate_slots(req, num_tokens, hit, blocks) is not None
+        start(mgr, "0", prompt, num_tokens)
     cached = [
         [m.num_cached_block["0"] for m in mgr.coordinator.single_type_managers]
         for mgr in (stock, ours)
@@ -111,9 +117,7 @@ def test_hit_tokens_without_their_blocks_allocate_as_vllm() -> None:
     stock, ours = managers(full_mamba(8, num_blocks=200))
     tables = []
     for mgr in (stock, ours):
-        req = request("0", [0] * 8)
-        blocks, hit, _ = mgr.get_computed_blocks(req)
-        assert mgr.allocate_slots(req, 8, hit, blocks) is not None
+        req = start(mgr, "0", [0] * 8, 8)
         for i in range(8):
             mgr.new_step_starts()
             req.num_computed_tokens = 8 + i
@@ -136,9 +140,7 @@ def test_req_to_blocks_is_live_across_steps_as_vllm() -> None:
     stock, ours = managers(full_mamba(4, num_blocks=24))
     held = []
     for mgr in (stock, ours):
-        req = request("0", [0] * 16)
-        blocks, hit, _ = mgr.get_computed_blocks(req)
-        assert mgr.allocate_slots(req, 8, hit, blocks) is not None
+        req = start(mgr, "0", [0] * 16, 8)
         held.append([m.req_to_blocks["0"] for m in mgr.coordinator.single_type_managers])
         req.num_computed_tokens = 8
         mgr.new_step_starts()
@@ -159,10 +161,7 @@ def test_truncate_past_an_attention_hit_raises_what_vllm_raises() -> None:
     prompt = [0, 0, 1, 1, 2, 2, 3]
     answers = []
     for mgr in (stock, ours):
-        producer = request("p", prompt)
-        blocks, hit, _ = mgr.get_computed_blocks(producer)
-        assert mgr.allocate_slots(producer, 6, hit, blocks) is not None
-        mgr.free(producer)
+        mgr.free(start(mgr, "p", prompt, 6))
         mgr.new_step_starts()
         blocks, hit, _ = mgr.get_computed_blocks(request("c", [*prompt, 3]))
         full, mamba = (list(g) for g in blocks.blocks)
