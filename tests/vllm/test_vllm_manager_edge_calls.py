@@ -136,21 +136,27 @@ def test_hit_tokens_without_their_blocks_allocate_as_vllm() -> None:
 
 def test_req_to_blocks_is_live_across_steps_as_vllm() -> None:
     """A `req_to_blocks[request_id]` list read once and held: each later read sees the
-    blocks allocated since, as vLLM's own list does."""
+    blocks allocated since, as vLLM's own list does, and after `free` the blocks it
+    held then."""
     stock, ours = managers(full_mamba(4, num_blocks=24))
-    held = []
+    held, reqs = [], []
     for mgr in (stock, ours):
         req = start(mgr, "0", [0] * 16, 8)
         held.append([m.req_to_blocks["0"] for m in mgr.coordinator.single_type_managers])
         req.num_computed_tokens = 8
         mgr.new_step_starts()
         assert mgr.allocate_slots(req, 8) is not None
+        reqs.append(req)
     for theirs, mine in zip(held[0], held[1], strict=True):
         assert len(mine) == len(theirs) and ids(mine) == ids(theirs)
         assert mine == list(mine) and list(mine[1:3]) == list(mine)[1:3]
         assert mine[-1].block_id == theirs[-1].block_id
         with pytest.raises(IndexError):
             mine[len(theirs)]
+    stock.free(reqs[0])
+    ours.free(reqs[1])
+    for theirs, mine in zip(held[0], held[1], strict=True):
+        assert ids(mine) == ids(theirs) != []
 
 
 def test_truncate_past_an_attention_hit_raises_what_vllm_raises() -> None:

@@ -174,9 +174,11 @@ class BlockPool:
 
 class _LiveBlocks(Sequence[KVCacheBlock]):
     """One request's block list in one group, as vLLM's live `req_to_blocks[request_id]`:
-    each access reads the core's table now (a caller holding it across steps sees the
-    blocks added since; empty once the request is freed). Read-only; compares equal to a
-    list of the same blocks."""
+    while the manager knows the request, each access reads the core's table now (a
+    caller holding it across steps sees the blocks added since). Once the request is
+    freed it keeps the blocks it last read, as vLLM's list keeps those `free` popped
+    with it (blocks added after its last read are not among them). Read-only; compares
+    equal to a list of the same blocks."""
 
     __hash__ = None  # type: ignore[assignment]  # a list's equality, unhashable as a list
 
@@ -184,10 +186,14 @@ class _LiveBlocks(Sequence[KVCacheBlock]):
         self._manager = manager
         self._group_id = group_id
         self._request_id = request_id
+        self._last: list[KVCacheBlock] = []
+        self._blocks()
 
     def _blocks(self) -> list[KVCacheBlock]:
-        ids = kb.KVCacheManager.get_block_ids(self._manager, self._request_id)[self._group_id]
-        return self._manager.block_objects(ids)
+        if self._request_id in self._manager.request_ids():
+            tables = kb.KVCacheManager.get_block_ids(self._manager, self._request_id)
+            self._last = self._manager.block_objects(tables[self._group_id])
+        return self._last
 
     def __getitem__(self, index: Any) -> Any:
         return self._blocks()[index]
