@@ -521,12 +521,25 @@ impl KvCacheManager {
         self.check_hit_groups("new_computed_blocks", args.new_computed_blocks)?;
         let hits = match args.new_computed_blocks {
             Some(h) if h.iter().any(|g| !g.is_empty()) => h,
-            // Hit tokens without hit blocks (vLLM's scheduler never passes them) made the
-            // capacity check disagree with the allocation, which then failed after
-            // out-of-window blocks were freed (found by fuzzing): reject them up front.
-            _ if args.num_new_computed_tokens > 0 => {
+            // Hit tokens without hit blocks are a hit of no blocks (vLLM 0.33 takes a
+            // missing `new_computed_blocks` as empty), unless a group's count would
+            // assume out-of-window nulls no call places: the capacity check then
+            // disagreed with the allocation, which failed after frees (found by
+            // fuzzing; vLLM over-allocates there), so those are refused up front.
+            _ if args.num_new_computed_tokens > 0
+                && args.num_external_computed_tokens == 0
+                && self
+                    .coord
+                    .managers()
+                    .iter()
+                    .zip(self.slots.tables_or_empty(slot))
+                    .any(|(m, rb)| m.miscounts_blockless_hit(rb, local_tokens)) =>
+            {
                 return Err(KvError::InvalidArgument(
-                    "num_new_computed_tokens > 0 needs the hit's new_computed_blocks".into(),
+                    "num_new_computed_tokens > 0 without new_computed_blocks, on a request no \
+                     group knows yet, whose tokens fall out of a group's window: pass the \
+                     hit's blocks"
+                        .into(),
                 ))
             }
             _ => return self.check_can_adopt(slot, args, None),
@@ -657,23 +670,53 @@ impl KvCacheManager {
     }
 
     /// A lookup's hit `blocks` (one list per group) cut at `num_computed_tokens` (vLLM's
-    /// `truncate_computed_blocks`): `num_computed_tokens / block_size` blocks per group,
-    /// or all of a shorter list. vLLM allows a shorter list only for Mamba (an external
-    /// hit may supply its last state) and asserts otherwise; kvblocks cuts every type
-    /// alike and checks nothing beyond one list per group. No ref count changes.
+    /// `truncate_computed_blocks`): `num_computed_tokens / block_size` blocks per group.
+    /// As vLLM asserts, the endpoint must be a multiple of every prefix-cached group's
+    /// block size and covered by its list, except a Mamba group's, which may be shorter
+    /// (an external hit may supply its last state); a group that is not prefix cached
+    /// has no blocks. `InvalidArgument` otherwise. No ref count changes.
     pub fn truncate_computed_blocks(
         &self,
         blocks: &[Vec<BlockId>],
         num_computed_tokens: usize,
     ) -> Result<Vec<Vec<BlockId>>> {
         self.check_hit_groups("blocks", Some(blocks))?;
-        Ok(self
-            .coord
-            .managers()
-            .iter()
-            .zip(blocks)
-            .map(|(m, ids)| ids[..(num_computed_tokens / m.block_size()).min(ids.len())].to_vec())
-            .collect())
+        let n = num_computed_tokens;
+        let bad = |group: usize, why: String| {
+            Err(KvError::InvalidArgument(format!(
+                "truncate_computed_blocks at {n} tokens: group {group} {why}"
+            )))
+        };
+        let mut cut = Vec::with_capacity(blocks.len());
+        for (group, (m, ids)) in self.coord.managers().iter().zip(blocks).enumerate() {
+            let bs = m.block_size();
+            let kind = m.params().kind;
+            if !m.params().caches_prefix() {
+                if !ids.is_empty() {
+                    return bad(
+                        group,
+                        "is not prefix cached: a lookup gives it no blocks".into(),
+                    );
+                }
+                cut.push(Vec::new());
+                continue;
+            }
+            if !n.is_multiple_of(bs) {
+                return bad(
+                    group,
+                    format!("has block size {bs}, which does not divide it"),
+                );
+            }
+            // Only a Mamba group (not attention) may end before the endpoint.
+            if n / bs > ids.len() && kind.is_attention() {
+                return bad(
+                    group,
+                    format!("has {} hit blocks, it needs {}", ids.len(), n / bs),
+                );
+            }
+            cut.push(ids[..(n / bs).min(ids.len())].to_vec());
+        }
+        Ok(cut)
     }
 
     /// The request's table in `group`, borrowed (empty for an unknown request).

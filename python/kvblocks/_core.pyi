@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from fractions import Fraction
 from typing import Any, ClassVar, Literal, TypeAlias, final, overload
 
 from typing_extensions import Self, disjoint_base
@@ -219,8 +220,9 @@ class AttentionSpec(KVCacheSpec):
     def state_content_bytes(self) -> int | None:
         """Bytes of one (head slot, state) cell of a packed page (`None`: dense K/V)."""
     @property
-    def tokens_per_state(self) -> int:
-        """Tokens one stored state covers (a page holds `block_size // tokens_per_state`)."""
+    def tokens_per_state(self) -> int | Fraction:
+        """Tokens one stored state covers (a page holds `block_size // tokens_per_state`
+        states); a `Fraction(1, k)` stores `k` states per token (Whisper's block pooling)."""
     @property
     def dcp_sharded(self) -> bool: ...
 
@@ -238,7 +240,7 @@ class FullAttentionSpec(AttentionSpec):
         page_size_padded: int | None = None,
         num_head_slots: int | None = None,
         state_content_bytes: int | None = None,
-        tokens_per_state: int = 1,
+        tokens_per_state: int | Fraction = 1,
         dcp_sharded: bool = True,
     ) -> FullAttentionSpec: ...
     @property
@@ -260,7 +262,7 @@ class MLAAttentionSpec(FullAttentionSpec):
         page_size_padded: int | None = None,
         num_head_slots: int | None = None,
         state_content_bytes: int | None = None,
-        tokens_per_state: int = 1,
+        tokens_per_state: int | Fraction = 1,
         dcp_sharded: bool = True,
     ) -> MLAAttentionSpec: ...
     @property
@@ -284,7 +286,7 @@ class SinkFullAttentionSpec(FullAttentionSpec):
         page_size_padded: int | None = None,
         num_head_slots: int | None = None,
         state_content_bytes: int | None = None,
-        tokens_per_state: int = 1,
+        tokens_per_state: int | Fraction = 1,
         dcp_sharded: bool = True,
     ) -> SinkFullAttentionSpec: ...
     @property
@@ -304,7 +306,7 @@ class SlidingWindowSpec(AttentionSpec):
         page_size_padded: int | None = None,
         num_head_slots: int | None = None,
         state_content_bytes: int | None = None,
-        tokens_per_state: int = 1,
+        tokens_per_state: int | Fraction = 1,
         dcp_sharded: bool = True,
     ) -> SlidingWindowSpec: ...
     @property
@@ -330,7 +332,7 @@ class RSWASpec(FullAttentionSpec):
         page_size_padded: int | None = None,
         num_head_slots: int | None = None,
         state_content_bytes: int | None = None,
-        tokens_per_state: int = 1,
+        tokens_per_state: int | Fraction = 1,
         dcp_sharded: bool = True,
     ) -> RSWASpec: ...
     @property
@@ -353,7 +355,7 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
         page_size_padded: int | None = None,
         num_head_slots: int | None = None,
         state_content_bytes: int | None = None,
-        tokens_per_state: int = 1,
+        tokens_per_state: int | Fraction = 1,
         dcp_sharded: bool = True,
     ) -> SlidingWindowMLASpec: ...
     @property
@@ -377,7 +379,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         page_size_padded: int | None = None,
         num_head_slots: int | None = None,
         state_content_bytes: int | None = None,
-        tokens_per_state: int = 1,
+        tokens_per_state: int | Fraction = 1,
         dcp_sharded: bool = True,
     ) -> ChunkedLocalAttentionSpec: ...
     @property
@@ -400,7 +402,7 @@ class CrossAttentionSpec(AttentionSpec):
         page_size_padded: int | None = None,
         num_head_slots: int | None = None,
         state_content_bytes: int | None = None,
-        tokens_per_state: int = 1,
+        tokens_per_state: int | Fraction = 1,
         dcp_sharded: bool = True,
     ) -> CrossAttentionSpec: ...
 
@@ -417,7 +419,7 @@ class CircularBufferSpec(AttentionSpec):
         page_size_padded: int | None = None,
         num_head_slots: int | None = None,
         state_content_bytes: int | None = None,
-        tokens_per_state: int = 1,
+        tokens_per_state: int | Fraction = 1,
         dcp_sharded: bool = True,
     ) -> CircularBufferSpec: ...
 
@@ -763,7 +765,9 @@ class KVCacheManager:
     def truncate_computed_blocks(
         self, blocks: KVCacheBlocks, num_computed_tokens: int
     ) -> KVCacheBlocks:
-        """The lookup result cut at `num_computed_tokens` (no ref count changes)."""
+        """The lookup result cut at `num_computed_tokens` (no ref count changes);
+        `InvalidArgumentError` for an end off a prefix-cached group's block grid or past an
+        attention group's hit (only a Mamba group's may end before it)."""
     def block_table(self, request_ids: Sequence[str], group_id: int = 0) -> memoryview:
         """The tables of `request_ids` in group `group_id` as one C-contiguous int32 buffer
         of shape `(len(request_ids), max_blocks)`, rows padded with the null block 0;

@@ -82,6 +82,20 @@ impl SingleTypeManager {
         new_blocks + evictable
     }
 
+    /// Whether the common count, for a request no group knows yet taking hit tokens
+    /// without hit blocks, counts fewer blocks than the allocation takes: it assumes
+    /// nulls for the tokens out of the window at `total_computed_tokens`, which only the
+    /// adoption of a hit places (align-mode Mamba places its own).
+    pub fn miscounts_blockless_hit(
+        &self,
+        rb: &RequestBlocks,
+        total_computed_tokens: usize,
+    ) -> bool {
+        rb.num_cached.is_none()
+            && !self.params.kind.places_own_nulls()
+            && self.num_skipped_tokens(total_computed_tokens) / self.block_size() > rb.table.len()
+    }
+
     /// Adds a new request's prefix-cache hit blocks to its (empty) table: out-of-window
     /// hits become nulls, the rest are touched (vLLM 0.33's `add_local_computed_blocks`).
     /// A table that counts encoder tokens takes none.

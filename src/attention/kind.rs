@@ -313,6 +313,12 @@ impl AttentionKind {
         }
     }
 
+    /// Whether allocation pads out-of-window blocks with nulls itself (align-mode
+    /// Mamba), where the other types take them from a hit's adoption.
+    pub(super) fn places_own_nulls(&self) -> bool {
+        matches!(self, Self::Mamba { align: true, .. })
+    }
+
     /// Align-mode Mamba with prefill-checkpoint blocks: the checkpoint alignment.
     #[inline]
     pub(super) fn checkpoint_alignment(&self) -> Option<usize> {

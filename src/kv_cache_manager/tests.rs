@@ -680,7 +680,7 @@ fn request_hashed_at_another_block_size_is_rejected() {
 }
 
 /// Regression (found by the `manager_ops` fuzz target): hit tokens passed without hit
-/// blocks, on a sliding-window request, passed the capacity check and then failed to
+/// blocks, on a sliding-window request whose tokens fall out of the window, passed the capacity check and then failed to
 /// allocate after freeing the out-of-window blocks. Now rejected before any change.
 #[test]
 fn hit_tokens_without_hit_blocks_are_rejected() {
@@ -713,6 +713,26 @@ fn hit_tokens_without_hit_blocks_are_rejected() {
         m.pool().free_block_ids().collect::<Vec<_>>(),
     );
     assert_eq!(before, after);
+}
+
+/// vLLM 0.33 takes hit tokens without `new_computed_blocks` as a hit of no blocks: the
+/// request gets new blocks for every token, the claimed ones included, and caches them
+/// (here a full-attention group and a sliding window wide enough to skip nothing).
+#[test]
+fn hit_tokens_without_hit_blocks_allocate_every_block() {
+    let mut m = mgr(vec![full(4), swa(4, 16, 0)], 16, 4);
+    let r = TestReq::new("r", toks(0, 12), 4);
+    let args = AllocateArgs {
+        num_new_computed_tokens: 4,
+        ..AllocateArgs::new(8)
+    };
+    let new = m.allocate_slots(&r, &args).unwrap().unwrap();
+    assert_eq!(new.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3]);
+    assert_eq!(m.get_block_ids("r"), new);
+    assert_eq!(m.pool().num_free_blocks(), 16 - 1 - 6);
+    let again = TestReq::new("again", toks(0, 12), 4);
+    let (hit, n) = m.get_computed_blocks(&again).unwrap();
+    assert_eq!((hit[0].len(), n), (2, 8));
 }
 
 /// A request's slot hint is only a cache: stale hints (slot freed and reused), two

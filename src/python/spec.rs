@@ -5,7 +5,7 @@
 use crate::python::errors::invalid_type;
 use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
-use pyo3::types::{PyDict, PyString, PyTuple, PyType};
+use pyo3::types::{PyDict, PyInt, PyString, PyTuple, PyType};
 use pyo3::IntoPyObjectExt;
 
 use super::non_negative::NonNegativeInt;
@@ -14,7 +14,8 @@ use crate::spec::{
     is_uniform_type, AttentionParams, ChunkedLocalAttentionSpec, CircularBufferSpec,
     CrossAttentionSpec, Dtype, FullAttentionSpec, HiSparseHotSpec, HiSparseResidentSpec,
     KvCacheSpec, LayerSpecs, MambaCacheMode, MambaSpec, MemoryParams, MlaAttentionSpec, RswaSpec,
-    SinkFullAttentionSpec, SlidingWindowMlaSpec, SlidingWindowSpec, SpecClass, UniformTypeSpecs,
+    SinkFullAttentionSpec, SlidingWindowMlaSpec, SlidingWindowSpec, SpecClass, TokensPerState,
+    UniformTypeSpecs,
 };
 
 fn opt(v: Option<NonNegativeInt>) -> Option<usize> {
@@ -41,12 +42,49 @@ impl<'py> FromPyObject<'py> for PyDtype {
     }
 }
 
+/// vLLM's `tokens_per_state`: an int, or a `fractions.Fraction` (anything with int
+/// `numerator` and `denominator`; Whisper's block pooling passes `Fraction(1, k)`).
+struct PyTokensPerState(TokensPerState);
+
+impl<'py> FromPyObject<'py> for PyTokensPerState {
+    fn extract_bound(ob: &Bound<'py, PyAny>) -> PyResult<Self> {
+        if ob.is_instance_of::<PyInt>() {
+            let NonNegativeInt(n) = ob.extract()?;
+            return Ok(Self(n.into()));
+        }
+        let term = |name: &str| -> PyResult<usize> {
+            let Ok(value) = ob.getattr(name) else {
+                return Err(invalid_type(format!(
+                    "tokens_per_state must be an int or a fractions.Fraction, got {}",
+                    ob.get_type().name()?
+                )));
+            };
+            Ok(value.extract::<NonNegativeInt>()?.0)
+        };
+        Ok(Self(TokensPerState::new(
+            term("numerator")?,
+            term("denominator")?,
+        )))
+    }
+}
+
+/// `tokens_per_state` as vLLM spells it: an int, or a `fractions.Fraction`.
+fn tokens_per_state_object(py: Python<'_>, value: TokensPerState) -> PyResult<PyObject> {
+    if value.denominator() == 1 {
+        return value.numerator().into_py_any(py);
+    }
+    let fraction = py.import("fractions")?.getattr("Fraction")?;
+    Ok(fraction
+        .call1((value.numerator(), value.denominator()))?
+        .unbind())
+}
+
 /// How a backend packs an attention page (vLLM's `num_head_slots`, `state_content_bytes`
 /// and `tokens_per_state`), as every attention constructor takes it.
 struct PagePacking {
     num_head_slots: Option<NonNegativeInt>,
     state_content_bytes: Option<NonNegativeInt>,
-    tokens_per_state: NonNegativeInt,
+    tokens_per_state: PyTokensPerState,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -306,8 +344,9 @@ impl PyAttentionSpec {
     }
 
     #[getter]
-    fn tokens_per_state(slf: PyRef<'_, Self>) -> PyResult<usize> {
-        Ok(attn_of(&slf.as_super().inner)?.tokens_per_state)
+    fn tokens_per_state(slf: PyRef<'_, Self>) -> PyResult<PyObject> {
+        let value = attn_of(&slf.as_super().inner)?.tokens_per_state;
+        tokens_per_state_object(slf.py(), value)
     }
 
     #[getter]
@@ -326,7 +365,7 @@ impl PyFullAttentionSpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, head_size_v = None,
         sliding_window = None, attention_chunk_size = None, page_size_padded = None,
-        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = PyTokensPerState(TokensPerState::ONE),
         dcp_sharded = true,
     ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, head_size_v=None, \
         sliding_window=None, attention_chunk_size=None, page_size_padded=None, \
@@ -343,7 +382,7 @@ impl PyFullAttentionSpec {
         page_size_padded: Option<NonNegativeInt>,
         num_head_slots: Option<NonNegativeInt>,
         state_content_bytes: Option<NonNegativeInt>,
-        tokens_per_state: NonNegativeInt,
+        tokens_per_state: PyTokensPerState,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -390,7 +429,7 @@ impl PyMLAAttentionSpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, cache_dtype_str = None,
         alignment = None, page_size_padded = None,
-        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = PyTokensPerState(TokensPerState::ONE),
         dcp_sharded = true,
     ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, cache_dtype_str=None, \
         alignment=None, page_size_padded=None, num_head_slots=None, state_content_bytes=None, \
@@ -406,7 +445,7 @@ impl PyMLAAttentionSpec {
         page_size_padded: Option<NonNegativeInt>,
         num_head_slots: Option<NonNegativeInt>,
         state_content_bytes: Option<NonNegativeInt>,
-        tokens_per_state: NonNegativeInt,
+        tokens_per_state: PyTokensPerState,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -459,7 +498,7 @@ impl PySinkFullAttentionSpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, sink_len, head_size_v = None,
         sliding_window = None, attention_chunk_size = None, page_size_padded = None,
-        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = PyTokensPerState(TokensPerState::ONE),
         dcp_sharded = true,
     ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, sink_len, \
         head_size_v=None, sliding_window=None, attention_chunk_size=None, page_size_padded=None, \
@@ -477,7 +516,7 @@ impl PySinkFullAttentionSpec {
         page_size_padded: Option<NonNegativeInt>,
         num_head_slots: Option<NonNegativeInt>,
         state_content_bytes: Option<NonNegativeInt>,
-        tokens_per_state: NonNegativeInt,
+        tokens_per_state: PyTokensPerState,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -526,7 +565,7 @@ impl PyRSWASpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, rswa_window, head_size_v = None,
         page_size_padded = None, num_head_slots = None, state_content_bytes = None,
-        tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
+        tokens_per_state = PyTokensPerState(TokensPerState::ONE), dcp_sharded = true,
     ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, rswa_window, \
         head_size_v=None, page_size_padded=None, num_head_slots=None, \
         state_content_bytes=None, tokens_per_state=1, dcp_sharded=True)")]
@@ -541,7 +580,7 @@ impl PyRSWASpec {
         page_size_padded: Option<NonNegativeInt>,
         num_head_slots: Option<NonNegativeInt>,
         state_content_bytes: Option<NonNegativeInt>,
-        tokens_per_state: NonNegativeInt,
+        tokens_per_state: PyTokensPerState,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let packing = PagePacking {
@@ -586,7 +625,7 @@ impl PySlidingWindowSpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, sliding_window, head_size_v = None,
         extra_retained_tokens = NonNegativeInt(0), page_size_padded = None,
-        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = PyTokensPerState(TokensPerState::ONE),
         dcp_sharded = true,
     ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, sliding_window, \
         head_size_v=None, extra_retained_tokens=0, page_size_padded=None, num_head_slots=None, \
@@ -603,7 +642,7 @@ impl PySlidingWindowSpec {
         page_size_padded: Option<NonNegativeInt>,
         num_head_slots: Option<NonNegativeInt>,
         state_content_bytes: Option<NonNegativeInt>,
-        tokens_per_state: NonNegativeInt,
+        tokens_per_state: PyTokensPerState,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -671,7 +710,7 @@ impl PySlidingWindowMLASpec {
         *, block_size, num_kv_heads, head_size, dtype, sliding_window,
         extra_retained_tokens = NonNegativeInt(0), cache_dtype_str = None, alignment = None,
         bounded_replay = false, page_size_padded = None, num_head_slots = None,
-        state_content_bytes = None, tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
+        state_content_bytes = None, tokens_per_state = PyTokensPerState(TokensPerState::ONE), dcp_sharded = true,
     ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, sliding_window, \
         extra_retained_tokens=0, cache_dtype_str=None, alignment=None, bounded_replay=False, \
         page_size_padded=None, num_head_slots=None, state_content_bytes=None, \
@@ -690,7 +729,7 @@ impl PySlidingWindowMLASpec {
         page_size_padded: Option<NonNegativeInt>,
         num_head_slots: Option<NonNegativeInt>,
         state_content_bytes: Option<NonNegativeInt>,
-        tokens_per_state: NonNegativeInt,
+        tokens_per_state: PyTokensPerState,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -752,7 +791,7 @@ impl PyChunkedLocalAttentionSpec {
     #[pyo3(signature = (
         *, block_size, num_kv_heads, head_size, dtype, attention_chunk_size,
         head_size_v = None, page_size_padded = None,
-        num_head_slots = None, state_content_bytes = None, tokens_per_state = NonNegativeInt(1),
+        num_head_slots = None, state_content_bytes = None, tokens_per_state = PyTokensPerState(TokensPerState::ONE),
         dcp_sharded = true,
     ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, attention_chunk_size, \
         head_size_v=None, page_size_padded=None, num_head_slots=None, state_content_bytes=None, \
@@ -768,7 +807,7 @@ impl PyChunkedLocalAttentionSpec {
         page_size_padded: Option<NonNegativeInt>,
         num_head_slots: Option<NonNegativeInt>,
         state_content_bytes: Option<NonNegativeInt>,
-        tokens_per_state: NonNegativeInt,
+        tokens_per_state: PyTokensPerState,
         dcp_sharded: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let attn = attention_params(
@@ -827,7 +866,7 @@ macro_rules! plain_attention_class {
             #[pyo3(signature = (
                 *, block_size, num_kv_heads, head_size, dtype, head_size_v = None,
                 page_size_padded = None, num_head_slots = None, state_content_bytes = None,
-                tokens_per_state = NonNegativeInt(1), dcp_sharded = true,
+                tokens_per_state = PyTokensPerState(TokensPerState::ONE), dcp_sharded = true,
             ), text_signature = "(*, block_size, num_kv_heads, head_size, dtype, \
                 head_size_v=None, page_size_padded=None, num_head_slots=None, \
                 state_content_bytes=None, tokens_per_state=1, dcp_sharded=True)")]
@@ -841,7 +880,7 @@ macro_rules! plain_attention_class {
                 page_size_padded: Option<NonNegativeInt>,
                 num_head_slots: Option<NonNegativeInt>,
                 state_content_bytes: Option<NonNegativeInt>,
-                tokens_per_state: NonNegativeInt,
+                tokens_per_state: PyTokensPerState,
                 dcp_sharded: bool,
             ) -> PyResult<PyClassInitializer<Self>> {
                 let attn = attention_params(

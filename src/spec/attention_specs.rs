@@ -3,7 +3,7 @@
 //! (full, MLA, sink, R-SWA, sliding window, sliding-window MLA, chunked local, cross attention,
 //! circular buffer).
 
-use super::{checked_product, invalid, overflow, Dtype};
+use super::{checked_product, invalid, overflow, Dtype, TokensPerState};
 use crate::error::Result;
 
 /// The fields every attention spec shares (vLLM's `AttentionSpec`).
@@ -27,8 +27,9 @@ pub struct AttentionParams {
     /// Bytes of one (head slot, state) cell when packed (vLLM's `state_content_bytes`;
     /// `None`: `(head_size + head_size_v) * dtype_size`).
     pub state_content_bytes: Option<usize>,
-    /// Tokens one stored state covers (vLLM's `tokens_per_state`, default 1).
-    pub tokens_per_state: usize,
+    /// Tokens one stored state covers (vLLM's `tokens_per_state`, default 1; a fraction
+    /// stores several states per token).
+    pub tokens_per_state: TokensPerState,
     /// Whether decode context parallelism shards this cache's token positions
     /// (vLLM's default for attention: true).
     pub dcp_sharded: bool,
@@ -47,14 +48,14 @@ impl AttentionParams {
             page_size_padded: None,
             num_head_slots: None,
             state_content_bytes: None,
-            tokens_per_state: 1,
+            tokens_per_state: TokensPerState::ONE,
             dcp_sharded: true,
         }
     }
 
     /// `num_heads * num_states * state_content` (vLLM's `unpadded_page_size_bytes`), where
     /// `num_heads` is `num_head_slots` or `num_kv_heads`, `num_states` is
-    /// `block_size / tokens_per_state` (floored) and `state_content` is
+    /// `floor(block_size / tokens_per_state)` and `state_content` is
     /// `state_content_bytes` or `(head_size + head_size_v) * dtype_size`.
     pub(super) fn unpadded_page_size(&self) -> Result<usize> {
         let content = match self.state_content_bytes {
@@ -68,7 +69,9 @@ impl AttentionParams {
         };
         checked_product(&[
             self.num_head_slots.unwrap_or(self.num_kv_heads),
-            self.block_size / self.tokens_per_state,
+            self.tokens_per_state
+                .states_in(self.block_size)
+                .ok_or_else(overflow)?,
             content,
         ])
     }
@@ -89,7 +92,7 @@ impl AttentionParams {
         if self.head_size == 0 {
             return invalid("head_size must be positive");
         }
-        if self.tokens_per_state == 0 {
+        if !self.tokens_per_state.is_positive() {
             return invalid("tokens_per_state must be positive");
         }
         let page = self.unpadded_page_size()?;

@@ -28,6 +28,7 @@ mod kv_cache_spec;
 mod mamba_spec;
 mod memory;
 mod merge;
+mod tokens_per_state;
 mod uniform;
 
 pub use attention_specs::{
@@ -40,6 +41,7 @@ pub use hisparse_specs::{HiSparseHotSpec, HiSparseResidentSpec};
 pub use kv_cache_spec::{KvCacheSpec, SpecClass};
 pub use mamba_spec::{MambaCacheMode, MambaSpec};
 pub use memory::MemoryParams;
+pub use tokens_per_state::TokensPerState;
 pub use uniform::{is_uniform_type, LayerSpecs, UniformTypeSpecs};
 
 use crate::error::{KvError, Result};

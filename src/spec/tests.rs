@@ -49,7 +49,7 @@ fn attention_page_size() {
 
 #[test]
 fn packed_attention_page_size() {
-    let page = |slots: Option<usize>, content: Option<usize>, tps: usize| {
+    let page = |slots: Option<usize>, content: Option<usize>, tps: TokensPerState| {
         let mut a = attn(16, 8, 128, Dtype::Bfloat16);
         a.num_head_slots = slots;
         a.state_content_bytes = content;
@@ -58,12 +58,22 @@ fn packed_attention_page_size() {
             .build()
             .map(|s| s.page_size_bytes())
     };
-    // num_heads * (block_size / tokens_per_state) * state_content.
-    assert_eq!(page(Some(2), None, 1).unwrap(), 2 * 16 * 256 * 2);
-    assert_eq!(page(None, Some(656), 1).unwrap(), 8 * 16 * 656);
-    assert_eq!(page(None, None, 4).unwrap(), 8 * 4 * 256 * 2);
-    assert_eq!(page(None, None, 3).unwrap(), 8 * 5 * 256 * 2);
-    assert!(page(None, None, 0).is_err());
+    // num_heads * floor(block_size / tokens_per_state) * state_content.
+    assert_eq!(page(Some(2), None, 1.into()).unwrap(), 2 * 16 * 256 * 2);
+    assert_eq!(page(None, Some(656), 1.into()).unwrap(), 8 * 16 * 656);
+    assert_eq!(page(None, None, 4.into()).unwrap(), 8 * 4 * 256 * 2);
+    assert_eq!(page(None, None, 3.into()).unwrap(), 8 * 5 * 256 * 2);
+    // Whisper's block pooling, `Fraction(1, 4)` (given as 2/8): four states per token.
+    assert_eq!(
+        page(None, None, TokensPerState::new(2, 8)).unwrap(),
+        8 * 64 * 256 * 2
+    );
+    assert_eq!(
+        page(None, None, TokensPerState::new(3, 2)).unwrap(),
+        8 * 10 * 256 * 2
+    );
+    assert!(page(None, None, TokensPerState::new(1, 0)).is_err());
+    assert!(page(None, None, 0.into()).is_err());
 }
 
 #[test]
@@ -389,7 +399,7 @@ fn construction_validates() {
 fn swa_mla(sw: usize, align: Option<usize>, bounded_replay: bool) -> KvCacheSpec {
     let mut a = attn(64, 1, 584, Dtype::Uint8);
     a.head_size_v = 0;
-    a.tokens_per_state = 2;
+    a.tokens_per_state = 2.into();
     KvCacheSpec::from(SlidingWindowMlaSpec {
         window: SlidingWindowSpec {
             attn: a,

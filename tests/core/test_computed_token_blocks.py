@@ -64,10 +64,22 @@ def test_a_lookup_is_cut_at_the_token_end() -> None:
     blocks, hit = mgr.get_computed_blocks(kb.Request("b", [*prompt, 1], HASHER))
     ids = blocks.get_block_ids()
     assert hit == 80
-    for n in (0, 16, 48, 80, 160):
+    for n in (0, 16, 48, 80):
         cut = mgr.truncate_computed_blocks(blocks, n)
         assert cut.get_block_ids() == tuple(g[: n // BS] for g in ids)
     assert blocks.get_block_ids() == ids
+
+
+@pytest.mark.parametrize("end", [8, 96])
+def test_a_cut_off_the_block_grid_or_past_an_attention_hit_is_an_error(end: int) -> None:
+    """vLLM 0.33 asserts that the end is a multiple of every block size and that every
+    attention group's hit covers it."""
+    mgr = manager(full(), swa(32))
+    prompt = list(range(80))
+    assert mgr.allocate_slots(kb.Request("a", prompt, HASHER), 80) is not None
+    blocks, _ = mgr.get_computed_blocks(kb.Request("b", [*prompt, 1], HASHER))
+    with pytest.raises(kb.InvalidArgumentError, match="group 0"):
+        mgr.truncate_computed_blocks(blocks, end)
 
 
 def test_a_lookup_of_another_group_count_is_an_error() -> None:

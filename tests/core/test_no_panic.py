@@ -444,7 +444,7 @@ def calls() -> list[Call]:
         ("free", [fresh_request()]),
         ("get_block_ids", ["r"]),
         ("get_block_ids_for_computed_tokens", ["r", 16]),
-        ("truncate_computed_blocks", [fresh_manager().kv_cache_blocks([[1, 2], [3]]), 16]),
+        ("truncate_computed_blocks", [fresh_manager().kv_cache_blocks([[1, 2], [3]]), 4]),
         ("block_table", [["r", "x"], 0]),
         ("cache_blocks", [fresh_request(), 8]),
         ("new_step_starts", []),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import math
+from fractions import Fraction
 from typing import Any
 
 import kvblocks as kb
@@ -69,6 +70,26 @@ def test_attention_page_size_formula() -> None:
     cross = kb.CrossAttentionSpec(block_size=32, num_kv_heads=4, head_size=64, dtype="int8")
     assert cross.page_size_bytes == 4 * 32 * 128 * 1
     assert full(page_size_padded=70000).page_size_bytes == 70000
+
+
+def test_states_per_token_page_size() -> None:
+    """vLLM's `tokens_per_state`: an int packs several tokens into one state, a
+    `Fraction(1, k)` (Whisper's block pooling) stores k states per token; a page holds
+    `block_size // tokens_per_state` states."""
+    assert full(tokens_per_state=4).page_size_bytes == 8 * 4 * 256 * 2
+    pooled = full(tokens_per_state=Fraction(2, 8))
+    assert pooled.page_size_bytes == 8 * (16 * 4) * 256 * 2
+    assert pooled.tokens_per_state == Fraction(1, 4)
+    assert type(pooled.tokens_per_state) is Fraction
+    assert pooled == full(tokens_per_state=Fraction(1, 4)) != full()
+    assert full(tokens_per_state=Fraction(3, 2)).page_size_bytes == 8 * (16 * 2 // 3) * 256 * 2
+    assert type(full(tokens_per_state=Fraction(4, 1)).tokens_per_state) is int
+    with pytest.raises(kb.InvalidSpecError, match="tokens_per_state"):
+        full(tokens_per_state=Fraction(0))
+    with pytest.raises(kb.InvalidArgumentError):
+        full(tokens_per_state=Fraction(-1, 2))
+    with pytest.raises(kb.InvalidTypeError, match="tokens_per_state"):
+        full(tokens_per_state="1/4")
 
 
 def test_mla_page_is_single_latent_and_aligned() -> None:

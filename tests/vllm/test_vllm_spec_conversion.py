@@ -95,6 +95,11 @@ SPECS: dict[str, Callable[[], Any]] = {
         block_size=64, num_kv_heads=1, head_size=576, dtype=torch.uint8, state_content_bytes=656
     ),
     "full_head_slots": lambda: _attention(vi.FullAttentionSpec, num_head_slots=1),
+    # Causal Whisper's block pooling: four states per token, and its pooled window.
+    "full_pooled": lambda: _attention(vi.FullAttentionSpec, tokens_per_state=Fraction(1, 4)),
+    "sliding_window_pooled": lambda: _attention(
+        vi.SlidingWindowSpec, sliding_window=33, tokens_per_state=Fraction(1, 4)
+    ),
     "sliding_window": lambda: _attention(vi.SlidingWindowSpec, sliding_window=128),
     "sliding_window_padded": lambda: _attention(
         vi.SlidingWindowSpec, sliding_window=1024, page_size_padded=32 * 1024
@@ -285,11 +290,15 @@ def test_flat_mamba_shape_converts_as_the_one_shape_it_spells() -> None:
     assert ours.page_size_bytes == nested.page_size_bytes
 
 
-def test_states_per_token_are_refused() -> None:
-    # vLLM's causal Whisper pools blocks: `tokens_per_state=Fraction(1, k)`.
-    theirs = _attention(vi.FullAttentionSpec, tokens_per_state=Fraction(1, 2))
-    with pytest.raises(kb.UnsupportedError, match="several states per token"):
-        convert_spec(theirs)
+def test_states_per_token_keep_vllms_fraction() -> None:
+    """vLLM's causal Whisper pools blocks (`tokens_per_state=Fraction(1, k)`): kvblocks'
+    spec keeps the fraction; a `Fraction` with denominator 1 is the int."""
+    theirs = _attention(vi.FullAttentionSpec, tokens_per_state=Fraction(2, 4))
+    ours = convert_spec(theirs)
+    assert ours.tokens_per_state == Fraction(1, 2) and type(ours.tokens_per_state) is Fraction
+    assert "tokens_per_state=Fraction(1, 2)" in repr(ours)
+    whole = convert_spec(_attention(vi.FullAttentionSpec, tokens_per_state=Fraction(4)))
+    assert whole.tokens_per_state == 4 and type(whole.tokens_per_state) is int
 
 
 #: Spec types with no kvblocks manager, built as vLLM's tests build them (vLLM 0.33

@@ -21,6 +21,7 @@ from kvblocks.vllm._info import manager_info
 from kvblocks.vllm._install import ENV_SWITCH, fallbacks, install, installed, uninstall
 
 _LAZY = {
+    "AssertedInputError": "kvblocks.vllm._manager",
     "KVCacheManager": "kvblocks.vllm._manager",
     "BlockPool": "kvblocks.vllm._manager",
     "UnsupportedConfigError": "kvblocks.vllm._config",
@@ -40,6 +41,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ENV_SWITCH",
+    "AssertedInputError",
     "BlockPool",
     "KVCacheManager",
     "UnsupportedConfigError",

@@ -7,7 +7,6 @@ names what is missing: never a wrong answer at step time.
 from __future__ import annotations
 
 from collections.abc import Callable
-from fractions import Fraction
 from typing import Any
 
 import kvblocks as kb
@@ -118,11 +117,6 @@ def _value(name: str, value: Any) -> Any:
     if name == "mamba_type":
         # vLLM 0.33 names the backend by an enum (`MambaAttentionBackendEnum.MAMBA2`).
         return getattr(value, "name", value).lower()
-    if name == "tokens_per_state" and isinstance(value, Fraction):
-        # vLLM's Whisper block pooling stores several states per token: `Fraction(1, k)`.
-        if value.denominator != 1:
-            raise UnsupportedConfigError(f"several states per token (tokens_per_state={value})")
-        return int(value)
     if name == "shapes" and value and all(isinstance(dim, int) for dim in value):
         # vLLM's `MambaSpec` stores `shapes` unchecked, and its own tests pass one flat shape
         # (`shapes=(1, 1)`): it never reads it in the manager, and its `page_size_bytes`

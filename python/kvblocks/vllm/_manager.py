@@ -29,6 +29,12 @@ def _block_ids(blocks: Iterable[Any]) -> list[int]:
     return [b if isinstance(b, int) else b.block_id for b in blocks]
 
 
+class AssertedInputError(kb.InvalidArgumentError, AssertionError):
+    """Input vLLM 0.33 refuses with an `assert` (`truncate_computed_blocks` past a hit or
+    off the block grid): kvblocks' `InvalidArgumentError`, and an `AssertionError` as
+    vLLM's callers catch it."""
+
+
 class _FreeQueueView:
     """vLLM's `free_block_queue`, as far as its callers read it."""
 
@@ -166,18 +172,66 @@ class BlockPool:
         return _to_vllm_events(self._pool.take_events())
 
 
-class _RequestTables(Mapping[str, list[KVCacheBlock]]):
-    """vLLM's `req_to_blocks` of one group: request id -> its block objects."""
+class _LiveBlocks(Sequence[KVCacheBlock]):
+    """One request's block list in one group, as vLLM's live `req_to_blocks[request_id]`:
+    while the manager knows the request, each access reads the core's table now (a
+    caller holding it across steps sees the blocks added since). Once the request is
+    freed it keeps the blocks it last read, as vLLM's list keeps those `free` popped
+    with it (blocks added after its last read are not among them). Read-only; compares
+    equal to a list of the same blocks."""
+
+    __hash__ = None  # type: ignore[assignment]  # a list's equality, unhashable as a list
+
+    def __init__(self, manager: KVCacheManager, group_id: int, request_id: str) -> None:
+        self._manager = manager
+        self._group_id = group_id
+        self._request_id = request_id
+        self._last: list[KVCacheBlock] = []
+        self._blocks()
+
+    def _blocks(self) -> list[KVCacheBlock]:
+        if self._request_id in self._manager.request_ids():
+            tables = kb.KVCacheManager.get_block_ids(self._manager, self._request_id)
+            self._last = self._manager.block_objects(tables[self._group_id])
+        return self._last
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._blocks()[index]
+
+    def __len__(self) -> int:
+        return len(self._blocks())
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        return iter(self._blocks())
+
+    def __reversed__(self) -> Iterator[KVCacheBlock]:
+        return reversed(self._blocks())
+
+    def __contains__(self, block: object) -> bool:
+        return block in self._blocks()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _LiveBlocks):
+            return self._blocks() == other._blocks()
+        if isinstance(other, list):
+            return self._blocks() == other
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self._blocks())
+
+
+class _RequestTables(Mapping[str, Sequence[KVCacheBlock]]):
+    """vLLM's `req_to_blocks` of one group: request id -> its live block list."""
 
     def __init__(self, manager: KVCacheManager, group_id: int) -> None:
         self._manager = manager
         self._group_id = group_id
 
-    def __getitem__(self, request_id: str) -> list[KVCacheBlock]:
+    def __getitem__(self, request_id: str) -> Sequence[KVCacheBlock]:
         if request_id not in self._manager.request_ids():
             raise KeyError(request_id)
-        ids = kb.KVCacheManager.get_block_ids(self._manager, request_id)[self._group_id]
-        return self._manager.block_objects(ids)
+        return _LiveBlocks(self._manager, self._group_id, request_id)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._manager.request_ids())
@@ -524,6 +578,16 @@ class KVCacheManager(kb.KVCacheManager):
     def create_kv_cache_blocks(self, blocks: Sequence[Sequence[Any]]) -> kb.KVCacheBlocks:
         return self.kv_cache_blocks([_block_ids(g) for g in blocks])
 
+    def truncate_computed_blocks(
+        self, blocks: kb.KVCacheBlocks, num_computed_tokens: int
+    ) -> kb.KVCacheBlocks:
+        """The lookup result cut at `num_computed_tokens`; an end vLLM asserts against
+        raises `AssertedInputError`, as vLLM's callers catch it."""
+        try:
+            return super().truncate_computed_blocks(blocks, num_computed_tokens)
+        except kb.InvalidArgumentError as error:
+            raise AssertedInputError(str(error)) from error
+
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
         """The partial-hit copies queued since the last call, as vLLM's
         `KVCacheBlockCopy`, and their endpoints, each holding a reference the caller drops
@@ -549,4 +613,4 @@ class KVCacheManager(kb.KVCacheManager):
         super().remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
 
-__all__ = ["BlockPool", "KVCacheManager", "UnsupportedConfigError"]
+__all__ = ["AssertedInputError", "BlockPool", "KVCacheManager", "UnsupportedConfigError"]
