@@ -303,7 +303,7 @@ class CoordinatorView:
     def retention_interval(self) -> int | None:
         """The `prefix_cache_retention_interval` in force, as vLLM's coordinator keeps it
         (the config's, until assigned)."""
-        return self._manager.retention_interval  # type: ignore[no-any-return]
+        return self._manager.retention_interval
 
     @retention_interval.setter
     def retention_interval(self, value: int | None) -> None:
