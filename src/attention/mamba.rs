@@ -588,10 +588,11 @@ pub(crate) fn after_cache_blocks<R: RequestView>(
 /// vLLM's `_cache_partial_tail_block`: the step's prefill checkpoint block is re-keyed
 /// at its checkpoint position, or dropped from the cache when that position is neither
 /// the prompt's checkpoint, a block boundary the retention keeps
-/// ([`keeps_segment_state`]) nor the request's shared-prefix junction; without a checkpoint, the state at the prompt's last hash
-/// boundary (or, armed, at the request's shared-prefix junction) is keyed there, and when that boundary is inside a block, the request
-/// itself copies the block before it writes past the boundary (its partial hit, with
-/// the block's earlier whole blocks cached). Returns the key it registered.
+/// ([`keeps_segment_state`]) nor the request's shared-prefix junction; without a
+/// checkpoint, the state at the prompt's last hash boundary (or, armed, at the request's
+/// shared-prefix junction) is keyed there, and when that boundary is inside a block, the
+/// request itself copies the block before it writes past the boundary (its partial hit,
+/// with the block's earlier whole blocks cached). Returns the key it registered.
 fn cache_partial_tail_block<R: RequestView>(
     mgr: &SingleTypeManager,
     rb: &mut RequestBlocks,
