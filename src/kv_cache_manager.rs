@@ -409,6 +409,7 @@ impl KvCacheManager {
             request.awaiting_admission(),
         ) as isize;
         let free = self.coord.pool().num_free_blocks() as isize;
+        let prefill_end = self.coord.prefill_end_of(request);
         if args.full_sequence_must_fit {
             let full = request.num_tokens().min(self.max_model_len);
             let need = self.coord.get_num_blocks_to_allocate(
@@ -420,7 +421,7 @@ impl KvCacheManager {
                 total,
                 local,
                 true,
-                self.coord.prefill_end_of(request),
+                prefill_end,
             );
             if need + watermark > free {
                 return Ok(false);
@@ -446,7 +447,7 @@ impl KvCacheManager {
             local + args.num_external_computed_tokens,
             local,
             false,
-            self.coord.prefill_end_of(request),
+            prefill_end,
         );
         let available =
             self.coord.pool().num_free_blocks() as isize - args.reserved_blocks as isize;
@@ -485,7 +486,7 @@ impl KvCacheManager {
             local + args.num_external_computed_tokens,
             main,
             args.num_encoder_tokens,
-            self.coord.prefill_end_of(request),
+            prefill_end,
             copies,
         )?;
         if !args.delay_cache_blocks {
