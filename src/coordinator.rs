@@ -250,6 +250,52 @@ impl Coordinator {
         self.sparse_caching != SparseCaching::Dense
     }
 
+    /// The `prefix_cache_retention_interval` in force (`None`: dense caching).
+    pub fn retention_interval(&self) -> Option<usize> {
+        match self.sparse_caching {
+            SparseCaching::Dense => None,
+            SparseCaching::Interval(n) => Some(n),
+        }
+    }
+
+    /// Sets the retention interval after construction (vLLM's tests assign
+    /// `coordinator.retention_interval`; every later step reads the new one). It is
+    /// checked as at construction ([`validate_sparse_caching`]); a bad one is refused
+    /// and changes nothing.
+    pub fn set_retention_interval(&mut self, interval: Option<usize>) -> Result<()> {
+        let sparse_groups = self
+            .managers
+            .iter()
+            .any(|m| m.params().kind.allows_sparse_caching());
+        self.sparse_caching =
+            validate_sparse_caching(interval, self.scheduler_block_size, sparse_groups)?;
+        Ok(())
+    }
+
+    /// Where `request`'s prefill ends, as vLLM's `allocate_slots` computes it (the
+    /// prompt, or all but the last token of a resumed request replaying its output),
+    /// under retention 0; 0 (not read) otherwise.
+    #[inline]
+    pub fn prefill_end_of<R: RequestView>(&self, request: &R) -> usize {
+        self.prefill_end(
+            request
+                .num_prompt_tokens()
+                .max(request.num_tokens().saturating_sub(1)),
+        )
+    }
+
+    /// The `prefill_end` vLLM's coordinator hands its managers: the prefill's end under
+    /// retention 0, where align-mode Mamba reserves a prefill checkpoint only on the
+    /// chunk reaching it; 0 otherwise (every chunk publishes a state).
+    #[inline]
+    fn prefill_end(&self, prefill_end: usize) -> usize {
+        if self.sparse_caching == SparseCaching::Interval(0) {
+            prefill_end
+        } else {
+            0
+        }
+    }
+
     /// Whether caching reads a request's shared-prefix junction: under sparse prefix
     /// caching, or with the Mamba shared-prefix checkpoint armed.
     pub fn reads_junction(&self) -> bool {
@@ -492,7 +538,8 @@ impl Coordinator {
     /// Blocks an allocation would take off the free queue, summed over groups (signed:
     /// align-mode Mamba can count negatively). `hits` is `None` for no prefix hit (vLLM's
     /// empty sentinel); of the `total_computed_tokens`, `num_local_computed_tokens` are
-    /// the prefix hit's.
+    /// the prefix hit's; `prefill_end` is where the request's prefill ends (0 if not
+    /// known; read under retention 0 only, [`Self::prefill_end`]).
     #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
         &self,
@@ -504,7 +551,9 @@ impl Coordinator {
         total_computed_tokens: usize,
         num_local_computed_tokens: usize,
         apply_admission_cap: bool,
+        prefill_end: usize,
     ) -> isize {
+        let prefill_end = self.prefill_end(prefill_end);
         self.managers
             .iter()
             .zip(rbs)
@@ -515,6 +564,7 @@ impl Coordinator {
                         rb,
                         num_encoder_tokens,
                         num_encoder_tokens,
+                        0,
                         &[],
                         0,
                         0,
@@ -527,6 +577,7 @@ impl Coordinator {
                         rb,
                         num_tokens,
                         num_tokens_main_model,
+                        prefill_end,
                         h,
                         total_computed_tokens,
                         num_local_computed_tokens,
@@ -610,9 +661,10 @@ impl Coordinator {
 
     /// Extends every group's table of request `request_id` to `num_tokens` slots (a
     /// group that counts encoder tokens: `num_encoder_tokens`; align-mode Mamba: the
-    /// step computing `[total_computed_tokens, num_tokens_main_model)`), group by group.
-    /// A partial hit's copy that replaced a table entry in place goes to `copies[g]`
-    /// (it comes first among the group's new blocks).
+    /// step computing `[total_computed_tokens, num_tokens_main_model)` of a prefill
+    /// ending at `prefill_end`), group by group. A partial hit's copy that replaced a
+    /// table entry in place goes to `copies[g]` (it comes first among the group's new
+    /// blocks).
     #[allow(clippy::too_many_arguments)]
     pub fn allocate_new_blocks(
         &mut self,
@@ -622,8 +674,10 @@ impl Coordinator {
         total_computed_tokens: usize,
         num_tokens_main_model: usize,
         num_encoder_tokens: usize,
+        prefill_end: usize,
         copies: &mut [Option<BlockId>],
     ) -> Result<()> {
+        let prefill_end = self.prefill_end(prefill_end);
         let groups = self.managers.iter_mut().zip(rbs.iter_mut()).zip(copies);
         for (g, ((m, rb), copy)) in groups.enumerate() {
             let n = if m.params().kind.counts_encoder_tokens() {
@@ -638,6 +692,7 @@ impl Coordinator {
                 n,
                 total_computed_tokens,
                 num_tokens_main_model,
+                prefill_end,
                 &mut self.pool,
             )?;
             if let Some(c) = *copy {
@@ -852,18 +907,19 @@ fn validate(
         ));
     }
     if opts.enable_caching {
-        validate_prefix_caching(groups, hbs, opts.retention_interval.is_some())?;
+        validate_prefix_caching(groups, hbs)?;
         validate_prefill_lookahead(groups, opts)?;
     }
-    let sparse_caching = validate_sparse_caching(opts.retention_interval, sbs, groups)?;
+    let sparse_groups = groups.iter().any(|g| g.kind.allows_sparse_caching());
+    let sparse_caching = validate_sparse_caching(opts.retention_interval, sbs, sparse_groups)?;
     Ok((kind, sparse_caching))
 }
 
 /// With prefix caching on: each type supports it for its group, every prefix-cached
 /// group's block size is a multiple of the hash block size, and a single group's equals it.
-fn validate_prefix_caching(groups: &[ManagerParams], hbs: usize, sparse: bool) -> Result<()> {
+fn validate_prefix_caching(groups: &[ManagerParams], hbs: usize) -> Result<()> {
     for g in groups {
-        g.kind.check_prefix_caching(sparse)?;
+        g.kind.check_prefix_caching()?;
         if g.caches_prefix() && g.block_size % hbs != 0 {
             return Err(KvError::InvalidArgument(format!(
                 "block_size {} is not divisible by hash_block_size {hbs}",
@@ -907,16 +963,16 @@ fn drop_eagle_groups(groups: &[ManagerParams], use_eagle: bool) -> Vec<bool> {
         .collect()
 }
 
-/// vLLM's `_validate_prefix_cache_retention_interval`.
+/// vLLM's `_validate_prefix_cache_retention_interval`; `sparse` says whether a group
+/// has a type sparse caching applies to (sliding window, Mamba).
 fn validate_sparse_caching(
     interval: Option<usize>,
     scheduler_block_size: usize,
-    groups: &[ManagerParams],
+    sparse: bool,
 ) -> Result<SparseCaching> {
     let Some(n) = interval else {
         return Ok(SparseCaching::Dense);
     };
-    let sparse = groups.iter().any(|g| g.kind.allows_sparse_caching());
     if !sparse && n != 0 {
         return Err(KvError::InvalidArgument(
             "prefix_cache_retention_interval is set but this model has no sliding-window or \

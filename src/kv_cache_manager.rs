@@ -409,6 +409,7 @@ impl KvCacheManager {
             request.awaiting_admission(),
         ) as isize;
         let free = self.coord.pool().num_free_blocks() as isize;
+        let prefill_end = self.coord.prefill_end_of(request);
         if args.full_sequence_must_fit {
             let full = request.num_tokens().min(self.max_model_len);
             let need = self.coord.get_num_blocks_to_allocate(
@@ -420,6 +421,7 @@ impl KvCacheManager {
                 total,
                 local,
                 true,
+                prefill_end,
             );
             if need + watermark > free {
                 return Ok(false);
@@ -445,6 +447,7 @@ impl KvCacheManager {
             local + args.num_external_computed_tokens,
             local,
             false,
+            prefill_end,
         );
         let available =
             self.coord.pool().num_free_blocks() as isize - args.reserved_blocks as isize;
@@ -483,6 +486,7 @@ impl KvCacheManager {
             local + args.num_external_computed_tokens,
             main,
             args.num_encoder_tokens,
+            prefill_end,
             copies,
         )?;
         if !args.delay_cache_blocks {
@@ -882,6 +886,7 @@ impl KvCacheManager {
 
     /// The blocks an allocation would take from the pool (vLLM's
     /// `coordinator.get_num_blocks_to_allocate`, a dry run: nothing changes).
+    /// `prefill_end` is where the request's prefill ends (0: not given).
     #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
         &self,
@@ -893,6 +898,7 @@ impl KvCacheManager {
         total_computed_tokens: usize,
         num_local_computed_tokens: usize,
         apply_admission_cap: bool,
+        prefill_end: usize,
     ) -> Result<isize> {
         self.check_hit_groups("new_computed_blocks", hits)?;
         let slot = self.slots.get(request_id);
@@ -905,6 +911,7 @@ impl KvCacheManager {
             total_computed_tokens,
             num_local_computed_tokens,
             apply_admission_cap,
+            prefill_end,
         ))
     }
 
@@ -926,6 +933,13 @@ impl KvCacheManager {
     /// ([`Coordinator::arm_mamba_shared_prefix_checkpoint`]); returns whether it is armed.
     pub fn arm_mamba_shared_prefix_checkpoint(&mut self) -> bool {
         self.coord.arm_mamba_shared_prefix_checkpoint()
+    }
+
+    /// Sets `prefix_cache_retention_interval` after construction
+    /// ([`Coordinator::set_retention_interval`]: checked as at construction; a bad one
+    /// changes nothing).
+    pub fn set_retention_interval(&mut self, interval: Option<usize>) -> Result<()> {
+        self.coord.set_retention_interval(interval)
     }
 
     /// vLLM's `finalize_partial_tail_offloads` for a finishing request that computed

@@ -693,6 +693,11 @@ class KVCacheManager:
     def arm_mamba_shared_prefix_checkpoint(self) -> bool:
         """Arms vLLM's Mamba shared-prefix checkpoint where vLLM would; whether it is."""
     @property
+    def retention_interval(self) -> int | None:
+        """The `prefix_cache_retention_interval` in force (None: dense caching)."""
+    @retention_interval.setter
+    def retention_interval(self, value: int | None) -> None: ...
+    @property
     def scheduler_block_size(self) -> int: ...
     @property
     def hash_block_size(self) -> int: ...
@@ -821,6 +826,7 @@ class KVCacheManager:
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
         num_local_computed_tokens: int = 0,
+        prefill_end: int = 0,
     ) -> int: ...
     def remove_skipped_blocks(
         self,

@@ -14,14 +14,17 @@ impl SingleTypeManager {
     /// `get_num_blocks_to_allocate`, hits that are still free included), or the type's
     /// own count (`kind.rs`, `own_num_blocks_to_allocate`: align-mode Mamba may
     /// return a negative count, and `num_blocks + 1` to defer a request whose hit was
-    /// cached during this step). A local hit of `num_local_computed` tokens ending
-    /// inside a block takes one block more, its copy (`copy_on_write.rs`).
+    /// cached during this step; under retention 0 it reserves a prefill checkpoint only
+    /// on a step reaching `prefill_end`, 0 otherwise). A local hit of
+    /// `num_local_computed` tokens ending inside a block takes one block more, its copy
+    /// (`copy_on_write.rs`).
     #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
         &self,
         rb: &RequestBlocks,
         num_tokens: usize,
         num_tokens_main_model: usize,
+        prefill_end: usize,
         new_computed: &[BlockId],
         total_computed_tokens: usize,
         num_local_computed: usize,
@@ -34,6 +37,7 @@ impl SingleTypeManager {
             rb,
             total_computed_tokens,
             num_tokens_main_model,
+            prefill_end,
             new_computed,
             partial_hit,
             pool,
@@ -156,9 +160,11 @@ impl SingleTypeManager {
 
     /// Extends the table of request `request_id` to cover `num_tokens` tokens with
     /// blocks from the queue head (align-mode Mamba: the state blocks of a step
-    /// computing `[total_computed_tokens, num_tokens_main_model)`), after redirecting a
-    /// partial hit to its copy. Returns the copy's block where it replaced a table
-    /// entry in place (for zeroing).
+    /// computing `[total_computed_tokens, num_tokens_main_model)`, its prefill
+    /// checkpoint only on a step reaching `prefill_end`), after redirecting a partial
+    /// hit to its copy. Returns the copy's block where it replaced a table entry in
+    /// place (for zeroing).
+    #[allow(clippy::too_many_arguments)]
     pub fn allocate_new_blocks(
         &mut self,
         rb: &mut RequestBlocks,
@@ -166,6 +172,7 @@ impl SingleTypeManager {
         num_tokens: usize,
         total_computed_tokens: usize,
         num_tokens_main_model: usize,
+        prefill_end: usize,
         pool: &mut BlockPool,
     ) -> Result<Option<BlockId>> {
         let kind = self.params.kind;
@@ -176,6 +183,7 @@ impl SingleTypeManager {
             num_tokens,
             total_computed_tokens,
             num_tokens_main_model,
+            prefill_end,
             pool,
         )
     }

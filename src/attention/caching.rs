@@ -53,7 +53,7 @@ impl SingleTypeManager {
             rb.num_cached = Some(num_full);
         }
         let kind = self.params.kind;
-        kind.after_cache_blocks(self, rb, request, num_tokens, cached, pool)?;
+        kind.after_cache_blocks(self, rb, request, num_tokens, cached, sparse_caching, pool)?;
         if self.params.kind.is_full_attention() && bs != hash_bs {
             full::cache_partial_tail_block(self, rb, request, num_tokens, pool)?;
         }
@@ -61,7 +61,32 @@ impl SingleTypeManager {
     }
 }
 
-/// vLLM's sparse prefix caching of sliding-window groups, set by
+/// vLLM's `reachable_boundaries` in `cache_blocks`, for the sparse caching of sliding
+/// windows and Mamba states: the replay boundaries (at most 2), then the request's
+/// shared-prefix junction, if any, and with EAGLE the block before it (a sibling
+/// diverging right after the junction cannot use the block past it as the EAGLE peek,
+/// so its hit lands one block lower; vLLM 0.33). Written into `out`; returns how many.
+pub(super) fn reachable_boundaries<R: RequestView>(
+    mgr: &SingleTypeManager,
+    request: &R,
+    replay: &[usize],
+    out: &mut [usize; 4],
+) -> usize {
+    let mut n = replay.len();
+    out[..n].copy_from_slice(replay);
+    let junction = request.shared_prefix_boundary();
+    if junction > 0 {
+        out[n] = junction;
+        n += 1;
+        if mgr.use_eagle {
+            out[n] = junction.saturating_sub(mgr.block_size());
+            n += 1;
+        }
+    }
+    n
+}
+
+/// vLLM's sparse prefix caching of sliding-window and Mamba groups, set by
 /// `KVCacheConfig.prefix_cache_retention_interval` (vLLM calls it "retention"; it has
 /// nothing to do with kvblocks' eviction policies of `pool/retention.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -244,11 +244,10 @@ impl AttentionKind {
         matches!(self, Self::SlidingWindow { .. } | Self::Mamba { .. })
     }
 
-    /// Whether the type's prefix caching is supported, `sparse` saying whether sparse
-    /// caching is on.
-    pub fn check_prefix_caching(&self, sparse: bool) -> Result<()> {
+    /// Whether the type's prefix caching is supported.
+    pub fn check_prefix_caching(&self) -> Result<()> {
         match *self {
-            Self::Mamba { align, .. } => mamba::check_prefix_caching(align, sparse),
+            Self::Mamba { align, .. } => mamba::check_prefix_caching(align),
             Self::CrossAttention => Err(cross_attention::no_prefix_caching()),
             _ => Ok(()),
         }
@@ -360,7 +359,8 @@ impl AttentionKind {
 
     /// The type's own `get_num_blocks_to_allocate`, where the common count does not
     /// apply (Mamba: a hit cached during this step defers the request; "align" mode
-    /// counts state blocks, from `total_computed_tokens`); `None` for the common count.
+    /// counts state blocks, from `total_computed_tokens`, with a prefill checkpoint only
+    /// on a step reaching `prefill_end`); `None` for the common count.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn own_num_blocks_to_allocate(
         &self,
@@ -368,6 +368,7 @@ impl AttentionKind {
         rb: &RequestBlocks,
         total_computed_tokens: usize,
         num_tokens_main_model: usize,
+        prefill_end: usize,
         new_computed: &[BlockId],
         partial_hit: bool,
         pool: &BlockPool,
@@ -379,6 +380,7 @@ impl AttentionKind {
                 align,
                 total_computed_tokens,
                 num_tokens_main_model,
+                prefill_end,
                 new_computed,
                 partial_hit,
                 pool,
@@ -390,7 +392,8 @@ impl AttentionKind {
 
     /// Extends the table with new blocks: to `num_tokens` slots, or by the type's own
     /// rule (align-mode Mamba: the state blocks of a step computing
-    /// `[total_computed_tokens, num_tokens_main_model)`).
+    /// `[total_computed_tokens, num_tokens_main_model)`, with a prefill checkpoint only
+    /// on a step reaching `prefill_end`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn allocate_new_blocks(
         &self,
@@ -400,6 +403,7 @@ impl AttentionKind {
         num_tokens: usize,
         total_computed_tokens: usize,
         num_tokens_main_model: usize,
+        prefill_end: usize,
         pool: &mut BlockPool,
     ) -> Result<Option<BlockId>> {
         match *self {
@@ -409,6 +413,7 @@ impl AttentionKind {
                 request_id,
                 total_computed_tokens,
                 num_tokens_main_model,
+                prefill_end,
                 pool,
             ),
             Self::CircularBuffer => circular_buffer::claim_ring_block(rb, pool).map(|()| None),
@@ -461,7 +466,8 @@ impl AttentionKind {
     }
 
     /// Which of the table's blocks `start..end` get cached (`None`: all of them); only
-    /// sliding windows cache some (vLLM's `reachable_block_mask`).
+    /// sliding windows and, under sparse caching, align-mode Mamba cache some (vLLM's
+    /// `reachable_block_mask`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn cache_mask<R: RequestView>(
         &self,
@@ -482,6 +488,9 @@ impl AttentionKind {
                 sparse_caching,
                 replay_boundaries,
             ),
+            Self::Mamba { align: true, .. } => {
+                mamba::cache_mask(mgr, request, start, end, sparse_caching, replay_boundaries)
+            }
             _ => None,
         }
     }
@@ -489,6 +498,7 @@ impl AttentionKind {
     /// After `cache_blocks` cached the table entries `cached` of `request` (up to
     /// `num_tokens`): align-mode Mamba keys its checkpoint, remembers the newly cached
     /// keys and offers the states to a KV connector (`mamba::after_cache_blocks`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn after_cache_blocks<R: RequestView>(
         &self,
         mgr: &mut SingleTypeManager,
@@ -496,12 +506,19 @@ impl AttentionKind {
         request: &R,
         num_tokens: usize,
         cached: Range<usize>,
+        sparse_caching: SparseCaching,
         pool: &mut BlockPool,
     ) -> Result<()> {
         match *self {
-            Self::Mamba { align: true, .. } => {
-                mamba::after_cache_blocks(mgr, rb, request, num_tokens, cached, pool)
-            }
+            Self::Mamba { align: true, .. } => mamba::after_cache_blocks(
+                mgr,
+                rb,
+                request,
+                num_tokens,
+                cached,
+                sparse_caching,
+                pool,
+            ),
             _ => Ok(()),
         }
     }

@@ -1,16 +1,22 @@
 //! Mamba state. Mode `"none"` (prefix caching off): one live state block
 //! per request plus the speculative blocks, through the common code. Mode `"align"`
-//! (prefix caching on, dense caching): the table is position-indexed, entry `i` is the
+//! (prefix caching on): the table is position-indexed, entry `i` is the
 //! state after token `(i + 1) * bs`; only the live state, the previous step's (which the
 //! kernel copies from), the speculative blocks after it and a prefill checkpoint are
 //! real, the rest are nulls. Each step takes at most one new state block (plus the
 //! checkpoint block, and the speculative blocks on the first allocation); speculative
 //! blocks the step leaves behind move to the table's end. Every state cached in align
-//! mode is offered to a KV connector (`take_boundary_state_offloads`).
+//! mode is offered to a KV connector (`take_boundary_state_offloads`). Under sparse
+//! retention (`prefix_cache_retention_interval`) only the states a later request can
+//! resume at are cached ([`cache_mask`]), and with retention 0 a prefill checkpoint is
+//! reserved only on the chunk reaching the prefill's end.
 
 use std::ops::Range;
 
-use super::{AttentionKind, HitQuery, RequestBlocks, RequestView, SingleTypeManager};
+use super::caching::reachable_boundaries;
+use super::{
+    AttentionKind, HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching,
+};
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
 use crate::pool::{BlockPool, HashKey};
@@ -50,18 +56,15 @@ pub(crate) fn max_blocks_per_request(m: &MambaSpec) -> Option<usize> {
     }
 }
 
-/// Prefix caching needs "align" mode and dense caching (`sparse` off); a block coarser
-/// than a hash block allows partial hits (`partial_hits.rs`).
-pub(crate) fn check_prefix_caching(align: bool, sparse: bool) -> Result<()> {
+/// Prefix caching needs "align" mode; a block coarser than a hash block allows partial
+/// hits (`partial_hits.rs`).
+pub(crate) fn check_prefix_caching(align: bool) -> Result<()> {
     if !align {
         // vLLM 0.33 asserts this away; 0.32 builds a manager for it, which kvblocks does
         // not have (unsupported, so kvblocks.vllm falls back).
         return Err(unsupported(
             "prefix caching requires mamba_cache_mode='align'; use enable_caching=False",
         ));
-    }
-    if sparse {
-        return Err(unsupported("\"align\" mode with sparse retention"));
     }
     Ok(())
 }
@@ -219,8 +222,8 @@ pub(crate) fn find_longest_cache_hit(
 
 /// Mamba's `get_num_blocks_to_allocate`: `num_blocks + 1` (never fits) when the hit's
 /// last block was cached during this step, so the request waits a step; the "align"
-/// count below for a step computing tokens `[start, num_tokens_main_model)`; `None`
-/// (the common count) otherwise.
+/// count below for a step computing tokens `[start, num_tokens_main_model)` (a prefill
+/// checkpoint only if it reaches `prefill_end`); `None` (the common count) otherwise.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn own_num_blocks_to_allocate(
     mgr: &SingleTypeManager,
@@ -228,6 +231,7 @@ pub(crate) fn own_num_blocks_to_allocate(
     align: bool,
     start: usize,
     num_tokens_main_model: usize,
+    prefill_end: usize,
     hits: &[BlockId],
     partial_hit: bool,
     pool: &BlockPool,
@@ -245,6 +249,7 @@ pub(crate) fn own_num_blocks_to_allocate(
             rb,
             start,
             num_tokens_main_model,
+            prefill_end,
             hits,
             partial_hit,
             pool,
@@ -267,14 +272,19 @@ fn max_new_blocks(
 }
 
 /// The prefill checkpoint of a step computing `[start, end)`, for a kind that has
-/// checkpoint blocks.
+/// checkpoint blocks and a step reaching `prefill_end` (vLLM's coordinator passes the
+/// prefill's end under retention 0 only, else 0: every chunk publishes a state).
 fn step_checkpoint(
     mgr: &SingleTypeManager,
     rb: &RequestBlocks,
     start: usize,
     end: usize,
+    prefill_end: usize,
     pool: &BlockPool,
 ) -> Option<(usize, usize)> {
+    if end < prefill_end {
+        return None;
+    }
     let alignment = mgr.params().kind.checkpoint_alignment()?;
     internal_checkpoint(mgr, rb, alignment, start, end, pool)
 }
@@ -283,11 +293,13 @@ fn step_checkpoint(
 /// plus the speculative blocks (a partial hit's copy on top), capped at
 /// [`max_new_blocks`], plus the hits still in the free queue. May be negative
 /// (over-allocated drafts), as vLLM.
+#[allow(clippy::too_many_arguments)]
 fn num_blocks_to_allocate(
     mgr: &SingleTypeManager,
     rb: &RequestBlocks,
     start: usize,
     num_tokens_main_model: usize,
+    prefill_end: usize,
     hits: &[BlockId],
     partial_hit: bool,
     pool: &BlockPool,
@@ -299,7 +311,7 @@ fn num_blocks_to_allocate(
         new = new.max(0) + 1;
     }
     if new > 0 {
-        let checkpoint = step_checkpoint(mgr, rb, start, num_tokens_main_model, pool);
+        let checkpoint = step_checkpoint(mgr, rb, start, num_tokens_main_model, prefill_end, pool);
         let cap = max_new_blocks(rb, num_spec, partial_hit, checkpoint.is_some());
         new = new.min(cap as isize);
     }
@@ -311,7 +323,8 @@ fn num_blocks_to_allocate(
 }
 
 /// Align mode `allocate_new_blocks` for a step of request `request_id` computing
-/// `[start, num_tokens_main_model)`: records the previous state block, pads with nulls
+/// `[start, num_tokens_main_model)` (a prefill checkpoint only if it reaches
+/// `prefill_end`): records the previous state block, pads with nulls
 /// up to the state position of the last token (short of this step's checkpoint block),
 /// moves the speculative blocks the step leaves behind to the end, then takes the new
 /// blocks, the first one for a partial hit's copy ([`copy_partial_tail`]). Returns
@@ -322,10 +335,11 @@ pub(crate) fn allocate_new_blocks(
     request_id: &str,
     start: usize,
     num_tokens_main_model: usize,
+    prefill_end: usize,
     pool: &mut BlockPool,
 ) -> Result<Option<BlockId>> {
     let num_spec = mgr.params().kind.num_speculative_blocks();
-    let checkpoint = step_checkpoint(mgr, rb, start, num_tokens_main_model, pool);
+    let checkpoint = step_checkpoint(mgr, rb, start, num_tokens_main_model, prefill_end, pool);
     rb.mamba.checkpoint = checkpoint;
     let required = cdiv(num_tokens_main_model, mgr.block_size()) + num_spec;
     let prev = rb.table.len();
@@ -468,6 +482,58 @@ pub(crate) fn remove_skipped_blocks(
     Ok(())
 }
 
+/// Whether the retention keeps the state of table entry `idx` (after token
+/// `(idx + 1) * bs`) as a segment boundary: dense caching keeps every state, retention 0
+/// none, an interval `n` the last state of every `n`-token segment (every state when
+/// `n` spans at most one block).
+fn keeps_segment_state(idx: usize, bs: usize, sparse_caching: SparseCaching) -> bool {
+    match sparse_caching {
+        SparseCaching::Dense => true,
+        SparseCaching::Interval(0) => false,
+        SparseCaching::Interval(n) => {
+            let per_segment = n / bs;
+            per_segment <= 1 || (idx + 1).is_multiple_of(per_segment)
+        }
+    }
+}
+
+/// Which of the table entries `start..end` get cached under sparse retention (vLLM's
+/// `MambaManager.reachable_block_mask`; `None`, all of them, for dense caching or an
+/// interval of at most one block): the segment-boundary states
+/// ([`keeps_segment_state`]) and the state ending on each replay boundary and on the
+/// request's shared-prefix junction (each floored to the hit alignment), where a later
+/// request resumes.
+pub(crate) fn cache_mask<R: RequestView>(
+    mgr: &SingleTypeManager,
+    request: &R,
+    start: usize,
+    end: usize,
+    sparse_caching: SparseCaching,
+    replay_boundaries: &[usize],
+) -> Option<Vec<bool>> {
+    let bs = mgr.block_size();
+    match sparse_caching {
+        SparseCaching::Dense => return None,
+        SparseCaching::Interval(n) if n > 0 && n / bs <= 1 => return None,
+        SparseCaching::Interval(_) => {}
+    }
+    let mut mask: Vec<bool> = (start..end)
+        .map(|i| keeps_segment_state(i, bs, sparse_caching))
+        .collect();
+    let mut boundaries = [0usize; 4];
+    let nb = reachable_boundaries(mgr, request, replay_boundaries, &mut boundaries);
+    let alignment = mgr.alignment_tokens;
+    for &b in &boundaries[..nb] {
+        let Some(idx) = (b / alignment * alignment / bs).checked_sub(1) else {
+            continue;
+        };
+        if (start..end).contains(&idx) {
+            mask[idx - start] = true;
+        }
+    }
+    Some(mask)
+}
+
 /// A cached align-mode state offered to a KV connector (vLLM's
 /// `take_pending_boundary_state_offloads` entry): the state after `num_tokens` tokens
 /// of request `request_id`, in `block` of group `group`.
@@ -487,16 +553,18 @@ pub struct BoundaryOffload {
 /// (up to `num_tokens`): keys the step's prefill checkpoint or the prompt's last hash
 /// boundary ([`cache_partial_tail_block`]), then remembers the keys of the newly cached
 /// states, which other requests may not hit until the next step, and offers each
-/// state to a KV connector.
+/// state to a KV connector (sparse caching leaves the masked states unkeyed: skipped).
 pub(crate) fn after_cache_blocks<R: RequestView>(
     mgr: &mut SingleTypeManager,
     rb: &mut RequestBlocks,
     request: &R,
     num_tokens: usize,
     cached: Range<usize>,
+    sparse_caching: SparseCaching,
     pool: &mut BlockPool,
 ) -> Result<()> {
-    if let Some(key) = cache_partial_tail_block(mgr, rb, request, num_tokens, pool)? {
+    let tail = cache_partial_tail_block(mgr, rb, request, num_tokens, sparse_caching, pool)?;
+    if let Some(key) = tail {
         mgr.cached_this_step.insert(key);
     }
     for &block in &rb.table[cached] {
@@ -517,18 +585,20 @@ pub(crate) fn after_cache_blocks<R: RequestView>(
     Ok(())
 }
 
-/// vLLM's `_cache_partial_tail_block` (dense caching): the step's prefill checkpoint
-/// block is re-keyed at its checkpoint position, or dropped from the cache when that
-/// position is neither the prompt's checkpoint, a block boundary nor the request's
-/// shared-prefix junction; without a checkpoint, the state at the prompt's last hash
-/// boundary (or, armed, at the request's shared-prefix junction) is keyed there, and when that boundary is inside a block, the request
-/// itself copies the block before it writes past the boundary (its partial hit, with
-/// the block's earlier whole blocks cached). Returns the key it registered.
+/// vLLM's `_cache_partial_tail_block`: the step's prefill checkpoint block is re-keyed
+/// at its checkpoint position, or dropped from the cache when that position is neither
+/// the prompt's checkpoint, a block boundary the retention keeps
+/// ([`keeps_segment_state`]) nor the request's shared-prefix junction; without a
+/// checkpoint, the state at the prompt's last hash boundary (or, armed, at the request's
+/// shared-prefix junction) is keyed there, and when that boundary is inside a block, the
+/// request itself copies the block before it writes past the boundary (its partial hit,
+/// with the block's earlier whole blocks cached). Returns the key it registered.
 fn cache_partial_tail_block<R: RequestView>(
     mgr: &SingleTypeManager,
     rb: &mut RequestBlocks,
     request: &R,
     num_tokens: usize,
+    sparse_caching: SparseCaching,
     pool: &mut BlockPool,
 ) -> Result<Option<HashKey>> {
     let (bs, hash_bs) = (mgr.block_size(), pool.hash_block_size());
@@ -546,11 +616,9 @@ fn cache_partial_tail_block<R: RequestView>(
                 drop_eagle,
                 lookahead,
             );
-        // Dense caching keeps every block-aligned state.
-        if !prompt_checkpoint
-            && !position.is_multiple_of(bs)
-            && position != request.shared_prefix_boundary()
-        {
+        let retained = position.is_multiple_of(bs)
+            && keeps_segment_state(position / bs - 1, bs, sparse_caching);
+        if !prompt_checkpoint && !retained && position != request.shared_prefix_boundary() {
             // The transient state overwrites the block: no key of it holds.
             pool.evict_blocks(&[block])?;
             return Ok(None);

@@ -1,6 +1,7 @@
 //! Sliding-window attention: blocks before the window are nulled and
 //! freed, and a hit needs `cdiv(sw - 1, bs)` contiguous cached blocks ending at the hit.
 
+use super::caching::reachable_boundaries;
 use super::{AttentionKind, HitQuery, RequestView, SingleTypeManager, SparseCaching};
 use crate::arith::cdiv;
 use crate::pool::BlockPool;
@@ -138,13 +139,7 @@ pub(crate) fn cache_mask<R: RequestView>(
 ) -> Option<Vec<bool>> {
     let bs = mgr.block_size();
     let mut boundaries = [0usize; 4];
-    let n = reachable_boundaries(
-        replay_boundaries,
-        request.shared_prefix_boundary(),
-        bs,
-        mgr.use_eagle,
-        &mut boundaries,
-    );
+    let n = reachable_boundaries(mgr, request, replay_boundaries, &mut boundaries);
     reachable_block_mask(
         start,
         end,
@@ -155,31 +150,6 @@ pub(crate) fn cache_mask<R: RequestView>(
         sparse_caching,
         &boundaries[..n],
     )
-}
-
-/// vLLM's `reachable_boundaries` in `cache_blocks`: the replay boundaries (at most 2),
-/// then the request's shared-prefix junction, if any, and with EAGLE the block before it
-/// (a sibling diverging right after the junction cannot use the block past it as the
-/// EAGLE peek, so its hit lands one block lower; vLLM 0.33). Written into `out`; returns
-/// how many.
-fn reachable_boundaries(
-    replay: &[usize],
-    junction: usize,
-    bs: usize,
-    use_eagle: bool,
-    out: &mut [usize; 4],
-) -> usize {
-    let mut n = replay.len();
-    out[..n].copy_from_slice(replay);
-    if junction > 0 {
-        out[n] = junction;
-        n += 1;
-        if use_eagle {
-            out[n] = junction.saturating_sub(bs);
-            n += 1;
-        }
-    }
-    n
 }
 
 /// Which of the blocks `start..end` get cached (vLLM 0.33's `reachable_block_mask`);

@@ -184,11 +184,11 @@ fn blocks_to_allocate_counts_evictable_hits() {
     hits.extend_from_slice(&real[..5]);
     let rb = RequestBlocks::default();
     assert_eq!(
-        m.get_num_blocks_to_allocate(&rb, 40, 40, &hits, 0, 0, false, &pool),
+        m.get_num_blocks_to_allocate(&rb, 40, 40, 0, &hits, 0, 0, false, &pool),
         15
     );
     assert_eq!(
-        m.get_num_blocks_to_allocate(&rb, 40, 40, &real, 0, 0, false, &pool),
+        m.get_num_blocks_to_allocate(&rb, 40, 40, 0, &real, 0, 0, false, &pool),
         20
     );
 }

@@ -229,7 +229,7 @@ fn sliding_window_end_to_end() {
     let rbs = m.slots.tables_or_empty(None);
     let need =
         m.coordinator()
-            .get_num_blocks_to_allocate(rbs, 23, 23, Some(&hits), 0, 20, 20, false);
+            .get_num_blocks_to_allocate(rbs, 23, 23, Some(&hits), 0, 20, 20, false, 0);
     assert_eq!(need, 3, "1 new + 2 evictable hits");
     admit(&mut m, &mut b);
     assert_eq!(m.get_block_ids("b"), vec![vec![0, 0, 0, 4, 5, 6]]);
@@ -568,6 +568,16 @@ fn mamba_align_trace() {
 /// An align-mode Mamba manager (bs 8, 12 blocks) with `spec` speculative blocks and,
 /// with `checkpoint`, a prefill-checkpoint block aligned to 8 tokens.
 fn mamba_align(spec: usize, checkpoint: bool, use_eagle: bool) -> KvCacheManager {
+    mamba_align_retained(spec, checkpoint, use_eagle, None)
+}
+
+/// [`mamba_align`] under `prefix_cache_retention_interval` `retention`.
+fn mamba_align_retained(
+    spec: usize,
+    checkpoint: bool,
+    use_eagle: bool,
+    retention: Option<usize>,
+) -> KvCacheManager {
     let g = ManagerParams::new(
         K::Mamba {
             num_speculative_blocks: spec,
@@ -579,7 +589,7 @@ fn mamba_align(spec: usize, checkpoint: bool, use_eagle: bool) -> KvCacheManager
     );
     let mut opts = ManagerOptions::new(8192, 8);
     opts.use_eagle = use_eagle;
-    KvCacheManager::new(vec![g], 12, None, opts).unwrap()
+    KvCacheManager::new(vec![g], 12, retention, opts).unwrap()
 }
 
 /// Boundary offloads as `(request, block, tokens)`.
@@ -652,6 +662,89 @@ fn mamba_align_prefill_checkpoint() {
             (vec![vec![0, 0, 2]], 24)
         );
     }
+}
+
+/// Align mode under sparse retention (vLLM 0.33's `MambaManager.reachable_block_mask`),
+/// the 30-token prompt of [`mamba_steps`] in chunks 16/8/6 and 4 decodes: retention 0
+/// caches only the state at the replay boundary (29 tokens, floored to 24); an interval
+/// of 16 also the last state of every 16-token segment (16, 32), as dense caching here;
+/// one of 24 the state at 24 alone. A later prompt sharing 16 tokens hits them only
+/// where the state at 16 was cached.
+#[test]
+fn mamba_align_sparse_retention() {
+    type States = &'static [(BlockId, usize)];
+    let cases: [(Option<usize>, States, usize); 4] = [
+        (None, &[(1, 16), (2, 24), (3, 32)], 16),
+        (Some(0), &[(2, 24)], 0),
+        (Some(16), &[(1, 16), (2, 24), (3, 32)], 16),
+        (Some(24), &[(2, 24)], 0),
+    ];
+    for (retention, want, hit_16) in cases {
+        let mut m = mamba_align_retained(0, false, false, retention);
+        let (_, offloads) = mamba_steps(&mut m, &[16, 8, 6], 4);
+        let states: Vec<_> = offloads.iter().map(|o| (o.1, o.2)).collect();
+        assert_eq!(states, want, "retention {retention:?}");
+        m.new_step_starts();
+        let b = TestReq::new("b", [toks(0, 30), toks(100, 5)].concat(), 8);
+        assert_eq!(m.get_computed_blocks(&b).unwrap().1, 24);
+        let c = TestReq::new("c", [toks(0, 16), toks(200, 10)].concat(), 8);
+        assert_eq!(
+            m.get_computed_blocks(&c).unwrap().1,
+            hit_16,
+            "{retention:?}"
+        );
+        assert_eq!(m.pool().check_invariants(), Ok(()));
+    }
+}
+
+/// Under retention 0 a prefill checkpoint is reserved only on the chunk reaching the
+/// prefill's end (vLLM's coordinator passes `prefill_end` then, 0 otherwise): the first
+/// 24-token chunk of a 30-token prompt reserves one densely, none under retention 0.
+#[test]
+fn mamba_retention_zero_reserves_checkpoints_at_the_prefill_end() {
+    for (retention, reserved) in [(None, true), (Some(16), true), (Some(0), false)] {
+        let mut m = mamba_align_retained(0, true, false, retention);
+        let mut r = TestReq::new("a", toks(0, 30), 8);
+        let need = |m: &KvCacheManager, r: &TestReq| {
+            let end = r.num_prompt_tokens();
+            m.get_num_blocks_to_allocate("a", 24, 24, None, 0, 0, 0, false, end)
+                .unwrap()
+        };
+        assert_eq!(need(&m, &r), 1 + isize::from(reserved), "{retention:?}");
+        step(&mut m, &mut r, 24).unwrap();
+        assert_eq!(
+            m.mamba_checkpoint("a", 0).is_some(),
+            reserved,
+            "{retention:?}"
+        );
+    }
+}
+
+/// `set_retention_interval` after construction: checked as at construction (a multiple
+/// of the scheduler block size where a group caches sparsely, else only 0); a refused
+/// interval changes nothing, an accepted one is read by the next `cache_blocks`.
+#[test]
+fn retention_interval_set_after_construction() {
+    let mut m = mamba_align(0, false, false);
+    assert_eq!(m.coordinator().retention_interval(), None);
+    assert!(matches!(
+        m.set_retention_interval(Some(12)),
+        Err(KvError::InvalidArgument(_))
+    ));
+    assert_eq!(m.coordinator().retention_interval(), None);
+    m.set_retention_interval(Some(0)).unwrap();
+    assert_eq!(m.coordinator().retention_interval(), Some(0));
+    let (_, offloads) = mamba_steps(&mut m, &[16, 8, 6], 0);
+    let states: Vec<_> = offloads.iter().map(|o| (o.1, o.2)).collect();
+    assert_eq!(states, [(2, 24)]);
+    let mut f = mgr(vec![full(8)], 12, 8);
+    assert!(matches!(
+        f.set_retention_interval(Some(8)),
+        Err(KvError::InvalidArgument(_))
+    ));
+    assert_eq!(f.coordinator().retention_interval(), None);
+    f.set_retention_interval(Some(0)).unwrap();
+    assert_eq!(f.coordinator().retention_interval(), Some(0));
 }
 
 /// Regression (found by tests/core/test_bad_input.py): a request hashed at another block size

@@ -544,6 +544,19 @@ impl PyKVCacheManager {
         self.inner.arm_mamba_shared_prefix_checkpoint()
     }
 
+    /// The `prefix_cache_retention_interval` in force (`None`: dense caching); set it
+    /// after construction as vLLM's tests assign `coordinator.retention_interval`: checked
+    /// as at construction (`InvalidArgumentError`, nothing changes).
+    #[getter]
+    fn retention_interval(&self) -> Option<usize> {
+        self.inner.coordinator().retention_interval()
+    }
+
+    #[setter]
+    fn set_retention_interval(&mut self, interval: Option<NonNegativeInt>) -> PyResult<()> {
+        Ok(self.inner.set_retention_interval(interval.map(|n| n.0))?)
+    }
+
     /// The scheduler block size (hybrid hits align to it without partial hits).
     #[getter]
     fn scheduler_block_size(&self) -> usize {
@@ -1054,7 +1067,7 @@ impl PyKVCacheManager {
     /// `coordinator.get_num_blocks_to_allocate`).
     #[pyo3(signature = (request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
                         total_computed_tokens, num_tokens_main_model, apply_admission_cap=false,
-                        num_local_computed_tokens=0))]
+                        num_local_computed_tokens=0, prefill_end=0))]
     #[allow(clippy::too_many_arguments)]
     fn get_num_blocks_to_allocate(
         &self,
@@ -1066,6 +1079,7 @@ impl PyKVCacheManager {
         num_tokens_main_model: usize,
         apply_admission_cap: bool,
         num_local_computed_tokens: usize,
+        prefill_end: usize,
     ) -> PyResult<isize> {
         let hits = (!new_computed_blocks.iter().all(Vec::is_empty))
             .then_some(new_computed_blocks.as_slice());
@@ -1078,6 +1092,7 @@ impl PyKVCacheManager {
             total_computed_tokens,
             num_local_computed_tokens,
             apply_admission_cap,
+            prefill_end,
         )?)
     }
 

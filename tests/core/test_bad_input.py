@@ -82,6 +82,7 @@ class World:
         pool, req, view = self.pool, self.req, self.mgr.block_pool
         return (
             self.mgr.get_block_ids("m"),
+            self.mgr.retention_interval,
             view.get_free_block_ids(),
             [view.get_ref_cnt(b) for b in range(view.num_gpu_blocks)],
             [view.get_block_hash(b) for b in range(view.num_gpu_blocks)],
@@ -422,6 +423,17 @@ TABLE: list[tuple[str, Callable[[World], Any], type[Exception]]] = [
         ValueError,
     ),
     ("KVCacheManager: not a config", no_world(lambda: kb.KVCacheManager("cfg", 64, BS)), TypeError),
+    (
+        "retention_interval: not a multiple of the scheduler block",
+        lambda w: setattr(w.mgr, "retention_interval", BS + 1),
+        ValueError,
+    ),
+    (
+        "retention_interval: negative",
+        lambda w: setattr(w.mgr, "retention_interval", -BS),
+        ValueError,
+    ),
+    ("retention_interval: str", lambda w: setattr(w.mgr, "retention_interval", "0"), TypeError),
     ("get_computed_blocks: not a request", lambda w: w.mgr.get_computed_blocks("m"), TypeError),
     (
         "get_computed_blocks: hashed at another block size",

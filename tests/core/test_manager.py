@@ -203,6 +203,30 @@ def test_invalid_configs() -> None:
     assert mgr.num_kv_cache_groups == 2
 
 
+def test_retention_interval_set_after_construction() -> None:
+    """A `retention_interval` assigned after construction caches as a manager built with
+    it: under retention 0 Mamba "align" keeps only the state at the replay boundary (69
+    tokens, floored to 64), not every block-aligned state as dense caching does."""
+    mamba = kb.MambaSpec(block_size=BS, shapes=[[4]], dtypes=["float32"], mamba_cache_mode="align")
+
+    def manager(retention: int | None) -> kb.KVCacheManager:
+        groups = [kb.KVCacheGroupSpec(["f"], full()), kb.KVCacheGroupSpec(["m"], mamba)]
+        return kb.KVCacheManager(kb.KVCacheConfig(40, [], groups, retention), 1024, BS)
+
+    def hashed(mgr: kb.KVCacheManager) -> list[bool]:
+        r = req("0", list(range(70)))
+        for n in (32, 16, 22):
+            assert mgr.allocate_slots(r, n) is not None
+            r.num_computed_tokens += n
+        pool = mgr.block_pool
+        return [pool.get_block_hash(b) is not None for b in range(pool.num_gpu_blocks)]
+
+    assigned = manager(None)
+    assigned.retention_interval = 0
+    assert assigned.retention_interval == 0
+    assert hashed(assigned) == hashed(manager(0)) != hashed(manager(None))
+
+
 def test_stats_and_reset() -> None:
     mgr = kb.KVCacheManager(config(11, full()), 1024, BS, log_stats=True)
     r = req("a", list(range(40)))

@@ -150,6 +150,27 @@ CONFIGS = [
         use_eagle=True,
         lookahead=1,
     ),
+    # Mamba "align" under sparse retention: only the replay boundary's state (0), or
+    # also the last state of every 64-token segment, is cached; retention 0 reserves a
+    # prefill checkpoint only on the chunk reaching the prompt's end.
+    Config(
+        "full_mamba_align_retention0",
+        (("full", {"block_size": 16}), ("mamba", {"block_size": 16, "align": 1})),
+        num_blocks=60,
+        retention=0,
+    ),
+    Config(
+        "full_mamba_partial_checkpoint_retention0",
+        (("full", {"block_size": 16}), ("mamba", {"block_size": 32, "align": 1, "ckpt": 16})),
+        num_blocks=70,
+        retention=0,
+    ),
+    Config(
+        "full_mamba_align_checkpoint_retention64",
+        (("full", {"block_size": 16}), ("mamba", {"block_size": 16, "align": 1, "ckpt": 16})),
+        num_blocks=70,
+        retention=64,
+    ),
     Config(
         "full_swa_nocache",
         (("full", {"block_size": 16}), ("swa", {"block_size": 16, "sliding_window": 48})),

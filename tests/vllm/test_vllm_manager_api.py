@@ -293,7 +293,8 @@ def test_what_vllm_reads_of_the_manager_comes_from_the_core(
 def test_coordinator_attributes_as_vllms(layout: str, retention: int | None) -> None:
     """The coordinator view's class name, `retention_interval` and (hybrid only)
     `attention_groups` (spec, group ids, manager class, use_eagle, full attention first)
-    are vLLM's coordinator's."""
+    are vLLM's coordinator's; an assigned `retention_interval` is in force as in vLLM,
+    and one the groups cannot use is refused and changes nothing."""
     swa = spec(sliding_window=32)
     specs = {"full": [spec()], "full+swa+full": [spec(), swa, spec()]}.get(
         layout, [swa, spec(), swa]
@@ -308,8 +309,17 @@ def test_coordinator_attributes_as_vllms(layout: str, retention: int | None) -> 
     )
     if hasattr(theirs.coordinator, "attention_groups"):
         assert ours.coordinator.attention_groups == theirs.coordinator.attention_groups
-    with pytest.raises(AttributeError):
-        ours.coordinator.retention_interval = 64
+    # Full attention only (`sliding_window` on a FullAttentionSpec is no sliding-window
+    # group): 0 or None is usable, a positive interval is not (vLLM refuses it when
+    # building, kvblocks when it is assigned too).
+    new = None if retention == 0 else 0
+    for mgr in (theirs, ours):
+        mgr.coordinator.retention_interval = new
+    assert ours.coordinator.retention_interval == theirs.coordinator.retention_interval == new
+    for value in (4 * BS, -BS):
+        with pytest.raises(kb.InvalidArgumentError):
+            ours.coordinator.retention_interval = value
+        assert ours.coordinator.retention_interval == new
 
 
 @pytest.mark.parametrize("group_id", [0, 1])

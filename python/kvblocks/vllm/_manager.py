@@ -355,20 +355,16 @@ class CoordinatorView:
 
     @property
     def retention_interval(self) -> int | None:
-        """The config's `prefix_cache_retention_interval`, as vLLM's coordinator keeps it
-        (read-only: the core fixes the retention at construction)."""
-        return self._config.prefix_cache_retention_interval  # type: ignore[no-any-return]
+        """The `prefix_cache_retention_interval` in force, as vLLM's coordinator keeps it
+        (the config's, until assigned)."""
+        return self._manager.retention_interval
 
     @retention_interval.setter
     def retention_interval(self, value: int | None) -> None:
-        """Setting the value it has is a no-op (vLLM's tests do it); another value raises
-        `AttributeError`, as for a read-only attribute: the core fixes the retention at
-        construction."""
-        if value != self.retention_interval:
-            raise AttributeError(
-                f"retention_interval is read-only: prefix_cache_retention_interval is fixed "
-                f"at construction ({self.retention_interval}), it cannot become {value}"
-            )
+        """Every later step reads the new interval, as in vLLM. The core checks it as at
+        construction (vLLM does not re-check an assignment): an interval the groups
+        cannot use raises `kvblocks.InvalidArgumentError` and changes nothing."""
+        self._manager.retention_interval = value
 
     @property
     def attention_groups(self) -> list[Any]:
@@ -409,9 +405,10 @@ class CoordinatorView:
         num_local_computed_tokens: int = 0,
         num_tokens_main_model: int | None = None,
         apply_admission_cap: bool = False,
-        prefill_end: int | None = None,
+        prefill_end: int = 0,
     ) -> int:
-        """A dry run of an allocation: the blocks it would take from the pool."""
+        """A dry run of an allocation: the blocks it would take from the pool
+        (`prefill_end`, where the request's prefill ends, is read under retention 0)."""
         return self._manager.get_num_blocks_to_allocate(
             request_id,
             num_tokens,
@@ -421,6 +418,7 @@ class CoordinatorView:
             num_tokens if num_tokens_main_model is None else num_tokens_main_model,
             apply_admission_cap,
             num_local_computed_tokens,
+            prefill_end,
         )
 
     def new_step_starts(self) -> None:
