@@ -203,12 +203,15 @@ def test_kvblocks_matches_vllm(config: str) -> None:
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_KB, reason="kvblocks manager not built")
-@pytest.mark.parametrize("retention_interval", [0, 64])
-def test_kvblocks_matches_vllm_under_sparse_retention(retention_interval: int) -> None:
+@pytest.mark.parametrize(
+    ("config", "retention_interval"),
+    [("hybrid", 0), ("hybrid", 64), ("mamba", 0), ("mamba-spec", 64), ("mamba-partial", 0)],
+)
+def test_kvblocks_matches_vllm_under_sparse_retention(config: str, retention_interval: int) -> None:
     pytest.importorskip("vllm")
     trace = _small("shared-prefix")
     layout = replay_layout(
-        "hybrid", num_blocks=800, sliding_window=256, retention_interval=retention_interval
+        config, num_blocks=800, sliding_window=256, retention_interval=retention_interval
     )
     ours = replay(trace, make_backend("kvblocks", layout, batch=True))
     theirs = replay(trace, make_backend("vllm", layout))
