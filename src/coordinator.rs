@@ -76,6 +76,9 @@ pub struct CoordinatorOptions {
     pub record_new_block_ids: bool,
     /// Count references to the null block as vLLM 0.32 does (`pool/null_block.rs`).
     pub count_null_block_refs: bool,
+    /// Prefix cache Mamba groups in mode `"none"` as vLLM 0.32 does (every full state
+    /// block, found by the align-mode search); refused otherwise (vLLM 0.33).
+    pub mamba_none_prefix_caching: bool,
     /// Multi-module MTP's prefill lookahead (vLLM's `num_prefill_lookahead`): the last
     /// `num_prefill_lookahead - 1` computed tokens may be re-prefilled, so are not cached.
     pub num_prefill_lookahead: usize,
@@ -907,7 +910,7 @@ fn validate(
         ));
     }
     if opts.enable_caching {
-        validate_prefix_caching(groups, hbs)?;
+        validate_prefix_caching(groups, hbs, opts.mamba_none_prefix_caching)?;
         validate_prefill_lookahead(groups, opts)?;
     }
     let sparse_groups = groups.iter().any(|g| g.kind.allows_sparse_caching());
@@ -915,11 +918,12 @@ fn validate(
     Ok((kind, sparse_caching))
 }
 
-/// With prefix caching on: each type supports it for its group, every prefix-cached
-/// group's block size is a multiple of the hash block size, and a single group's equals it.
-fn validate_prefix_caching(groups: &[ManagerParams], hbs: usize) -> Result<()> {
+/// With prefix caching on: each type supports it for its group (Mamba mode `"none"`
+/// only with `mamba_none`), every prefix-cached group's block size is a multiple of the
+/// hash block size, and a single group's equals it.
+fn validate_prefix_caching(groups: &[ManagerParams], hbs: usize, mamba_none: bool) -> Result<()> {
     for g in groups {
-        g.kind.check_prefix_caching()?;
+        g.kind.check_prefix_caching(mamba_none)?;
         if g.caches_prefix() && g.block_size % hbs != 0 {
             return Err(KvError::InvalidArgument(format!(
                 "block_size {} is not divisible by hash_block_size {hbs}",

@@ -68,6 +68,9 @@ pub struct ManagerOptions {
     /// Count references to the null block as vLLM 0.32 does (`pool/null_block.rs`);
     /// off (vLLM 0.33) by default.
     pub count_null_block_refs: bool,
+    /// Prefix cache Mamba groups in mode `"none"` as vLLM 0.32 does; off (vLLM 0.33
+    /// refuses them) by default.
+    pub mamba_none_prefix_caching: bool,
     /// Multi-module MTP's `num_prefill_lookahead`: the last `num_prefill_lookahead - 1`
     /// computed tokens are not cached (they may be re-prefilled).
     pub num_prefill_lookahead: usize,
@@ -95,6 +98,7 @@ impl ManagerOptions {
             watermark_blocks: 0,
             record_new_block_ids: false,
             count_null_block_refs: false,
+            mamba_none_prefix_caching: false,
             num_prefill_lookahead: 0,
             num_hash_lookahead_tokens: 0,
             context_parallel: ContextParallel::NONE,
@@ -242,6 +246,7 @@ impl KvCacheManager {
                 retention_interval,
                 record_new_block_ids: opts.record_new_block_ids,
                 count_null_block_refs: opts.count_null_block_refs,
+                mamba_none_prefix_caching: opts.mamba_none_prefix_caching,
                 num_prefill_lookahead: opts.num_prefill_lookahead,
                 num_hash_lookahead_tokens: opts.num_hash_lookahead_tokens,
                 record_block_metrics: opts.record_block_metrics,

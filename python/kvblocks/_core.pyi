@@ -643,6 +643,7 @@ class KVCacheManager:
         watermark: float = 0.0,
         record_new_block_ids: bool = False,
         count_null_block_refs: bool = False,
+        mamba_none_prefix_caching: bool = False,
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         retention: RetentionPolicy | None = None,
@@ -654,6 +655,9 @@ class KVCacheManager:
         vLLM 0.32 does: `touch` and `free_blocks` count its `ref_cnt` up and down (it may
         go negative) and a table's leading nulls are freed and popped with it. Off, as
         vLLM 0.33, they are never counted (docs/vllm-versions.md).
+        `mamba_none_prefix_caching` prefix caches Mamba groups in `mamba_cache_mode="none"`
+        as vLLM 0.32 does (every full block); off, as vLLM 0.33, they are refused
+        (`UnsupportedError`) with `enable_caching`.
 
         `num_prefill_lookahead` (multi-module MTP) keeps the last
         `num_prefill_lookahead - 1` computed tokens out of the cache; with prefix caching

@@ -187,7 +187,8 @@ impl AttentionKind {
     /// Whether the group's blocks are prefix cached at all (vLLM's `prefix_cacheable`):
     /// every type but cross-attention, whose blocks hold encoder tokens, and circular
     /// buffers, whose ring is per-request scratch (Mamba without "align" is refused with
-    /// caching on, see [`check_prefix_caching`](Self::check_prefix_caching)).
+    /// caching on unless vLLM 0.32's rule allows it, see
+    /// [`check_prefix_caching`](Self::check_prefix_caching)).
     #[inline]
     pub fn caches_prefix(&self) -> bool {
         !matches!(self, Self::CrossAttention | Self::CircularBuffer)
@@ -244,10 +245,11 @@ impl AttentionKind {
         matches!(self, Self::SlidingWindow { .. } | Self::Mamba { .. })
     }
 
-    /// Whether the type's prefix caching is supported.
-    pub fn check_prefix_caching(&self) -> Result<()> {
+    /// Whether the type's prefix caching is supported (Mamba mode `"none"` only with
+    /// `mamba_none`, vLLM 0.32's rule).
+    pub fn check_prefix_caching(&self, mamba_none: bool) -> Result<()> {
         match *self {
-            Self::Mamba { align, .. } => mamba::check_prefix_caching(align),
+            Self::Mamba { align, .. } => mamba::check_prefix_caching(align || mamba_none),
             Self::CrossAttention => Err(cross_attention::no_prefix_caching()),
             _ => Ok(()),
         }
@@ -348,10 +350,7 @@ impl AttentionKind {
             Self::ChunkedLocal {
                 attention_chunk_size,
             } => chunked_local::find_longest_cache_hit(query, bs, attention_chunk_size, pool, out),
-            Self::Mamba { align: true, .. } => {
-                Ok(mamba::find_longest_cache_hit(query, bs, pool, out))
-            }
-            Self::Mamba { .. } => Err(mamba::unsupported("prefix caching in mode \"none\"")),
+            Self::Mamba { .. } => Ok(mamba::find_longest_cache_hit(query, bs, pool, out)),
             Self::CrossAttention => Err(cross_attention::unsupported_lookup()),
             Self::CircularBuffer => Ok(0),
         }
@@ -466,7 +465,7 @@ impl AttentionKind {
     }
 
     /// Which of the table's blocks `start..end` get cached (`None`: all of them); only
-    /// sliding windows and, under sparse caching, align-mode Mamba cache some (vLLM's
+    /// sliding windows and, under sparse caching, Mamba cache some (vLLM's
     /// `reachable_block_mask`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn cache_mask<R: RequestView>(
@@ -488,7 +487,7 @@ impl AttentionKind {
                 sparse_caching,
                 replay_boundaries,
             ),
-            Self::Mamba { align: true, .. } => {
+            Self::Mamba { .. } => {
                 mamba::cache_mask(mgr, request, start, end, sparse_caching, replay_boundaries)
             }
             _ => None,
@@ -496,8 +495,8 @@ impl AttentionKind {
     }
 
     /// After `cache_blocks` cached the table entries `cached` of `request` (up to
-    /// `num_tokens`): align-mode Mamba keys its checkpoint, remembers the newly cached
-    /// keys and offers the states to a KV connector (`mamba::after_cache_blocks`).
+    /// `num_tokens`): Mamba remembers the newly cached keys; align mode also keys its
+    /// checkpoint and offers the states to a KV connector (`mamba::after_cache_blocks`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn after_cache_blocks<R: RequestView>(
         &self,
@@ -510,8 +509,9 @@ impl AttentionKind {
         pool: &mut BlockPool,
     ) -> Result<()> {
         match *self {
-            Self::Mamba { align: true, .. } => mamba::after_cache_blocks(
+            Self::Mamba { align, .. } => mamba::after_cache_blocks(
                 mgr,
+                align,
                 rb,
                 request,
                 num_tokens,

@@ -1,5 +1,6 @@
-//! Mamba state. Mode `"none"` (prefix caching off): one live state block
-//! per request plus the speculative blocks, through the common code. Mode `"align"`
+//! Mamba state. Mode `"none"`: one live state block per request plus the speculative
+//! blocks, through the common code (prefix caching off, or, under vLLM 0.32's rule, on:
+//! every full block cached, hits by the align-mode search). Mode `"align"`
 //! (prefix caching on): the table is position-indexed, entry `i` is the
 //! state after token `(i + 1) * bs`; only the live state, the previous step's (which the
 //! kernel copies from), the speculative blocks after it and a prefill checkpoint are
@@ -56,12 +57,12 @@ pub(crate) fn max_blocks_per_request(m: &MambaSpec) -> Option<usize> {
     }
 }
 
-/// Prefix caching needs "align" mode; a block coarser than a hash block allows partial
-/// hits (`partial_hits.rs`).
-pub(crate) fn check_prefix_caching(align: bool) -> Result<()> {
-    if !align {
-        // vLLM 0.33 asserts this away; 0.32 builds a manager for it, which kvblocks does
-        // not have (unsupported, so kvblocks.vllm falls back).
+/// Prefix caching needs "align" mode, or mode "none" under vLLM 0.32's rule
+/// (`allowed`); a block coarser than a hash block allows partial hits (`partial_hits.rs`).
+pub(crate) fn check_prefix_caching(allowed: bool) -> Result<()> {
+    if !allowed {
+        // vLLM 0.33 asserts this away; 0.32 builds a manager for it, which kvblocks
+        // follows only under 0.32's rule (`mamba_none_prefix_caching`).
         return Err(unsupported(
             "prefix caching requires mamba_cache_mode='align'; use enable_caching=False",
         ));
@@ -549,13 +550,16 @@ pub struct BoundaryOffload {
     pub num_tokens: usize,
 }
 
-/// Align mode, after `cache_blocks` cached the table entries `cached` of `request`
-/// (up to `num_tokens`): keys the step's prefill checkpoint or the prompt's last hash
-/// boundary ([`cache_partial_tail_block`]), then remembers the keys of the newly cached
-/// states, which other requests may not hit until the next step, and offers each
-/// state to a KV connector (sparse caching leaves the masked states unkeyed: skipped).
+/// After `cache_blocks` cached the table entries `cached` of `request` (up to
+/// `num_tokens`): in align mode, keys the step's prefill checkpoint or the prompt's last
+/// hash boundary ([`cache_partial_tail_block`]); in both modes remembers the keys of the
+/// newly cached states, which other requests may not hit until the next step; in align
+/// mode offers each state to a KV connector (sparse caching leaves the masked states
+/// unkeyed: skipped). Mode "none" is cached only under vLLM 0.32's rule.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn after_cache_blocks<R: RequestView>(
     mgr: &mut SingleTypeManager,
+    align: bool,
     rb: &mut RequestBlocks,
     request: &R,
     num_tokens: usize,
@@ -563,9 +567,11 @@ pub(crate) fn after_cache_blocks<R: RequestView>(
     sparse_caching: SparseCaching,
     pool: &mut BlockPool,
 ) -> Result<()> {
-    let tail = cache_partial_tail_block(mgr, rb, request, num_tokens, sparse_caching, pool)?;
-    if let Some(key) = tail {
-        mgr.cached_this_step.insert(key);
+    if align {
+        let tail = cache_partial_tail_block(mgr, rb, request, num_tokens, sparse_caching, pool)?;
+        if let Some(key) = tail {
+            mgr.cached_this_step.insert(key);
+        }
     }
     for &block in &rb.table[cached] {
         if block == NULL_BLOCK_ID {
@@ -575,6 +581,9 @@ pub(crate) fn after_cache_blocks<R: RequestView>(
             continue;
         };
         mgr.cached_this_step.insert(key);
+        if !align {
+            continue;
+        }
         mgr.boundary_offloads.push(BoundaryOffload {
             request_id: request.request_id().to_owned(),
             group: mgr.group(),

@@ -322,6 +322,39 @@ fn mamba_none_mode_blocks() {
     assert!(KvCacheManager::new(vec![full(16), mamba], 20, None, opts).is_err());
 }
 
+/// vLLM 0.32's rule (`mamba_none_prefix_caching`): mode "none" with caching caches
+/// every full state block; a hit is the last cached one behind nulls, and a hit cached
+/// during the step defers the request to the next step.
+#[test]
+fn mamba_none_mode_prefix_caching() {
+    let mamba = ManagerParams::new(
+        K::Mamba {
+            num_speculative_blocks: 0,
+            align: false,
+            checkpoint_alignment: None,
+        },
+        64,
+        1,
+    );
+    let mut opts = ManagerOptions::new(256, 16);
+    opts.mamba_none_prefix_caching = true;
+    let mut m = KvCacheManager::new(vec![full(16), mamba], 30, None, opts).unwrap();
+    let mut a = TestReq::new("a", toks(0, 130), 16);
+    let (_, hit, new) = admit(&mut m, &mut a);
+    assert_eq!(hit, 0);
+    assert_eq!(new, Some(vec![(1..=9).collect(), vec![10, 11, 12]]));
+    let mut b = TestReq::new("b", [toks(0, 128), toks(500, 10)].concat(), 16);
+    let (hits, hit, new) = admit(&mut m, &mut b);
+    assert_eq!(hit, 128);
+    assert_eq!(hits, vec![(1..=8).collect(), vec![NULL_BLOCK_ID, 11]]);
+    assert_eq!(new, None);
+    m.new_step_starts();
+    let (_, hit, new) = admit(&mut m, &mut b);
+    assert_eq!(hit, 128);
+    assert_eq!(new, Some(vec![vec![13], vec![14]]));
+    assert_eq!(m.get_block_ids("b")[1], vec![NULL_BLOCK_ID, 11, 14]);
+}
+
 /// Section 5.5 (`test_prefill_hybrid_model`): FA + 2 SWA groups sharing one spec.
 #[test]
 fn hybrid_full_plus_two_swa() {

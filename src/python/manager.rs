@@ -333,6 +333,7 @@ impl PyKVCacheManager {
                         enable_caching=true, use_eagle=false, log_stats=false,
                         enable_kv_cache_events=false, watermark=0.0,
                         record_new_block_ids=false, count_null_block_refs=false,
+                        mamba_none_prefix_caching=false,
                         dcp_world_size=NonNegativeInt(1), pcp_world_size=NonNegativeInt(1),
                         retention=None, num_prefill_lookahead=NonNegativeInt(0),
                         num_hash_lookahead_tokens=NonNegativeInt(0), record_block_metrics=false),
@@ -341,6 +342,7 @@ impl PyKVCacheManager {
                         enable_caching=True, use_eagle=False, log_stats=False, \
                         enable_kv_cache_events=False, watermark=0.0, \
                         record_new_block_ids=False, count_null_block_refs=False, \
+                        mamba_none_prefix_caching=False, \
                         dcp_world_size=1, pcp_world_size=1, retention=None, \
                         num_prefill_lookahead=0, num_hash_lookahead_tokens=0, \
                         record_block_metrics=False)")]
@@ -359,6 +361,7 @@ impl PyKVCacheManager {
         watermark: f64,
         record_new_block_ids: bool,
         count_null_block_refs: bool,
+        mamba_none_prefix_caching: bool,
         dcp_world_size: NonNegativeInt,
         pcp_world_size: NonNegativeInt,
         retention: Option<PyRef<'_, PyRetentionPolicy>>,
@@ -381,6 +384,7 @@ impl PyKVCacheManager {
             watermark_blocks,
             record_new_block_ids,
             count_null_block_refs,
+            mamba_none_prefix_caching,
             num_prefill_lookahead: num_prefill_lookahead.0,
             num_hash_lookahead_tokens: num_hash_lookahead_tokens.0,
             context_parallel: ContextParallel::new(dcp_world_size.0, pcp_world_size.0)?,

@@ -500,6 +500,7 @@ class KVCacheManager(kb.KVCacheManager):
             watermark=watermark,
             record_new_block_ids=kv_cache_config.needs_kv_cache_zeroing,
             count_null_block_refs=release.count_null_block_refs,
+            mamba_none_prefix_caching=release.mamba_none_prefix_caching,
             dcp_world_size=dcp_world_size,
             pcp_world_size=pcp_world_size,
             retention=retention,

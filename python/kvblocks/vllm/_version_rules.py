@@ -30,20 +30,30 @@ class Rules:
             last-block drop even when the manager is built with `use_eagle=False` (0.32's
             coordinator keys it on `eagle_group_ids` alone); 0.33 drops only with
             `use_eagle` (its `drop_eagle_group_ids`).
+        mamba_none_prefix_caching: a Mamba group in `mamba_cache_mode="none"` is prefix
+            cached when caching is on (0.32's `MambaManager`: every full block cached,
+            hits by the same search as "align"); 0.33 asserts that configuration away.
     """
 
     hash_lookahead: bool
     count_null_block_refs: bool
     flagged_eagle_groups_drop: bool
+    mamba_none_prefix_caching: bool
 
 
 #: The rules of each release in `SUPPORTED`.
 RULES: dict[tuple[int, int], Rules] = {
     (0, 32): Rules(
-        hash_lookahead=False, count_null_block_refs=True, flagged_eagle_groups_drop=True
+        hash_lookahead=False,
+        count_null_block_refs=True,
+        flagged_eagle_groups_drop=True,
+        mamba_none_prefix_caching=True,
     ),
     (0, 33): Rules(
-        hash_lookahead=True, count_null_block_refs=False, flagged_eagle_groups_drop=False
+        hash_lookahead=True,
+        count_null_block_refs=False,
+        flagged_eagle_groups_drop=False,
+        mamba_none_prefix_caching=False,
     ),
 }
 
