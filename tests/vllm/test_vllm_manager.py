@@ -328,6 +328,7 @@ def build(cfg: Config) -> tuple[Any, Any]:
         enable_kv_cache_events=cfg.events,
         log_stats=True,
         count_null_block_refs=rules().count_null_block_refs,
+        mamba_none_prefix_caching=rules().mamba_none_prefix_caching,
         num_prefill_lookahead=cfg.prefill_lookahead,
         num_hash_lookahead_tokens=cfg.hash_lookahead,
         dcp_world_size=cfg.dcp,
@@ -569,6 +570,33 @@ class Driver:
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.name)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_same_tables_as_vllm(cfg: Config, seed: int) -> None:
+    d = Driver(cfg, seed)
+    d.run(200)
+    assert d.calls > 200
+
+
+# Mamba in mode "none" with prefix caching: vLLM 0.32 caches every full state block.
+MAMBA_NONE_CACHING_CONFIGS = [
+    Config("full_mamba_none", (("full", {"block_size": 16}), ("mamba", {"block_size": 16}))),
+    Config(
+        "full_mamba_none_coarse_spec",
+        (("full", {"block_size": 16}), ("mamba", {"block_size": 64, "spec": 1})),
+        lookahead=1,
+    ),
+    Config(
+        "swa_mamba_none",
+        (("swa", {"block_size": 16, "sliding_window": 48}), ("mamba", {"block_size": 32})),
+    ),
+]
+
+
+@pytest.mark.skipif(
+    not rules().mamba_none_prefix_caching,
+    reason="vLLM 0.33 asserts prefix caching with mamba_cache_mode='none' away (0.32 only)",
+)
+@pytest.mark.parametrize("cfg", MAMBA_NONE_CACHING_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mamba_none_prefix_caching_matches_vllm(cfg: Config, seed: int) -> None:
     d = Driver(cfg, seed)
     d.run(200)
     assert d.calls > 200
