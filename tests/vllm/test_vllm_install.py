@@ -231,7 +231,8 @@ def test_the_info_line_shows_with_vllms_default_logging() -> None:
 
 def _unservable_configs() -> list[Any]:
     """vLLM configurations kvblocks refuses: a spec type it lacks (refused by kvblocks.vllm)
-    and a Mamba group without align mode under prefix caching (refused by the core)."""
+    and a Mamba group without align mode under prefix caching (refused by the core under
+    vLLM 0.33's rules; 0.32 serves it)."""
     from vllm.v1.kv_cache_interface import (
         EncoderOnlyAttentionSpec,
         KVCacheConfig,
@@ -264,10 +265,19 @@ def _outcome(build: Any) -> Any:
 def test_a_refused_configuration_falls_back_to_vllms_manager(clean_env: None, config: Any) -> None:
     """With fallback=True the scheduler gets what stock vLLM gives it (its own manager, or
     on 0.33 its own refusal of Mamba prefix caching without align mode); with
-    fallback=False kvblocks' refusal."""
+    fallback=False kvblocks' refusal. vLLM 0.32 builds a manager for Mamba prefix caching
+    without align mode, and kvblocks serves it under 0.32's rules."""
     import vllm.v1.core.sched.scheduler as sched
+    from kvblocks.vllm._version_rules import rules
 
     args = dict(max_model_len=256, scheduler_block_size=16, hash_block_size=16)
+    spec_name = type(config.kv_cache_groups[0].kv_cache_spec).__name__
+    if spec_name == "MambaSpec" and rules().mamba_none_prefix_caching:
+        kv.fallbacks.clear()
+        kv.install(fallback=False)
+        assert isinstance(sched.KVCacheManager(config, **args), kv.KVCacheManager)
+        assert not kv.fallbacks
+        return
     theirs = _install.vllm_original("vllm.v1.core.sched.scheduler", "KVCacheManager")
     stock = _outcome(lambda: theirs(config, **args))
     kv.fallbacks.clear()
