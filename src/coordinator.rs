@@ -275,18 +275,6 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Where `request`'s prefill ends, as vLLM's `allocate_slots` computes it (the
-    /// prompt, or all but the last token of a resumed request replaying its output),
-    /// under retention 0; 0 (not read) otherwise.
-    #[inline]
-    pub fn prefill_end_of<R: RequestView>(&self, request: &R) -> usize {
-        self.prefill_end(
-            request
-                .num_prompt_tokens()
-                .max(request.num_tokens().saturating_sub(1)),
-        )
-    }
-
     /// The `prefill_end` vLLM's coordinator hands its managers: the prefill's end under
     /// retention 0, where align-mode Mamba reserves a prefill checkpoint only on the
     /// chunk reaching it; 0 otherwise (every chunk publishes a state).
@@ -965,6 +953,16 @@ fn drop_eagle_groups(groups: &[ManagerParams], use_eagle: bool) -> Vec<bool> {
         .iter()
         .map(|g| use_eagle && (g.is_eagle_group || !any_flagged))
         .collect()
+}
+
+/// Where `request`'s prefill ends, as vLLM's `allocate_slots` computes it: the prompt,
+/// or all but the last token of a resumed request replaying its output (the
+/// coordinator's allocation calls read it under retention 0 only, `Coordinator::prefill_end`).
+#[inline]
+pub fn prefill_end_of<R: RequestView>(request: &R) -> usize {
+    request
+        .num_prompt_tokens()
+        .max(request.num_tokens().saturating_sub(1))
 }
 
 /// vLLM's `_validate_prefix_cache_retention_interval`; `sparse` says whether a group

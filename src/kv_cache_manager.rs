@@ -31,7 +31,7 @@
 use crate::admission;
 use crate::attention::{BoundaryOffload, ContextParallel, ManagerParams, RequestView};
 use crate::config;
-use crate::coordinator::{Coordinator, CoordinatorOptions};
+use crate::coordinator::{self, Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
 use crate::events::event::KvCacheEvent;
 use crate::pool::{BlockPool, FreeTag};
@@ -414,7 +414,7 @@ impl KvCacheManager {
             request.awaiting_admission(),
         ) as isize;
         let free = self.coord.pool().num_free_blocks() as isize;
-        let prefill_end = self.coord.prefill_end_of(request);
+        let prefill_end = coordinator::prefill_end_of(request);
         if args.full_sequence_must_fit {
             let full = request.num_tokens().min(self.max_model_len);
             let need = self.coord.get_num_blocks_to_allocate(

@@ -285,19 +285,24 @@ fn cross_attention_encoder_blocks() {
     assert_eq!(&queue(&m)[..7], &[5, 4, 3, 6, 2, 1, 7]);
 }
 
+/// A one-layer Mamba group in mode "none" with `num_speculative_blocks`.
+fn mamba_none(block_size: usize, num_speculative_blocks: usize) -> ManagerParams {
+    ManagerParams::new(
+        K::Mamba {
+            num_speculative_blocks,
+            align: false,
+            checkpoint_alignment: None,
+        },
+        block_size,
+        1,
+    )
+}
+
 /// Section 4.11 (mode "none"): one state block per request plus speculative blocks;
 /// nothing is freed while the block covers the context.
 #[test]
 fn mamba_none_mode_blocks() {
-    let mamba = ManagerParams::new(
-        K::Mamba {
-            num_speculative_blocks: 1,
-            align: false,
-            checkpoint_alignment: None,
-        },
-        64,
-        1,
-    );
+    let mamba = mamba_none(64, 1);
     let mut opts = ManagerOptions::new(64, 16);
     opts.enable_caching = false;
     let mut m = KvCacheManager::new(vec![full(16), mamba], 20, None, opts).unwrap();
@@ -310,15 +315,7 @@ fn mamba_none_mode_blocks() {
     assert_eq!(step(&mut m, &mut r, 1), Some(vec![vec![], vec![]]));
     let mut opts = ManagerOptions::new(64, 16);
     opts.enable_caching = true;
-    let mamba = ManagerParams::new(
-        K::Mamba {
-            num_speculative_blocks: 0,
-            align: false,
-            checkpoint_alignment: None,
-        },
-        64,
-        1,
-    );
+    let mamba = mamba_none(64, 0);
     assert!(KvCacheManager::new(vec![full(16), mamba], 20, None, opts).is_err());
 }
 
@@ -327,15 +324,7 @@ fn mamba_none_mode_blocks() {
 /// during the step defers the request to the next step.
 #[test]
 fn mamba_none_mode_prefix_caching() {
-    let mamba = ManagerParams::new(
-        K::Mamba {
-            num_speculative_blocks: 0,
-            align: false,
-            checkpoint_alignment: None,
-        },
-        64,
-        1,
-    );
+    let mamba = mamba_none(64, 0);
     let mut opts = ManagerOptions::new(256, 16);
     opts.mamba_none_prefix_caching = true;
     let mut m = KvCacheManager::new(vec![full(16), mamba], 30, None, opts).unwrap();

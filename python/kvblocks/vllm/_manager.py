@@ -178,7 +178,9 @@ class _LiveBlocks(Sequence[KVCacheBlock]):
     caller holding it across steps sees the blocks added since). Once the request is
     freed it keeps the blocks it last read, as vLLM's list keeps those `free` popped
     with it (blocks added after its last read are not among them). Read-only; compares
-    equal to a list of the same blocks."""
+    equal to a list of the same blocks. Each access is one read of the core's tables: a
+    request the manager no longer knows has empty tables in every group, and a known one
+    never goes back to all-empty, so all-empty tables keep the last read."""
 
     __hash__ = None  # type: ignore[assignment]  # a list's equality, unhashable as a list
 
@@ -190,8 +192,8 @@ class _LiveBlocks(Sequence[KVCacheBlock]):
         self._blocks()
 
     def _blocks(self) -> list[KVCacheBlock]:
-        if self._request_id in self._manager.request_ids():
-            tables = kb.KVCacheManager.get_block_ids(self._manager, self._request_id)
+        tables = kb.KVCacheManager.get_block_ids(self._manager, self._request_id)
+        if any(tables):
             self._last = self._manager.block_objects(tables[self._group_id])
         return self._last
 
