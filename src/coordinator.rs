@@ -113,6 +113,9 @@ pub struct Coordinator {
     partial_hits: bool,
     /// Whether the Mamba shared-prefix checkpoint is armed.
     shared_prefix_checkpoint: bool,
+    /// Whether any group's `remove_skipped_blocks` can free a block
+    /// (`AttentionKind::frees_skipped_blocks`); the call is a no-op otherwise.
+    frees_skipped_blocks: bool,
 }
 
 impl Coordinator {
@@ -152,7 +155,11 @@ impl Coordinator {
                 .iter()
                 .map(|m| opts.record_new_block_ids && m.params().kind.zeroes_new_blocks()),
         );
+        let frees_skipped_blocks = managers
+            .iter()
+            .any(|m| m.params().kind.frees_skipped_blocks());
         let mut me = Self {
+            frees_skipped_blocks,
             zeroing,
             kind,
             pool,
@@ -550,32 +557,30 @@ impl Coordinator {
             .zip(rbs)
             .enumerate()
             .map(|(i, (m, rb))| {
-                if m.params().kind.counts_encoder_tokens() {
-                    m.get_num_blocks_to_allocate(
-                        rb,
-                        num_encoder_tokens,
-                        num_encoder_tokens,
-                        0,
-                        &[],
-                        0,
-                        0,
-                        apply_admission_cap,
-                        &self.pool,
-                    )
+                // A table of encoder tokens counts only those: no hit, nothing computed.
+                let (n, main, end, h, total, local) = if m.params().kind.counts_encoder_tokens() {
+                    (num_encoder_tokens, num_encoder_tokens, 0, &[][..], 0, 0)
                 } else {
-                    let h = hits.map_or(&[][..], |h| &h[i][..]);
-                    m.get_num_blocks_to_allocate(
-                        rb,
+                    (
                         num_tokens,
                         num_tokens_main_model,
                         prefill_end,
-                        h,
+                        hits.map_or(&[][..], |h| &h[i][..]),
                         total_computed_tokens,
                         num_local_computed_tokens,
-                        apply_admission_cap,
-                        &self.pool,
                     )
-                }
+                };
+                m.get_num_blocks_to_allocate(
+                    rb,
+                    n,
+                    main,
+                    end,
+                    h,
+                    total,
+                    local,
+                    apply_admission_cap,
+                    &self.pool,
+                )
             })
             .sum()
     }
@@ -854,6 +859,9 @@ impl Coordinator {
         num_computed_tokens: usize,
         num_prompt_tokens: Option<usize>,
     ) -> Result<()> {
+        if !self.frees_skipped_blocks {
+            return Ok(());
+        }
         for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
             m.remove_skipped_blocks(rb, num_computed_tokens, num_prompt_tokens, &mut self.pool)?;
         }

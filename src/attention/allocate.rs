@@ -19,6 +19,7 @@ impl SingleTypeManager {
     /// `num_local_computed` tokens ending inside a block takes one block more, its copy
     /// (`copy_on_write.rs`).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn get_num_blocks_to_allocate(
         &self,
         rb: &RequestBlocks,
@@ -56,6 +57,7 @@ impl SingleTypeManager {
     }
 
     /// The common (non align-mode) `get_num_blocks_to_allocate`.
+    #[inline]
     fn blocks_to_allocate(
         &self,
         rb: &RequestBlocks,

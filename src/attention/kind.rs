@@ -164,6 +164,22 @@ impl AttentionKind {
         }
     }
 
+    /// Whether `remove_skipped_blocks` can ever free a block of this type: not for the
+    /// types that attend to the whole sequence (no tokens are ever skipped and they have
+    /// no rule of their own), so a coordinator of only those skips the call.
+    pub fn frees_skipped_blocks(&self) -> bool {
+        match self {
+            Self::FullAttention
+            | Self::SinkFullAttention { .. }
+            | Self::CrossAttention
+            | Self::CircularBuffer => false,
+            Self::Rswa { .. }
+            | Self::SlidingWindow { .. }
+            | Self::ChunkedLocal { .. }
+            | Self::Mamba { .. } => true,
+        }
+    }
+
     /// Tokens before the attention window of the next token, given `n` computed tokens.
     #[inline]
     pub fn num_skipped_tokens(&self, n: usize) -> usize {
@@ -361,6 +377,7 @@ impl AttentionKind {
     /// counts state blocks, from `total_computed_tokens`, with a prefill checkpoint only
     /// on a step reaching `prefill_end`); `None` for the common count.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(super) fn own_num_blocks_to_allocate(
         &self,
         mgr: &SingleTypeManager,

@@ -128,6 +128,41 @@ fn sliding_window_remove_skipped_blocks() {
     assert_eq!(head, vec![ids[3], ids[2], ids[1], ids[0]]);
 }
 
+/// The types that do not free skipped blocks (the coordinator skips their
+/// `remove_skipped_blocks`) indeed free nothing, at any length, with or without the
+/// prompt length; the windowed types do.
+#[test]
+fn only_windowed_types_free_skipped_blocks() {
+    let whole_sequence = [
+        AttentionKind::FullAttention,
+        AttentionKind::SinkFullAttention { sink_len: 4 },
+        AttentionKind::CrossAttention,
+        AttentionKind::CircularBuffer,
+    ];
+    for kind in whole_sequence {
+        assert!(!kind.frees_skipped_blocks(), "{kind:?}");
+        let mut pool = BlockPool::new(40, true, 2, false).unwrap();
+        let m = manager(kind, 2, &mut pool);
+        let mut rb = RequestBlocks::default();
+        pool.get_new_blocks_into(16, &mut rb.table).unwrap();
+        let (ids, free) = (rb.table.clone(), pool.num_free_blocks());
+        for n in 0..=64 {
+            for prompt in [None, Some(3), Some(n)] {
+                m.remove_skipped_blocks(&mut rb, n, prompt, &mut pool)
+                    .unwrap();
+                assert_eq!(
+                    (&rb.table, pool.num_free_blocks()),
+                    (&ids, free),
+                    "{kind:?} n={n}"
+                );
+            }
+        }
+    }
+    for kind in [SW4, AttentionKind::Rswa { rswa_window: 8 }] {
+        assert!(kind.frees_skipped_blocks(), "{kind:?}");
+    }
+}
+
 /// vLLM 0.33's `test_rswa_remove_skipped_blocks_gap_range` (bs 4, window 8, prompt
 /// 16): nothing without the prompt length; then the gap block 4, then 5 and 6, freed
 /// highest first and stopping at the block already nulled.

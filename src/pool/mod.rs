@@ -271,7 +271,8 @@ impl BlockPool {
         let start = out.len();
         out.reserve(n);
         let mut any_cached = false;
-        let (ref_cnt, hash_of) = (&mut self.ref_cnt, &self.hash_of);
+        // Slices, not the vectors: `out.push` then cannot alias their lengths and pointers.
+        let (ref_cnt, hash_of) = (&mut self.ref_cnt[..], &self.hash_of[..]);
         let take = |b: BlockId| {
             debug_assert_eq!(ref_cnt[b as usize], 0);
             ref_cnt[b as usize] = 1;
@@ -368,6 +369,9 @@ impl BlockPool {
         let mut failure = None;
         let mut done = 0usize;
         let mut nulls = 0i64;
+        // Slices and flags read once: the loop's stores then cannot alias them.
+        let (ref_cnt, hash_of) = (&mut self.ref_cnt[..], &self.hash_of[..]);
+        let caching = self.enable_caching;
         for b in blocks.clone() {
             if b as usize >= n {
                 failure = Some(out_of_range(b.into(), n));
@@ -378,7 +382,7 @@ impl BlockPool {
                 done += 1;
                 continue;
             }
-            let rc = &mut self.ref_cnt[b as usize];
+            let rc = &mut ref_cnt[b as usize];
             if *rc == 0 {
                 failure = Some(KvError::DoubleFree(b));
                 break;
@@ -386,7 +390,7 @@ impl BlockPool {
             *rc -= 1;
             done += 1;
             if *rc == 0 {
-                if self.enable_caching && self.hash_of[b as usize].is_some() {
+                if caching && hash_of[b as usize].is_some() {
                     back.push(b);
                 } else {
                     front.push(b);
