@@ -1,5 +1,6 @@
 //! KVCacheManager benches: prefix lookup of a fully cached prompt (8k..128k tokens,
-//! bs 16) and decode-step `allocate_slots`.
+//! bs 16) and decode-step `allocate_slots`, for full attention and for full attention
+//! plus a 1024-token sliding window (two groups).
 #![allow(missing_docs)] // criterion_group! generates undocumented public functions
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -24,7 +25,16 @@ fn request(id: &str, n: usize) -> Request {
 }
 
 fn manager(num_blocks: usize) -> KvCacheManager {
-    let groups = vec![ManagerParams::new(AttentionKind::FullAttention, BS, 0)];
+    layout(num_blocks, &[AttentionKind::FullAttention])
+}
+
+/// A manager of one group per kind, all at block size 16.
+fn layout(num_blocks: usize, kinds: &[AttentionKind]) -> KvCacheManager {
+    let groups = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| ManagerParams::new(k, BS, i))
+        .collect();
     KvCacheManager::new(groups, num_blocks, None, ManagerOptions::new(1 << 20, BS)).unwrap()
 }
 
@@ -51,8 +61,23 @@ fn lookup(c: &mut Criterion) {
 }
 
 fn decode(c: &mut Criterion) {
-    let mut g = c.benchmark_group("allocate_slots_decode");
-    let mut mgr = manager(4096);
+    let swa = AttentionKind::SlidingWindow {
+        sliding_window: 1024,
+        extra_retained_tokens: 0,
+    };
+    let full = AttentionKind::FullAttention;
+    for (group, kinds) in [
+        ("allocate_slots_decode", &[full][..]),
+        ("allocate_slots_decode_full_swa1024", &[full, swa][..]),
+    ] {
+        decode_steps(c, group, layout(4096 * kinds.len(), kinds));
+    }
+}
+
+/// 64 requests decoding one token per step; a request that reaches 2048 tokens is freed
+/// and its prompt admitted again.
+fn decode_steps(c: &mut Criterion, group: &str, mut mgr: KvCacheManager) {
+    let mut g = c.benchmark_group(group);
     let mut reqs: Vec<Request> = (0..64).map(|i| request(&format!("r{i}"), 512)).collect();
     for r in &mut reqs {
         mgr.allocate_slots(r, &AllocateArgs::new(512))
