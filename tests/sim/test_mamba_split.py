@@ -27,20 +27,27 @@ def _vllm_split() -> Any:
     return fn
 
 
-def _stand_in(split: MambaSplit, scheduler_block_size: int) -> SimpleNamespace:
-    """The attributes of vLLM's Scheduler that the split reads."""
+# vLLM's Scheduler attribute -> the MambaSplit field it is
+_SCHEDULER_ATTRS = {
+    "hash_block_size": "hash_block_size",
+    "use_eagle_block_drop": "eagle_block_drop",
+    "num_hash_lookahead_tokens": "hash_lookahead_tokens",
+    "mamba_prefill_checkpoint_alignment": "checkpoint_alignment",
+    "mamba_has_prefill_checkpoint_blocks": "has_checkpoint_blocks",
+    "mamba_partial_cache_hit": "partial_hits",
+    "mamba_shared_prefix_checkpoint": "shared_prefix_checkpoint",
+    "max_num_scheduled_tokens": "max_prefill_tokens",
+}
+
+
+def _stand_in(split: MambaSplit) -> SimpleNamespace:
+    """The attributes of vLLM's Scheduler that the split reads (scheduler block = Mamba
+    block, no long-prefill threshold)."""
     return SimpleNamespace(
         cache_config=SimpleNamespace(block_size=split.block_size),
-        block_size=scheduler_block_size,
-        hash_block_size=split.hash_block_size,
-        use_eagle_block_drop=split.eagle_block_drop,
-        num_hash_lookahead_tokens=split.hash_lookahead_tokens,
-        mamba_prefill_checkpoint_alignment=split.checkpoint_alignment,
-        mamba_has_prefill_checkpoint_blocks=split.has_checkpoint_blocks,
-        mamba_partial_cache_hit=split.partial_hits,
-        mamba_shared_prefix_checkpoint=split.shared_prefix_checkpoint,
-        max_num_scheduled_tokens=split.max_prefill_tokens,
+        block_size=split.block_size,
         scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
+        **{attr: getattr(split, name) for attr, name in _SCHEDULER_ATTRS.items()},
     )
 
 
@@ -81,7 +88,7 @@ def test_split_matches_vllm_scheduler() -> None:
     rng = random.Random(22)
     cases = clipped = 0
     for split in _splits():
-        sched = _stand_in(split, split.block_size)
+        sched = _stand_in(split)
         for _ in range(40):
             prompt = rng.randint(1, 300)
             num_tokens = prompt + rng.choice((0, 0, rng.randint(1, 40)))
