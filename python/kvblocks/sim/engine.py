@@ -20,8 +20,8 @@ connectors, watermark 0). Each executed step (:meth:`Engine.step`):
    are dropped (``release_block_copies``, counted in ``ReplayResult.block_copies``);
    with a Mamba group in "align" cache mode, steps 2 and 3 clip each prefill chunk as
    vLLM's scheduler does (:mod:`kvblocks.sim.mamba_split`): a running request whose
-   chunk clips to 0 is skipped this step, a waiting one stops admission (the loop sets
-   no shared-prefix junction, as it sets none on the requests);
+   chunk clips to 0 is skipped this step, a waiting one stops admission (the loop sets no
+   shared-prefix junction on its requests, so the split never stops at one);
 4. model step: every scheduled request computes its tokens; a request whose whole sequence
    is computed appends output token ``tok(out_seed, k)``; at ``max_output_tokens`` it
    finishes and is freed.
@@ -205,7 +205,8 @@ class ReplayResult:
     alloc_failures: int = 0
     batched_requests: int = 0
     block_copies: int = 0
-    """Partial-hit blocks copied on write (``Backend.release_block_copies``)."""
+    """Blocks copied on write: partial prefix hits, and cached Mamba partial tails their
+    request writes on (``Backend.release_block_copies``)."""
     rejected: int = 0
     """Requests refused at arrival: the prompt leaves no room for an output token within
     ``max_model_len`` (:func:`served_output_tokens`)."""
