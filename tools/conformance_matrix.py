@@ -79,7 +79,7 @@ def main() -> int:
     a = ap.parse_args()
     failures = 0
     print(f"{'kind':14} {'seed':>4} {'config':17} {'digest':>7} {'steps':>6} {'preempt':>7} "
-          f"{'x(1by1)':>8} {'x(batch)':>8}", flush=True)  # fmt: skip
+          f"{'copies':>6} {'x(1by1)':>8} {'x(batch)':>8}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for kind in a.kinds:
             size, num_blocks = KINDS[kind]
@@ -108,7 +108,7 @@ def main() -> int:
                     failures += not ok
                     print(
                         f"{kind:14} {seed:>4} {name:17} {'same' if ok else 'DIFF':>7} "
-                        f"{vllm['steps']:>6} {vllm['preemptions']:>7} "
+                        f"{vllm['steps']:>6} {vllm['preemptions']:>7} {vllm['block_copies']:>6} "
                         f"{cmp['kvblocks']['kv_plus_hash_speedup']:>7.1f}x "
                         f"{cmp['kvblocks-batch']['kv_plus_hash_speedup']:>7.1f}x",
                         flush=True,

@@ -113,6 +113,7 @@ def summary(
         "last_step": res.last_step,
         "preemptions": res.preemptions,
         "alloc_failures": res.alloc_failures,
+        "block_copies": res.block_copies,
         "prefix_cache": {
             "queried_tokens": res.queried_tokens,
             "hit_tokens": res.hit_tokens,

@@ -260,6 +260,8 @@ class _ReferenceBatch:
         self.manager = self.inner.manager
         self.make_request = self.inner.make_request
         self.release_block_copies = self.inner.release_block_copies
+        self.layout = self.inner.layout
+        self.partial_hash_hits = self.inner.partial_hash_hits
         self.append_batch = None
 
     def batch(self, reqs: list[object], ns: list[int]) -> list[object]:

@@ -33,6 +33,10 @@ class Backend(Protocol):
     retention: Any
     """The manager's ``kvblocks.RetentionPolicy``, or None (vLLM's LRU order): with one,
     the engine advances the manager's clock (``advance_time``) every step."""
+    layout: KVLayout
+    """The layout the manager was built from."""
+    partial_hash_hits: bool
+    """The manager's ``enable_partial_hash_hits`` (prefix hits inside a block)."""
 
     def make_request(
         self,
@@ -47,9 +51,9 @@ class Backend(Protocol):
         ``priority`` and ``session_id`` only matter to a retention policy."""
         ...
 
-    def release_block_copies(self) -> None:
+    def release_block_copies(self) -> int:
         """Drops the references of this step's partial-hit copies (copy on write), as
-        vLLM's scheduler does once it handed them to the worker."""
+        vLLM's scheduler does once it handed them to the worker; returns their number."""
         ...
 
 
@@ -73,6 +77,8 @@ class KvblocksBackend:
         k: Any = kb
         self.retention = retention
         self.manager = build_kvblocks_manager(layout, events, retention)
+        self.layout = layout
+        self.partial_hash_hits: bool = self.manager.enable_partial_hash_hits
         self._request = k.Request
         self._hasher = k.BlockHasher(
             layout.hash_block_size, hash_algo, layout.num_hash_lookahead_tokens
@@ -80,11 +86,12 @@ class KvblocksBackend:
         self.batch = self.manager.allocate_slots_batch if batch else None
         self.append_batch = k.append_token_ids_batch if batch else None
 
-    def release_block_copies(self) -> None:
+    def release_block_copies(self) -> int:
         """See :class:`Backend`."""
         pairs = self.manager.take_block_copies()
         if pairs:
             self.manager.block_pool.free_blocks([b for pair in pairs for b in pair])
+        return len(pairs)
 
     def make_request(
         self,
@@ -120,6 +127,11 @@ class VllmBackend:
         utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
         hashing = importlib.import_module("vllm.utils.hashing")
         self.manager = build_vllm_manager(layout)
+        self.layout = layout
+        # vLLM 0.32's coordinator has no partial hits
+        self.partial_hash_hits = bool(
+            getattr(self.manager.coordinator, "enable_partial_hash_hits", False)
+        )
         self.retention: Any = None
         self.batch: Callable[[list[Any], list[int]], list[Any]] | None = None
         self.append_batch: Callable[[list[Any], list[int]], None] | None = None
@@ -131,11 +143,12 @@ class VllmBackend:
         lookahead = [layout.num_hash_lookahead_tokens] if layout.num_hash_lookahead_tokens else []
         self._hasher = utils.get_request_block_hasher(layout.hash_block_size, hash_fn, *lookahead)
 
-    def release_block_copies(self) -> None:
+    def release_block_copies(self) -> int:
         """See :class:`Backend`."""
-        _, retained = self.manager.take_kv_cache_block_copies()
+        copies, retained = self.manager.take_kv_cache_block_copies()
         if retained:
             self.manager.block_pool.free_blocks(retained)
+        return len(copies)
 
     def make_request(
         self,

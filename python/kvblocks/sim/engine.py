@@ -17,7 +17,11 @@ connectors, watermark 0). Each executed step (:meth:`Engine.step`):
 3. only if nothing was preempted: waiting requests are admitted while budget and seats
    last (``get_computed_blocks`` then ``allocate_slots`` with the prefix hit and
    ``full_sequence_must_fit``); then the references of the step's partial-hit copies
-   are dropped (``release_block_copies``);
+   are dropped (``release_block_copies``, counted in ``ReplayResult.block_copies``);
+   with a Mamba group in "align" cache mode, steps 2 and 3 clip each prefill chunk as
+   vLLM's scheduler does (:mod:`kvblocks.sim.mamba_split`): a running request whose
+   chunk clips to 0 is skipped this step, a waiting one stops admission (the loop sets no
+   shared-prefix junction on its requests, so the split never stops at one);
 4. model step: every scheduled request computes its tokens; a request whose whole sequence
    is computed appends output token ``tok(out_seed, k)``; at ``max_output_tokens`` it
    finishes and is freed.
@@ -74,6 +78,7 @@ from typing import IO, Any, NamedTuple
 from kvblocks._core import InvalidArgumentError, KVBlocksError
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult, Ceilings, block_keys
+from kvblocks.sim.mamba_split import mamba_split_for
 from kvblocks.sim.offload import HostTier, OffloadStats
 from kvblocks.sim.percentiles import QUANTILES, nearest_rank
 from kvblocks.sim.presets import KVLayout, resolve_block_sizes
@@ -199,6 +204,9 @@ class ReplayResult:
     preemptions: int = 0
     alloc_failures: int = 0
     batched_requests: int = 0
+    block_copies: int = 0
+    """Blocks copied on write: partial prefix hits, and cached Mamba partial tails their
+    request writes on (``Backend.release_block_copies``)."""
     rejected: int = 0
     """Requests refused at arrival: the prompt leaves no room for an output token within
     ``max_model_len`` (:func:`served_output_tokens`)."""
@@ -458,6 +466,10 @@ class Engine:
         # (arrival step, or arrival time with a time model; trace index)
         self._pending: list[tuple[float, int]] = []
         self._timed = opt.time_model is not None
+        # vLLM's Mamba "align" chunk split; None for layouts without it
+        self._split = mamba_split_for(
+            backend.layout, backend.partial_hash_hits, opt.max_num_batched_tokens
+        )
         self.now = 0.0
         """The simulated clock (time model only): the end of the last step."""
         if opt.external:
@@ -616,7 +628,7 @@ class Engine:
                 f"({head.num_tokens if head else 0} tokens) into an idle cache of "
                 f"{self.num_blocks} blocks; raise the number of blocks"
             )
-        self.backend.release_block_copies()
+        res.block_copies += self.backend.release_block_copies()
         host = self.host
         if host is not None:
             for slot, n in scheduled:
@@ -676,6 +688,7 @@ class Engine:
         track = self.ceilings is not None
         pc = time.perf_counter_ns
         batch = self.backend.batch
+        split = self._split
         i = 0
         batch_failed = False
         if batch is not None and running:
@@ -688,6 +701,10 @@ class Engine:
                 n = slot.num_tokens - slot.num_computed
                 if n > b:
                     n = b
+                if split is not None:
+                    n = split.clip(slot.num_computed, n, slot.prompt_len, slot.num_tokens)
+                    if n == 0:  # the loop below skips it, as vLLM does
+                        break
                 reqs.append(slot.req)
                 ns.append(n)
                 b -= n
@@ -715,6 +732,11 @@ class Engine:
             n = slot.num_tokens - slot.num_computed
             if n > budget:
                 n = budget
+            if split is not None:
+                n = split.clip(slot.num_computed, n, slot.prompt_len, slot.num_tokens)
+                if n == 0:  # no aligned chunk fits: vLLM skips the request this step
+                    i += 1
+                    continue
             samp = s_dec if slot.prefill_done else s_chunk
             while True:
                 if batch_failed:  # allocate_slots_batch already made (and failed) this call
@@ -772,6 +794,7 @@ class Engine:
         max_seqs = self.options.max_num_seqs
         reserve = bool(self.options.reserve_full_isl)
         pc = time.perf_counter_ns
+        split = self._split
         admitted = 0
         while budget > 0 and waiting and len(running) < max_seqs:
             slot = waiting[0]
@@ -788,6 +811,10 @@ class Engine:
             n = slot.num_tokens - hit - ext
             if n > budget:
                 n = budget
+            if split is not None:
+                n = split.clip(slot.num_computed, n, slot.prompt_len, slot.num_tokens, hit, ext)
+                if n == 0:  # no aligned chunk fits: vLLM stops admitting
+                    break
             t0 = pc()
             # vLLM's has_scheduled_reqs only gates the watermark, which is 0 here.
             r = alloc(
