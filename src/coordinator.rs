@@ -116,6 +116,9 @@ pub struct Coordinator {
     /// Whether any group's `remove_skipped_blocks` can free a block
     /// (`AttentionKind::frees_skipped_blocks`); the call is a no-op otherwise.
     frees_skipped_blocks: bool,
+    /// Whether every group counts and allocates by the common rules
+    /// (`AttentionKind::allocates_by_common_rules`): the per-type dispatch is skipped.
+    common_allocation: bool,
 }
 
 impl Coordinator {
@@ -158,8 +161,12 @@ impl Coordinator {
         let frees_skipped_blocks = managers
             .iter()
             .any(|m| m.params().kind.frees_skipped_blocks());
+        let common_allocation = managers
+            .iter()
+            .all(|m| m.params().kind.allocates_by_common_rules());
         let mut me = Self {
             frees_skipped_blocks,
+            common_allocation,
             zeroing,
             kind,
             pool,
@@ -551,6 +558,25 @@ impl Coordinator {
         apply_admission_cap: bool,
         prefill_end: usize,
     ) -> isize {
+        if self.common_allocation {
+            return self
+                .managers
+                .iter()
+                .zip(rbs)
+                .enumerate()
+                .map(|(i, (m, rb))| {
+                    m.num_blocks_by_common_rules(
+                        rb,
+                        num_tokens,
+                        hits.map_or(&[][..], |h| &h[i][..]),
+                        total_computed_tokens,
+                        num_local_computed_tokens,
+                        apply_admission_cap,
+                        &self.pool,
+                    )
+                })
+                .sum();
+        }
         let prefill_end = self.prefill_end(prefill_end);
         self.managers
             .iter()
@@ -659,8 +685,8 @@ impl Coordinator {
     /// group that counts encoder tokens: `num_encoder_tokens`; align-mode Mamba: the
     /// step computing `[total_computed_tokens, num_tokens_main_model)` of a prefill
     /// ending at `prefill_end`), group by group. A partial hit's copy that replaced a
-    /// table entry in place goes to `copies[g]` (it comes first among the group's new
-    /// blocks).
+    /// table entry in place is pushed to `copies` as `(g, block)` (it comes first among
+    /// the group's new blocks).
     #[allow(clippy::too_many_arguments)]
     pub fn allocate_new_blocks(
         &mut self,
@@ -671,28 +697,33 @@ impl Coordinator {
         num_tokens_main_model: usize,
         num_encoder_tokens: usize,
         prefill_end: usize,
-        copies: &mut [Option<BlockId>],
+        copies: &mut Vec<(usize, BlockId)>,
     ) -> Result<()> {
+        let common = self.common_allocation;
         let prefill_end = self.prefill_end(prefill_end);
-        let groups = self.managers.iter_mut().zip(rbs.iter_mut()).zip(copies);
-        for (g, ((m, rb), copy)) in groups.enumerate() {
-            let n = if m.params().kind.counts_encoder_tokens() {
-                num_encoder_tokens
-            } else {
-                num_tokens
-            };
+        for (g, (m, rb)) in self.managers.iter_mut().zip(rbs.iter_mut()).enumerate() {
             let start = rb.table.len();
-            *copy = m.allocate_new_blocks(
-                rb,
-                request_id,
-                n,
-                total_computed_tokens,
-                num_tokens_main_model,
-                prefill_end,
-                &mut self.pool,
-            )?;
-            if let Some(c) = *copy {
+            let copy = if common {
+                m.allocate_by_common_rules(rb, num_tokens, &mut self.pool)?
+            } else {
+                let n = if m.params().kind.counts_encoder_tokens() {
+                    num_encoder_tokens
+                } else {
+                    num_tokens
+                };
+                m.allocate_new_blocks(
+                    rb,
+                    request_id,
+                    n,
+                    total_computed_tokens,
+                    num_tokens_main_model,
+                    prefill_end,
+                    &mut self.pool,
+                )?
+            };
+            if let Some(c) = copy {
                 self.zeroing.record(g, &[c]);
+                copies.push((g, c));
             }
             self.zeroing
                 .record(g, &rb.table[start.min(rb.table.len())..]);

@@ -479,8 +479,9 @@ impl KvCacheManager {
         }
         let (mut starts, mut starts_vec) = ([0usize; 8], Vec::new());
         let starts = per_group_scratch(&mut starts, &mut starts_vec, g);
-        let (mut copies, mut copies_vec) = ([None; 8], Vec::new());
-        let copies = per_group_scratch(&mut copies, &mut copies_vec, g);
+        // A partial hit's copy per group that has one, `(group, block)`: empty (and not
+        // allocated) unless a partial hit was adopted.
+        let mut copies = Vec::new();
         for (st, rb) in starts.iter_mut().zip(rbs.iter()) {
             *st = rb.table.len();
         }
@@ -492,18 +493,16 @@ impl KvCacheManager {
             main,
             args.num_encoder_tokens,
             prefill_end,
-            copies,
+            &mut copies,
         )?;
         if !args.delay_cache_blocks {
             let n = (total + args.num_new_tokens).min(request.num_tokens());
             self.coord.cache_blocks(rbs, request, n)?;
         }
-        for (group, (rb, (&st, &copy))) in
-            rbs.iter().zip(starts.iter().zip(copies.iter())).enumerate()
-        {
-            match copy {
+        for (group, (rb, &st)) in rbs.iter().zip(starts.iter()).enumerate() {
+            match copies.iter().find(|&&(g, _)| g == group) {
                 // A partial hit's copy replaced a table entry: it comes first.
-                Some(c) => new_blocks(group, &[&[c][..], &rb.table[st..]].concat()),
+                Some(&(_, c)) => new_blocks(group, &[&[c][..], &rb.table[st..]].concat()),
                 None => new_blocks(group, &rb.table[st..]),
             }
         }

@@ -45,28 +45,32 @@ impl SingleTypeManager {
         ) {
             return n;
         }
-        self.blocks_to_allocate(
+        self.num_blocks_by_common_rules(
             rb,
             num_tokens,
             new_computed,
             total_computed_tokens,
+            num_local_computed,
             apply_admission_cap,
             pool,
-        ) as isize
-            + isize::from(partial_hit && rb.num_cached.is_none())
+        )
     }
 
-    /// The common (non align-mode) `get_num_blocks_to_allocate`.
+    /// The common `get_num_blocks_to_allocate` (a type that has no count of its own,
+    /// `AttentionKind::allocates_by_common_rules`): new blocks, hits that are still free,
+    /// and a partial hit's copy.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
-    fn blocks_to_allocate(
+    pub fn num_blocks_by_common_rules(
         &self,
         rb: &RequestBlocks,
         num_tokens: usize,
         new_computed: &[BlockId],
         total_computed_tokens: usize,
+        num_local_computed: usize,
         apply_admission_cap: bool,
         pool: &BlockPool,
-    ) -> usize {
+    ) -> isize {
         let bs = self.params.block_size;
         let mut required = cdiv(self.params.kind.slot_tokens(num_tokens, bs), bs);
         if apply_admission_cap {
@@ -76,7 +80,7 @@ impl SingleTypeManager {
         }
         let held = rb.table.len();
         if rb.num_cached.is_some() {
-            return required.saturating_sub(held);
+            return required.saturating_sub(held) as isize;
         }
         let skipped_blocks = self.num_skipped_tokens(total_computed_tokens) / bs;
         let new_blocks = required.saturating_sub(skipped_blocks.max(new_computed.len() + held));
@@ -85,7 +89,8 @@ impl SingleTypeManager {
             .iter()
             .filter(|&&b| b != NULL_BLOCK_ID && pool.ref_cnt(b).unwrap_or(1) == 0)
             .count();
-        new_blocks + evictable
+        let partial_hit = self.has_partial_local_hit(new_computed, num_local_computed);
+        (new_blocks + evictable + usize::from(partial_hit)) as isize
     }
 
     /// Whether the common count, for a request no group knows yet taking hit tokens
@@ -190,7 +195,23 @@ impl SingleTypeManager {
         )
     }
 
-    /// The common `allocate_new_blocks`: new blocks up to the slots of `num_tokens`.
+    /// The common `allocate_new_blocks` (`AttentionKind::allocates_by_common_rules`): a
+    /// pending partial hit is redirected to its copy, whose block is returned, then the
+    /// table is extended to the slots of `num_tokens`.
+    #[inline]
+    pub fn allocate_by_common_rules(
+        &mut self,
+        rb: &mut RequestBlocks,
+        num_tokens: usize,
+        pool: &mut BlockPool,
+    ) -> Result<Option<BlockId>> {
+        let cow = self.redirect_partial_hit(rb, pool)?;
+        self.extend_table(rb, num_tokens, pool)?;
+        Ok(cow)
+    }
+
+    /// The common `allocate_new_blocks`' extension: new blocks up to the slots of
+    /// `num_tokens`.
     pub(super) fn extend_table(
         &self,
         rb: &mut RequestBlocks,

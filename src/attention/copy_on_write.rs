@@ -63,18 +63,34 @@ impl SingleTypeManager {
     }
 
     /// The common `allocate_new_blocks`' first step: a pending partial hit takes a new
-    /// block (before any other) and is redirected to it. Returns that block.
+    /// block (before any other) and is redirected to it. Returns that block. (Inlined:
+    /// every allocation of the common types asks, and nearly all have none.)
+    #[inline]
     pub(super) fn redirect_partial_hit(
         &mut self,
         rb: &mut RequestBlocks,
         pool: &mut BlockPool,
     ) -> Result<Option<BlockId>> {
-        let Some((idx, source)) = rb.partial_hit.take() else {
-            return Ok(None);
-        };
+        match rb.partial_hit {
+            None => Ok(None),
+            Some((idx, source)) => self.copy_partial_hit(rb, idx, source, pool).map(Some),
+        }
+    }
+
+    /// [`Self::redirect_partial_hit`] for a request whose table entry `idx` is the
+    /// pending partial hit `source`.
+    #[cold]
+    fn copy_partial_hit(
+        &mut self,
+        rb: &mut RequestBlocks,
+        idx: usize,
+        source: BlockId,
+        pool: &mut BlockPool,
+    ) -> Result<BlockId> {
+        rb.partial_hit = None;
         let cow = pool.get_new_blocks(1)?[0];
         self.apply_cow(rb, idx, source, cow, pool)?;
-        Ok(Some(cow))
+        Ok(cow)
     }
 
     /// Hands over the copies queued since the last call as `(source, destination)`

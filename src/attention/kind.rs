@@ -164,6 +164,21 @@ impl AttentionKind {
         }
     }
 
+    /// Whether the type counts and allocates by the common rules alone: slots for the
+    /// request's own tokens (no encoder tokens, no speculative state blocks), no count or
+    /// allocation of its own (`own_num_blocks_to_allocate`, `allocate_new_blocks`), so a
+    /// coordinator of only those skips the per-type dispatch on every allocation.
+    pub fn allocates_by_common_rules(&self) -> bool {
+        match self {
+            Self::FullAttention
+            | Self::SinkFullAttention { .. }
+            | Self::Rswa { .. }
+            | Self::SlidingWindow { .. }
+            | Self::ChunkedLocal { .. } => true,
+            Self::Mamba { .. } | Self::CrossAttention | Self::CircularBuffer => false,
+        }
+    }
+
     /// Whether `remove_skipped_blocks` can ever free a block of this type: not for the
     /// types that attend to the whole sequence (no tokens are ever skipped and they have
     /// no rule of their own), so a coordinator of only those skips the call.
@@ -433,11 +448,7 @@ impl AttentionKind {
                 pool,
             ),
             Self::CircularBuffer => circular_buffer::claim_ring_block(rb, pool).map(|()| None),
-            _ => {
-                let cow = mgr.redirect_partial_hit(rb, pool)?;
-                mgr.extend_table(rb, num_tokens, pool)?;
-                Ok(cow)
-            }
+            _ => mgr.allocate_by_common_rules(rb, num_tokens, pool),
         }
     }
 

@@ -163,6 +163,90 @@ fn only_windowed_types_free_skipped_blocks() {
     }
 }
 
+/// The types that count and allocate by the common rules (the coordinator then skips
+/// the per-type dispatch) give, through that dispatch, the common count and the same
+/// allocation, at every length, held table and prefill end; each type outside them
+/// departs from the common rules somewhere.
+#[test]
+fn common_rule_types_count_and_allocate_as_dispatched() {
+    let common = [
+        AttentionKind::FullAttention,
+        AttentionKind::SinkFullAttention { sink_len: 4 },
+        AttentionKind::Rswa { rswa_window: 8 },
+        SW4,
+        AttentionKind::ChunkedLocal {
+            attention_chunk_size: 8,
+        },
+    ];
+    for kind in common {
+        assert!(kind.allocates_by_common_rules(), "{kind:?}");
+        for held in 0..4 {
+            for n in held * 2..=24 {
+                for end in [0, n, 30] {
+                    let mut pool = BlockPool::new(64, true, 2, false).unwrap();
+                    let m = manager(kind, 2, &mut pool);
+                    let mut rb = RequestBlocks::default();
+                    pool.get_new_blocks_into(held, &mut rb.table).unwrap();
+                    let total = held * 2;
+                    for cap in [false, true] {
+                        assert_eq!(
+                            m.get_num_blocks_to_allocate(
+                                &rb,
+                                n,
+                                n,
+                                end,
+                                &[],
+                                total,
+                                total,
+                                cap,
+                                &pool
+                            ),
+                            m.num_blocks_by_common_rules(&rb, n, &[], total, total, cap, &pool),
+                            "{kind:?} held={held} n={n} end={end}"
+                        );
+                    }
+                    let (mut m2, mut rb2, mut pool2) = (m.clone(), rb.clone(), pool.clone());
+                    let mut m = m;
+                    let a = m.allocate_new_blocks(&mut rb, "r", n, total, n, end, &mut pool);
+                    let b = m2.allocate_by_common_rules(&mut rb2, n, &mut pool2);
+                    assert_eq!(a.unwrap(), b.unwrap(), "{kind:?}");
+                    assert_eq!(
+                        (&rb.table, pool.num_free_blocks()),
+                        (&rb2.table, pool2.num_free_blocks()),
+                        "{kind:?} held={held} n={n} end={end}"
+                    );
+                }
+            }
+        }
+    }
+    // Outside: encoder tokens, Mamba's own counts (align mode's state blocks; both
+    // modes defer a hit cached this step), a ring of one block.
+    assert!(AttentionKind::CrossAttention.counts_encoder_tokens());
+    let others = [
+        AttentionKind::Mamba {
+            num_speculative_blocks: 0,
+            align: true,
+            checkpoint_alignment: None,
+        },
+        AttentionKind::CircularBuffer,
+    ];
+    for kind in others.into_iter().chain([AttentionKind::CrossAttention]) {
+        assert!(!kind.allocates_by_common_rules(), "{kind:?}");
+    }
+    for kind in others {
+        let mut pool = BlockPool::new(64, true, 2, false).unwrap();
+        let m = manager(kind, 2, &mut pool);
+        let rb = RequestBlocks::default();
+        assert!(
+            (1..=24).any(
+                |n| m.get_num_blocks_to_allocate(&rb, n, n, 0, &[], 0, 0, false, &pool)
+                    != m.num_blocks_by_common_rules(&rb, n, &[], 0, 0, false, &pool)
+            ),
+            "{kind:?}"
+        );
+    }
+}
+
 /// vLLM 0.33's `test_rswa_remove_skipped_blocks_gap_range` (bs 4, window 8, prompt
 /// 16): nothing without the prompt length; then the gap block 4, then 5 and 6, freed
 /// highest first and stopping at the block already nulled.
