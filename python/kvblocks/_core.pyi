@@ -71,6 +71,8 @@ __all__ = [
     "encode_event_batch",
     "external_block_hashes",
     "hash_block_tokens",
+    "mamba_checkpoint_exportable",
+    "mamba_checkpoint_position",
     "none_hash",
 ]
 
@@ -1215,6 +1217,20 @@ class EventSink:
     def stale(self) -> bool: ...
     def stats(self) -> dict[str, int]: ...
     def cached_keys(self) -> set[tuple[int, int]]: ...
+
+# --- align-mode Mamba's prefill checkpoints (src/python/mamba.rs) --------------------------
+
+def mamba_checkpoint_position(
+    num_tokens: int, alignment: int, drop_eagle: bool, hash_lookahead_tokens: int
+) -> int:
+    """vLLM's `get_mamba_prefill_checkpoint_position`: the reusable state boundary of a
+    prefill of `num_tokens` tokens."""
+
+def mamba_checkpoint_exportable(
+    start: int, end: int, position: int, hash_block_size: int, block_size: int, alignment: int
+) -> bool:
+    """vLLM's `is_mamba_prefill_checkpoint_valid`: whether the kernel can export the state at
+    `position` from a query `[start, end)`."""
 
 # --- the simulator's hit-rate ceilings (src/python/ceilings.rs) ---------------------------
 

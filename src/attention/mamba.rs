@@ -126,7 +126,7 @@ pub(crate) fn checkpoint_position(
 
 /// vLLM's `is_mamba_prefill_checkpoint_valid`: whether the kernel can export the state
 /// at `position` from a query `[start, end)`, into the table column before the last.
-fn checkpoint_exportable(
+pub(crate) fn checkpoint_exportable(
     start: usize,
     end: usize,
     position: usize,

@@ -9,6 +9,7 @@ mod errors;
 mod events;
 mod hashing;
 mod ids;
+mod mamba;
 mod manager;
 mod non_negative;
 mod offload;
@@ -29,6 +30,7 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     ceilings::register(m)?;
+    mamba::register(m)?;
     events::register(m)?;
     hashing::register(m)?;
     pool::register(m)?;

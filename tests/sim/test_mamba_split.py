@@ -151,3 +151,27 @@ def test_mamba_partial_replay_copies_on_write(retention_interval: int | None) ->
     assert ours.block_copies == theirs.block_copies
     assert ours.digest == theirs.digest
     assert ours.hit_tokens == theirs.hit_tokens
+
+
+@pytest.mark.skipif(not HAVE_KB, reason="kvblocks._core not built")
+def test_checkpoint_rules_from_the_core() -> None:
+    """The split reads the core's checkpoint rules: a position is aligned, leaves a token
+    (or the hash lookahead) after it, and EAGLE's drop gives up one alignment more; a
+    checkpoint is exportable only inside the query, aligned from its start; zero sizes are
+    refused."""
+    from kvblocks._core import mamba_checkpoint_exportable, mamba_checkpoint_position
+
+    for n, a, ahead in itertools.product(range(0, 40), (1, 4, 8), (0, 2, 5)):
+        p = mamba_checkpoint_position(n, a, False, ahead)
+        assert p % a == 0 and p <= max(n - max(1, ahead), 0), (n, a, ahead)
+        assert p + a > n - max(1, ahead), (n, a, ahead)
+        assert mamba_checkpoint_position(n, a, True, ahead) == max(n // a * a - a, 0)
+    assert mamba_checkpoint_exportable(16, 64, 32, 16, 16, 16)
+    assert not mamba_checkpoint_exportable(16, 64, 64, 16, 16, 16)  # at the query's end
+    assert not mamba_checkpoint_exportable(16, 64, 40, 16, 16, 16)  # not aligned from start
+    assert not mamba_checkpoint_exportable(8, 64, 32, 16, 16, 16)  # start off a hash block
+    for bad in ((0, 16, 16), (16, 0, 16), (16, 16, 0)):
+        with pytest.raises(ValueError):
+            mamba_checkpoint_exportable(16, 64, 32, *bad)
+    with pytest.raises(ValueError):
+        mamba_checkpoint_position(16, 0, False, 0)

@@ -14,25 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvblocks._core import mamba_checkpoint_exportable, mamba_checkpoint_position
 from kvblocks.sim.presets import KVLayout
 
-__all__ = ["MambaSplit", "checkpoint_position", "mamba_split_for"]
-
-
-def checkpoint_position(
-    num_tokens: int, hash_block_size: int, eagle_block_drop: bool, hash_lookahead_tokens: int
-) -> int:
-    """The last hash-aligned position of ``num_tokens`` whose Mamba state can be reused.
-
-    Tokens are left for the logits' recomputation and the checkpoint's hash (at least one,
-    or the hash lookahead); EAGLE's block drop leaves them already and gives up one more
-    block (vLLM 0.33's ``get_mamba_prefill_checkpoint_position``).
-    """
-    limit = num_tokens if eagle_block_drop else num_tokens - max(1, hash_lookahead_tokens)
-    position = limit // hash_block_size * hash_block_size
-    if eagle_block_drop:
-        position -= hash_block_size
-    return max(position, 0)
+__all__ = ["MambaSplit", "mamba_split_for"]
 
 
 @dataclass(frozen=True)
@@ -67,19 +52,13 @@ class MambaSplit:
 
     def _internal_checkpoint(self, start: int, end: int, position: int) -> bool:
         """Whether the backend exports the prompt checkpoint at ``position`` inside the
-        chunk ``[start, end)`` (vLLM 0.33's ``is_mamba_prefill_checkpoint_valid``)."""
+        chunk ``[start, end)`` (the core's rule, vLLM 0.33's
+        ``is_mamba_prefill_checkpoint_valid``)."""
         alignment = self.checkpoint_alignment
         if alignment is None:
             return False
-        bs, hbs = self.block_size, self.hash_block_size
-        initial_state_col = (start - 1) // bs
-        checkpoint_col = -(-end // bs) - 2
-        return (
-            start % hbs == 0
-            and checkpoint_col > initial_state_col
-            and start + hbs <= position
-            and start < position < end
-            and (position - start) % alignment == 0
+        return mamba_checkpoint_exportable(
+            start, end, position, self.hash_block_size, self.block_size, alignment
         )
 
     def clip(
@@ -113,7 +92,7 @@ class MambaSplit:
         if start >= prefill_end:
             return num_new_tokens
         bs, drop, ahead = self.block_size, self.eagle_block_drop, self.hash_lookahead_tokens
-        last_cache_position = checkpoint_position(num_tokens, bs, drop, ahead)
+        last_cache_position = mamba_checkpoint_position(num_tokens, bs, drop, ahead)
         end = start + num_new_tokens
         internal = (
             self.has_checkpoint_blocks
@@ -121,7 +100,7 @@ class MambaSplit:
             and self._internal_checkpoint(
                 start,
                 end,
-                checkpoint_position(prefill_end, self.checkpoint_block_size, drop, ahead),
+                mamba_checkpoint_position(prefill_end, self.checkpoint_block_size, drop, ahead),
             )
         )
         if internal:
@@ -133,7 +112,7 @@ class MambaSplit:
             if aligned_end > start or bs <= self.max_prefill_tokens:
                 end = aligned_end
         tail = (
-            checkpoint_position(num_prompt_tokens, self.hash_block_size, drop, ahead)
+            mamba_checkpoint_position(num_prompt_tokens, self.hash_block_size, drop, ahead)
             if self.partial_hits and not internal
             else 0
         )
