@@ -116,6 +116,9 @@ pub struct Coordinator {
     /// Whether any group's `remove_skipped_blocks` can free a block
     /// (`AttentionKind::frees_skipped_blocks`); the call is a no-op otherwise.
     frees_skipped_blocks: bool,
+    /// Whether a group's `remove_skipped_blocks` reads the prompt's length
+    /// (`AttentionKind::skips_by_prompt_length`).
+    skips_by_prompt_length: bool,
     /// Whether every group counts and allocates by the common rules
     /// (`AttentionKind::allocates_by_common_rules`): the per-type dispatch is skipped.
     common_allocation: bool,
@@ -164,8 +167,12 @@ impl Coordinator {
         let common_allocation = managers
             .iter()
             .all(|m| m.params().kind.allocates_by_common_rules());
+        let skips_by_prompt_length = managers
+            .iter()
+            .any(|m| m.params().kind.skips_by_prompt_length());
         let mut me = Self {
             frees_skipped_blocks,
+            skips_by_prompt_length,
             common_allocation,
             zeroing,
             kind,
@@ -294,8 +301,25 @@ impl Coordinator {
     /// chunk reaching it; 0 otherwise (every chunk publishes a state).
     #[inline]
     fn prefill_end(&self, prefill_end: usize) -> usize {
-        if self.sparse_caching == SparseCaching::Interval(0) {
+        if self.reads_prefill_end() {
             prefill_end
+        } else {
+            0
+        }
+    }
+
+    /// Whether the allocation calls read a prefill's end (retention 0).
+    #[inline]
+    fn reads_prefill_end(&self) -> bool {
+        self.sparse_caching == SparseCaching::Interval(0)
+    }
+
+    /// [`Self::prefill_end`] of `request` ([`prefill_end_of`]); the request is read only
+    /// where the end is used.
+    #[inline]
+    pub fn prefill_end_of<R: RequestView>(&self, request: &R) -> usize {
+        if self.reads_prefill_end() {
+            prefill_end_of(request)
         } else {
             0
         }
@@ -681,17 +705,17 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Extends every group's table of request `request_id` to `num_tokens` slots (a
+    /// Extends every group's table of `request` to `num_tokens` slots (a
     /// group that counts encoder tokens: `num_encoder_tokens`; align-mode Mamba: the
     /// step computing `[total_computed_tokens, num_tokens_main_model)` of a prefill
     /// ending at `prefill_end`), group by group. A partial hit's copy that replaced a
     /// table entry in place is pushed to `copies` as `(g, block)` (it comes first among
     /// the group's new blocks).
     #[allow(clippy::too_many_arguments)]
-    pub fn allocate_new_blocks(
+    pub fn allocate_new_blocks<R: RequestView>(
         &mut self,
         rbs: &mut [RequestBlocks],
-        request_id: &str,
+        request: &R,
         num_tokens: usize,
         total_computed_tokens: usize,
         num_tokens_main_model: usize,
@@ -713,7 +737,7 @@ impl Coordinator {
                 };
                 m.allocate_new_blocks(
                     rb,
-                    request_id,
+                    request.request_id(),
                     n,
                     total_computed_tokens,
                     num_tokens_main_model,
@@ -882,6 +906,26 @@ impl Coordinator {
         out
     }
 
+    /// Frees the blocks outside the attention window of `request`'s next token in every
+    /// group, after `total_computed_tokens` of which the request's in-flight tokens are
+    /// not yet processed (R-SWA groups: the gap after its prompt); the request is read
+    /// only where a group needs it.
+    pub fn remove_skipped_blocks_of<R: RequestView>(
+        &mut self,
+        rbs: &mut [RequestBlocks],
+        request: &R,
+        total_computed_tokens: usize,
+    ) -> Result<()> {
+        if !self.frees_skipped_blocks {
+            return Ok(());
+        }
+        let processed = total_computed_tokens.saturating_sub(request.num_in_flight_tokens());
+        let prompt = self
+            .skips_by_prompt_length
+            .then(|| request.num_prompt_tokens());
+        self.remove_skipped_blocks(rbs, processed, prompt)
+    }
+
     /// Frees the blocks outside every group's attention window (R-SWA groups: the gap
     /// after a prompt of `num_prompt_tokens`, when given).
     pub fn remove_skipped_blocks(
@@ -998,7 +1042,7 @@ fn drop_eagle_groups(groups: &[ManagerParams], use_eagle: bool) -> Vec<bool> {
 /// or all but the last token of a resumed request replaying its output (the
 /// coordinator's allocation calls read it under retention 0 only, `Coordinator::prefill_end`).
 #[inline]
-pub fn prefill_end_of<R: RequestView>(request: &R) -> usize {
+fn prefill_end_of<R: RequestView>(request: &R) -> usize {
     request
         .num_prompt_tokens()
         .max(request.num_tokens().saturating_sub(1))

@@ -31,7 +31,7 @@
 use crate::admission;
 use crate::attention::{BoundaryOffload, ContextParallel, ManagerParams, RequestView};
 use crate::config;
-use crate::coordinator::{self, Coordinator, CoordinatorOptions};
+use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
 use crate::events::event::KvCacheEvent;
 use crate::pool::{BlockPool, FreeTag};
@@ -414,7 +414,7 @@ impl KvCacheManager {
             request.awaiting_admission(),
         ) as isize;
         let free = self.coord.pool().num_free_blocks() as isize;
-        let prefill_end = coordinator::prefill_end_of(request);
+        let prefill_end = self.coord.prefill_end_of(request);
         if args.full_sequence_must_fit {
             let full = request.num_tokens().min(self.max_model_len);
             let need = self.coord.get_num_blocks_to_allocate(
@@ -436,12 +436,8 @@ impl KvCacheManager {
         let need_slots = (main + args.num_lookahead_tokens).min(self.max_model_len);
         if let Some(s) = slot {
             self.set_free_tag_of_slot(s);
-            let processed = total.saturating_sub(request.num_in_flight_tokens());
-            self.coord.remove_skipped_blocks(
-                self.slots.tables_mut(s),
-                processed,
-                Some(request.num_prompt_tokens()),
-            )?;
+            self.coord
+                .remove_skipped_blocks_of(self.slots.tables_mut(s), request, total)?;
         }
         let need = self.coord.get_num_blocks_to_allocate(
             self.slots.tables_or_empty(slot),
@@ -487,7 +483,7 @@ impl KvCacheManager {
         }
         self.coord.allocate_new_blocks(
             rbs,
-            request.request_id(),
+            request,
             need_slots,
             local + args.num_external_computed_tokens,
             main,

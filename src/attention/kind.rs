@@ -179,6 +179,21 @@ impl AttentionKind {
         }
     }
 
+    /// Whether `remove_skipped_blocks` reads the prompt's length (R-SWA's gap starts
+    /// after the prompt), so a caller without such a group need not look it up.
+    pub fn skips_by_prompt_length(&self) -> bool {
+        match self {
+            Self::Rswa { .. } => true,
+            Self::FullAttention
+            | Self::SinkFullAttention { .. }
+            | Self::SlidingWindow { .. }
+            | Self::ChunkedLocal { .. }
+            | Self::Mamba { .. }
+            | Self::CrossAttention
+            | Self::CircularBuffer => false,
+        }
+    }
+
     /// Whether `remove_skipped_blocks` can ever free a block of this type: not for the
     /// types that attend to the whole sequence (no tokens are ever skipped and they have
     /// no rule of their own), so a coordinator of only those skips the call.
