@@ -16,7 +16,13 @@ const BS: usize = 16;
 
 fn request(id: &str, n: usize) -> Request {
     let hasher = BlockHasher::new(BS, HashAlgo::Sha256Cbor).unwrap();
-    Request::new(id, (0..n as u32).collect(), Some(hasher), RequestOptions::default()).unwrap()
+    Request::new(
+        id,
+        (0..n as u32).collect(),
+        Some(hasher),
+        RequestOptions::default(),
+    )
+    .unwrap()
 }
 
 fn main() {
@@ -42,7 +48,9 @@ fn main() {
         .collect();
     for r in &mut reqs {
         let n = r.num_tokens();
-        mgr.allocate_slots(r, &AllocateArgs::new(n)).unwrap().unwrap();
+        mgr.allocate_slots(r, &AllocateArgs::new(n))
+            .unwrap()
+            .unwrap();
         r.num_computed_tokens = n;
     }
     let mut calls = 0u64;
@@ -51,7 +59,9 @@ fn main() {
             if r.num_tokens() >= 1000 {
                 mgr.free(r.request_id()).unwrap();
                 *r = request(r.request_id(), 256);
-                mgr.allocate_slots(r, &AllocateArgs::new(256)).unwrap().unwrap();
+                mgr.allocate_slots(r, &AllocateArgs::new(256))
+                    .unwrap()
+                    .unwrap();
                 r.num_computed_tokens = 256;
             }
             r.append_output_token_ids(&[7]);
