@@ -235,6 +235,42 @@ fn sliding_window_end_to_end() {
     assert_eq!(m.get_block_ids("b"), vec![vec![0, 0, 0, 4, 5, 6]]);
 }
 
+/// R-SWA through `allocate_slots` (bs 4, window 8, prompt 16): the prompt's blocks stay,
+/// and the decode step after 28 computed tokens frees the gap's first block (tokens
+/// 16..20), as `rswa_removes_the_gap_after_the_prompt` does given the prompt length; so
+/// `allocate_slots` hands the group the request's prompt length.
+#[test]
+fn rswa_frees_its_gap_through_allocate_slots() {
+    let rswa = ManagerParams::new(K::Rswa { rswa_window: 8 }, 4, 0);
+    for groups in [vec![rswa.clone()], vec![full(4), rswa]] {
+        let g = groups.len() - 1;
+        let mut m = mgr(groups, 40, 4);
+        let mut r = TestReq::new("a", toks(0, 16), 4);
+        step(&mut m, &mut r, 16).unwrap();
+        let prompt_blocks = m.get_block_ids("a")[g].clone();
+        for t in 0..12 {
+            r.append(100 + t);
+            step(&mut m, &mut r, 1).unwrap();
+        }
+        assert_eq!(r.computed, 28);
+        let before = m.get_block_ids("a")[g].clone();
+        assert!(!before.contains(&NULL_BLOCK_ID), "{before:?}");
+        let free = m.pool().num_free_blocks();
+        r.append(200);
+        step(&mut m, &mut r, 1).unwrap();
+        let after = m.get_block_ids("a")[g].clone();
+        assert_eq!(after[..4], prompt_blocks[..], "the prompt is kept");
+        assert_eq!(after[4], NULL_BLOCK_ID, "{after:?}");
+        assert_eq!(after[5..7], before[5..7]);
+        assert!(
+            m.pool().free_block_ids().any(|b| b == before[4]),
+            "the gap block is free"
+        );
+        // one block freed, one new block per group for token 28
+        assert_eq!(m.pool().num_free_blocks(), free + 1 - (g + 1));
+    }
+}
+
 /// Section 4.10 end-to-end (bs 4, chunk 8): a decode at n = 20 frees 4, 3, 2, 1.
 #[test]
 fn chunked_local_end_to_end() {
