@@ -314,15 +314,17 @@ impl Coordinator {
         self.sparse_caching == SparseCaching::Interval(0)
     }
 
-    /// [`Self::prefill_end`] of `request` ([`prefill_end_of`]); the request is read only
-    /// where the end is used.
+    /// [`Self::prefill_end`] of `request`: where its prefill ends, as vLLM's
+    /// `allocate_slots` computes it (the prompt, or all but the last token of a resumed
+    /// request replaying its output). The request is read only where the end is used.
     #[inline]
     pub fn prefill_end_of<R: RequestView>(&self, request: &R) -> usize {
-        if self.reads_prefill_end() {
-            prefill_end_of(request)
-        } else {
-            0
+        if !self.reads_prefill_end() {
+            return 0;
         }
+        request
+            .num_prompt_tokens()
+            .max(request.num_tokens().saturating_sub(1))
     }
 
     /// Whether caching reads a request's shared-prefix junction: under sparse prefix
@@ -1036,16 +1038,6 @@ fn drop_eagle_groups(groups: &[ManagerParams], use_eagle: bool) -> Vec<bool> {
         .iter()
         .map(|g| use_eagle && (g.is_eagle_group || !any_flagged))
         .collect()
-}
-
-/// Where `request`'s prefill ends, as vLLM's `allocate_slots` computes it: the prompt,
-/// or all but the last token of a resumed request replaying its output (the
-/// coordinator's allocation calls read it under retention 0 only, `Coordinator::prefill_end`).
-#[inline]
-fn prefill_end_of<R: RequestView>(request: &R) -> usize {
-    request
-        .num_prompt_tokens()
-        .max(request.num_tokens().saturating_sub(1))
 }
 
 /// vLLM's `_validate_prefix_cache_retention_interval`; `sparse` says whether a group
