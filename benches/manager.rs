@@ -3,39 +3,17 @@
 //! plus a 1024-token sliding window (two groups).
 #![allow(missing_docs)] // criterion_group! generates undocumented public functions
 
+mod common;
+
+use common::{layout, request, BS};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kvblocks::attention::{AttentionKind, ManagerParams};
-use kvblocks::hashing::{BlockHasher, HashAlgo};
-use kvblocks::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions};
-use kvblocks::request::{Request, RequestOptions};
+use kvblocks::attention::AttentionKind;
+use kvblocks::kv_cache_manager::{AllocateArgs, KvCacheManager};
+use kvblocks::request::Request;
 use std::hint::black_box;
-
-const BS: usize = 16;
-
-/// A request of `n` tokens hashed at block size 16 (hashing happens here, at setup).
-fn request(id: &str, n: usize) -> Request {
-    let hasher = BlockHasher::new(BS, HashAlgo::Sha256Cbor).unwrap();
-    Request::new(
-        id,
-        (0..n as u32).collect(),
-        Some(hasher),
-        RequestOptions::default(),
-    )
-    .unwrap()
-}
 
 fn manager(num_blocks: usize) -> KvCacheManager {
     layout(num_blocks, &[AttentionKind::FullAttention])
-}
-
-/// A manager of one group per kind, all at block size 16.
-fn layout(num_blocks: usize, kinds: &[AttentionKind]) -> KvCacheManager {
-    let groups = kinds
-        .iter()
-        .enumerate()
-        .map(|(i, &k)| ManagerParams::new(k, BS, i))
-        .collect();
-    KvCacheManager::new(groups, num_blocks, None, ManagerOptions::new(1 << 20, BS)).unwrap()
 }
 
 fn lookup(c: &mut Criterion) {

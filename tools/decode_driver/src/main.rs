@@ -6,43 +6,27 @@
 //! slots. `full` is one full-attention group; `swa` adds a 1024-token sliding window.
 //! The first argument picks the layout; the last line printed is the call count.
 
-use kvblocks::attention::{AttentionKind, ManagerParams};
-use kvblocks::hashing::{BlockHasher, HashAlgo};
-use kvblocks::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions};
-use kvblocks::request::{Request, RequestOptions};
+#[path = "../../../benches/common/mod.rs"]
+mod common;
+
+use common::{layout, request};
+use kvblocks::attention::AttentionKind;
+use kvblocks::kv_cache_manager::AllocateArgs;
+use kvblocks::request::Request;
 use std::hint::black_box;
 
-const BS: usize = 16;
-
-fn request(id: &str, n: usize) -> Request {
-    let hasher = BlockHasher::new(BS, HashAlgo::Sha256Cbor).unwrap();
-    Request::new(
-        id,
-        (0..n as u32).collect(),
-        Some(hasher),
-        RequestOptions::default(),
-    )
-    .unwrap()
-}
-
 fn main() {
-    let layout = std::env::args().nth(1).unwrap_or_else(|| "full".into());
+    let name = std::env::args().nth(1).unwrap_or_else(|| "full".into());
     let swa = AttentionKind::SlidingWindow {
         sliding_window: 1024,
         extra_retained_tokens: 0,
     };
-    let kinds = match layout.as_str() {
+    let kinds = match name.as_str() {
         "full" => vec![AttentionKind::FullAttention],
         "swa" => vec![AttentionKind::FullAttention, swa],
         other => panic!("layout {other:?}: expected full or swa"),
     };
-    let groups = kinds
-        .iter()
-        .enumerate()
-        .map(|(i, k)| ManagerParams::new(k.clone(), BS, i))
-        .collect();
-    let opts = ManagerOptions::new(1 << 20, BS);
-    let mut mgr = KvCacheManager::new(groups, 4096 * kinds.len(), None, opts).unwrap();
+    let mut mgr = layout(4096 * kinds.len(), &kinds);
     let mut reqs: Vec<Request> = (0..64)
         .map(|i| request(&format!("r{i}"), 128 + 8 * i))
         .collect();
@@ -71,5 +55,5 @@ fn main() {
             calls += 1;
         }
     }
-    println!("{layout}: {calls} decode calls");
+    println!("{name}: {calls} decode calls");
 }
