@@ -10,10 +10,11 @@ STAMP := $(VENV)/.deps-stamp
 # The package registry here sends no cacheable responses, so pip's own cache stays empty;
 # keep the downloaded wheels (torch is ~3 GB) in a local wheelhouse and install from it.
 WHEELS ?= $(HOME)/.cache/kvblocks-wheels
-# One torch for every venv (.venv and the vLLM ones), so the wheelhouse holds one ~3 GB copy.
-TORCH := $(shell grep -v "^\#" tools/vllm_env/torch.txt | head -1)
+# One torch for every venv (.venv and the vLLM ones), installed once and shared by all three
+# (tools/vllm_env/torch_site.sh): the wheelhouse holds one ~3 GB copy, the disk one ~4 GB
+# install.
 DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy \
-	prometheus_client "$(TORCH)" tqdm
+	prometheus_client tqdm
 
 .PHONY: venv deps dev test test-rust test-python lint lint-deps lint-ext fmt bench simulate sim-dev \
 	vllm-env test-vllm vllm-scheduler-tests test-core test-vllm-all
@@ -22,6 +23,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml tools/vllm_env/torch.txt
+	WHEELS=$(WHEELS) bash tools/vllm_env/torch_site.sh $(VENV)
 	$(PIP) download -d $(WHEELS) $(DEPS)
 	$(PIP) install --no-index --find-links $(WHEELS) $(DEPS)
 	touch $(STAMP)

@@ -8,10 +8,10 @@
 # The venv is .venv-vllm-<version> in the repository root (VENV=... for another path).
 # Each has exact pins, tools/vllm_env/vllm-<version>.txt, installed with --no-deps (no
 # resolver, so none of vLLM's GPU-only needs are pulled in), on top of the torch named in
-# tools/vllm_env/torch.txt with its own dependencies. Every wheel comes from the shared
-# wheelhouse $WHEELS (default ~/.cache/kvblocks-wheels, the one the Makefile keeps), and
-# only what is missing there is downloaded: torch (~3 GB with its CUDA libraries) is
-# fetched once for .venv, .venv-vllm-0.33 and .venv-vllm-0.32 together.
+# tools/vllm_env/torch.txt, which the venv shares with the other kvblocks venvs through
+# tools/vllm_env/torch_site.sh (one ~4 GB install instead of one per venv). Every wheel
+# comes from the shared wheelhouse $WHEELS (default ~/.cache/kvblocks-wheels, the one the
+# Makefile keeps), and only what is missing there is downloaded.
 #
 # Idempotent: a venv whose stamp matches the pins and whose vLLM imports is left alone.
 # Needs Python 3.11 ($PYTHON, default python3.11, else python3): the pins are cp311 wheels.
@@ -24,17 +24,18 @@ case "$VERSION" in
   0.33|0.32) ;;
   *) echo "usage: setup.sh 0.33|0.32" >&2; exit 2 ;;
 esac
+# shellcheck source=tools/vllm_env/wheelhouse.sh
+source "$HERE/wheelhouse.sh"
 VENV=${VENV:-$ROOT/.venv-vllm-$VERSION}
-WHEELS=${WHEELS:-$HOME/.cache/kvblocks-wheels}
 PINS="$HERE/vllm-$VERSION.txt"
-TORCH=$(grep -v '^\s*#' "$HERE/torch.txt" | head -1)
 if [[ -z "${PYTHON:-}" ]]; then
   PYTHON=$(command -v python3.11 || command -v python3)
 fi
 
 log() { echo "[vllm_env $VERSION] $*" >&2; }
 
-stamp() { cat "$PINS" "$HERE/torch.txt" | sha256sum | cut -c1-16; }
+# torch-site: the venv shares torch_site.sh's torch (a venv with its own copy is rebuilt).
+stamp() { { echo torch-site; cat "$PINS" "$HERE/torch.txt"; } | sha256sum | cut -c1-16; }
 
 # The check: vLLM imports at the pinned version and its KV cache manager module loads.
 check() {
@@ -62,25 +63,10 @@ if [[ -e "$VENV" ]]; then
   rm -rf "$VENV"
 fi
 "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-mkdir -p "$WHEELS"
-
-# Install from the wheelhouse alone; download into it first only if something is missing.
-offline_or_fetch() {
-  local deps=$1; shift
-  local flags=()
-  [[ $deps == no-deps ]] && flags=(--no-deps)
-  if ! "${PIP[@]}" install "${flags[@]}" --no-index --find-links "$WHEELS" "$@" 2>/dev/null; then
-    log "downloading what the wheelhouse lacks"
-    "${PIP[@]}" download "${flags[@]}" --only-binary=:all: -d "$WHEELS" "$@"
-    "${PIP[@]}" install "${flags[@]}" --no-index --find-links "$WHEELS" "$@"
-  fi
-}
-
-log "installing $TORCH and its dependencies"
-offline_or_fetch deps "$TORCH"
+log "sharing the torch of torch.txt (tools/vllm_env/torch_site.sh)"
+bash "$HERE/torch_site.sh" "$VENV"
 log "installing $(grep -cv '^\s*#' "$PINS") pinned packages (--no-deps)"
-offline_or_fetch no-deps -r "$PINS"
+wheelhouse_install "$VENV/bin/python" no-deps "" -r "$PINS"
 check
 stamp > "$VENV/.kvblocks-stamp"
 log "done: $VENV"
