@@ -23,4 +23,5 @@ for tree in "$@"; do
     total=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
     awk -v t="$tree" -v l="$layout" -v n="$total" 'BEGIN { printf "%s %s %.1f\n", t, l, n / 38400 }'
   done
+  rm -rf "$work"
 done
