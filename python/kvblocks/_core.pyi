@@ -959,9 +959,12 @@ class BlockPool:
         *,
         count_null_block_refs: bool = False,
         retention: RetentionPolicy | None = None,
+        medium: Literal["GPU", "CPU", "STORAGE"] = "GPU",
     ) -> BlockPool:
         """`count_null_block_refs`: `touch` and `free_blocks` count the null block's
-        `ref_cnt` as vLLM 0.32 does (off: never counted, as vLLM 0.33)."""
+        `ref_cnt` as vLLM 0.32 does (off: never counted, as vLLM 0.33). `medium`: what
+        the pool's `BlockStored` and `BlockRemoved` events name (vLLM 0.33's `medium`; a
+        host pool's is `"CPU"`)."""
     @property
     def num_gpu_blocks(self) -> int: ...
     @property
@@ -970,6 +973,9 @@ class BlockPool:
     def hash_block_size(self) -> int: ...
     @property
     def enable_kv_cache_events(self) -> bool: ...
+    @property
+    def medium(self) -> str:
+        """The medium the pool's events name."""
     def get_new_blocks(self, n: int) -> list[int]:
         """Pops `n` blocks off the free queue head; ValueError if fewer are free."""
     def free_blocks(
@@ -989,6 +995,17 @@ class BlockPool:
         """
     def touch(self, block_ids: Sequence[int]) -> None:
         """Takes one reference per block (a prefix-cache hit); the null block is skipped."""
+    def unpin_blocks(self, block_ids: Sequence[int], on_reuse: Callable[[int], object]) -> None:
+        """vLLM 0.33's `unpin_blocks`: drops one reference per block for a caller that
+        goes on reading the blocks until the pool reuses them.
+
+        Blocks reaching 0 join the tail of the free queue (cached or not) and count as
+        free. `on_reuse(block_id)` is called when `get_new_blocks` hands the block out or
+        `reset_prefix_cache` clears the cache, in vLLM's order; every callback runs, and
+        the first exception one raises is raised after the pool call completed. Raises,
+        changing nothing, for the null block, an unknown id, a block without a reference,
+        a pool with a retention policy, and a manager's `block_pool`.
+        """
     def cache_full_blocks(
         self,
         request_block_hashes: Sequence[bytes],

@@ -20,13 +20,14 @@ pub mod null_block;
 pub mod pins;
 pub mod prefix_map;
 pub mod retention;
+mod reuse_watch;
 mod unhashed;
 
 use rustc_hash::FxHashMap;
 
 use crate::error::{KvError, Result};
 use crate::events::event::{
-    BlockRemoved, BlockStored, KvCacheEvent, StoredBlockSource, MEDIUM_GPU,
+    BlockRemoved, BlockStored, KvCacheEvent, StoredBlockSource, MEDIA, MEDIUM_GPU,
 };
 use crate::hashing::BlockHashView;
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
@@ -41,6 +42,7 @@ pub use prefix_map::HashKey;
 use prefix_map::PrefixMap;
 use retention::PolicyState;
 pub use retention::{FreeTag, RetentionHints, RetentionPolicy};
+use reuse_watch::ReuseWatch;
 
 /// vLLM's `BlockPool`.
 ///
@@ -88,6 +90,10 @@ pub struct BlockPool {
     over_quota: Vec<BlockId>,
     /// The calls vLLM's pool makes on a metrics collector, while one is attached.
     metrics: Option<Box<BlockMetricsLog>>,
+    /// Blocks released by `release_watched` and still read by their owner.
+    watch: ReuseWatch,
+    /// The medium the pool's events name (vLLM's `medium`; a host pool's is `"CPU"`).
+    medium: &'static str,
 }
 
 impl BlockPool {
@@ -137,6 +143,8 @@ impl BlockPool {
             now: 0.0,
             over_quota: Vec::new(),
             metrics: None,
+            watch: ReuseWatch::default(),
+            medium: MEDIUM_GPU,
         })
     }
 
@@ -226,6 +234,21 @@ impl BlockPool {
         self.lookahead.0
     }
 
+    /// Sets the medium the pool's `BlockStored` and `BlockRemoved` events name (vLLM's
+    /// `BlockPool(medium=...)`): `"GPU"` (the default), `"CPU"` or `"STORAGE"`.
+    pub fn set_medium(&mut self, medium: &str) -> Result<()> {
+        self.medium = MEDIA.into_iter().find(|m| *m == medium).ok_or_else(|| {
+            KvError::InvalidArgument(format!("medium must be one of {MEDIA:?}, got {medium:?}"))
+        })?;
+        Ok(())
+    }
+
+    /// The medium the pool's events name.
+    #[inline]
+    pub fn medium(&self) -> &'static str {
+        self.medium
+    }
+
     /// Whether references to the null block are counted (vLLM 0.32).
     #[inline]
     pub fn counts_null_block_refs(&self) -> bool {
@@ -288,6 +311,9 @@ impl BlockPool {
                 }
             }
         }
+        if !self.watch.is_empty() {
+            self.watch.report_handed_out(&out[start..]);
+        }
         // Only pools that hand out cached blocks pay for the second pass, which evicts
         // them in queue order (the order of their `BlockRemoved` events).
         if any_cached && self.enable_caching {
@@ -321,7 +347,7 @@ impl BlockPool {
         if self.enable_events {
             self.events.push(KvCacheEvent::BlockRemoved(BlockRemoved {
                 block_hashes: vec![key.hash.external()],
-                medium: MEDIUM_GPU,
+                medium: self.medium,
                 group_idx: key.group,
             }));
         }
@@ -533,7 +559,7 @@ impl BlockPool {
                     token_ids,
                     block_size: block_size as u32,
                     lora_id: source.lora_id(),
-                    medium: MEDIUM_GPU,
+                    medium: self.medium,
                     lora_name: source.lora_name().map(str::to_owned),
                     extra_keys: (!extra_keys.is_empty()).then_some(extra_keys),
                     group_idx: group,
@@ -607,7 +633,7 @@ impl BlockPool {
                         .to_vec(),
                     block_size: h as u32,
                     lora_id: source.lora_id(),
-                    medium: MEDIUM_GPU,
+                    medium: self.medium,
                     lora_name: source.lora_name().map(str::to_owned),
                     extra_keys: Some(vec![self.lookahead.extra_keys(source, start, num_tokens)]),
                     group_idx: group,
@@ -682,10 +708,62 @@ impl BlockPool {
         self.map.clear();
         self.secondary.clear();
         self.hash_of.iter_mut().for_each(|h| *h = None);
+        self.watch.report_all();
         if self.enable_events {
             self.events.push(KvCacheEvent::AllBlocksCleared);
         }
         true
+    }
+
+    /// vLLM 0.33's `unpin_blocks`: drops one reference per block, as `free_blocks` does,
+    /// for an owner that goes on reading the blocks until the pool reuses them. The
+    /// blocks that reach 0 join the tail of the free queue in the given order, cached or
+    /// not (the last to be allocated), and count as free. Each block is watched until
+    /// `get_new_blocks` hands it out or `reset_prefix_cache` clears the cache, which
+    /// report it to [`take_reused_watched`](Self::take_reused_watched).
+    ///
+    /// Errors, changing nothing: the null block (`InvalidArgument`), an id out of range,
+    /// a block with fewer references than the times it is listed (`DoubleFree`), and a
+    /// pool with a retention policy (`Unsupported`: its free lists order blocks by class
+    /// and session, and vLLM's tail has no place among them).
+    pub fn release_watched(&mut self, blocks: &[BlockId]) -> Result<()> {
+        if self.retention.is_some() {
+            return Err(KvError::Unsupported(
+                "unpin_blocks on a pool with a retention policy".into(),
+            ));
+        }
+        let mut listed: FxHashMap<BlockId, u32> = FxHashMap::default();
+        for &b in blocks {
+            self.check_id(b)?;
+            if b == NULL_BLOCK_ID {
+                return Err(KvError::InvalidArgument(
+                    "the null block holds no reference to release".into(),
+                ));
+            }
+            let times = listed.entry(b).or_default();
+            *times += 1;
+            if self.ref_cnt[b as usize] < *times {
+                return Err(KvError::DoubleFree(b));
+            }
+        }
+        let mut released = Vec::new();
+        for &b in blocks {
+            let rc = &mut self.ref_cnt[b as usize];
+            *rc -= 1;
+            if *rc == 0 {
+                released.push(b);
+            }
+            self.watch.watch(b);
+        }
+        self.queue.append_n(&released);
+        Ok(())
+    }
+
+    /// Returns and clears the watched blocks the pool let go since the last call, in
+    /// vLLM's callback order: each `get_new_blocks` call's in queue order, a reset's in
+    /// the order the blocks were first watched.
+    pub fn take_reused_watched(&mut self) -> Vec<BlockId> {
+        self.watch.take_reused()
     }
 
     /// Starts recording the calls vLLM's pool makes on a KV cache metrics collector

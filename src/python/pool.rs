@@ -12,6 +12,9 @@ use super::events::events_to_py;
 use super::manager::PyKVCacheManager;
 use super::non_negative::NonNegativeInt;
 use super::retention::PyRetentionPolicy;
+use rustc_hash::FxHashMap;
+
+use crate::error::KvError;
 use crate::events::event::TokensOnly;
 use crate::pool::{BlockPool, HashKey};
 use crate::types::{BlockHash, BlockId, GroupId};
@@ -66,6 +69,8 @@ pub(crate) struct PyBlockPool {
     scratch: Vec<BlockId>,
     /// Shared int objects for the ids handed out.
     id_objects: IdObjects,
+    /// The `on_reuse` callback of each block the core watches (`unpin_blocks`).
+    on_reuse: FxHashMap<BlockId, Py<PyAny>>,
 }
 
 /// The keys of each hash in each group (group 0 by default).
@@ -98,7 +103,7 @@ impl PyBlockPool {
     #[new]
     #[pyo3(signature = (num_gpu_blocks, enable_caching=true, hash_block_size=16,
                         enable_kv_cache_events=false, *, count_null_block_refs=false,
-                        retention=None))]
+                        retention=None, medium="GPU"))]
     fn new(
         num_gpu_blocks: usize,
         enable_caching: bool,
@@ -106,6 +111,7 @@ impl PyBlockPool {
         enable_kv_cache_events: bool,
         count_null_block_refs: bool,
         retention: Option<PyRef<'_, PyRetentionPolicy>>,
+        medium: &str,
     ) -> PyResult<Self> {
         let mut pool = BlockPool::new(
             num_gpu_blocks,
@@ -114,6 +120,7 @@ impl PyBlockPool {
             enable_kv_cache_events,
         )?;
         pool.set_count_null_block_refs(count_null_block_refs);
+        pool.set_medium(medium)?;
         if let Some(policy) = retention {
             pool.set_retention(policy.inner.clone())?;
         }
@@ -121,6 +128,7 @@ impl PyBlockPool {
             owner: PoolOwner::Own(Box::new(pool)),
             scratch: Vec::new(),
             id_objects: IdObjects::default(),
+            on_reuse: FxHashMap::default(),
         })
     }
 
@@ -202,18 +210,64 @@ impl PyBlockPool {
         Ok(self.owner.borrow(py)?.hash_block_size())
     }
 
+    /// The medium the pool's events name.
+    #[getter]
+    fn medium(&mut self, py: Python<'_>) -> PyResult<&'static str> {
+        Ok(self.owner.borrow(py)?.medium())
+    }
+
     /// Whether events are recorded.
     #[getter]
     fn enable_kv_cache_events(&mut self, py: Python<'_>) -> PyResult<bool> {
         Ok(self.owner.borrow(py)?.events_enabled())
     }
 
-    fn get_new_blocks<'py>(&mut self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyList>> {
-        self.scratch.clear();
-        self.owner
-            .borrow(py)?
-            .get_new_blocks_into(n, &mut self.scratch)?;
-        self.id_objects.list(py, &self.scratch)
+    fn get_new_blocks<'py>(slf: &Bound<'py, Self>, n: usize) -> PyResult<Bound<'py, PyList>> {
+        let py = slf.py();
+        let blocks = {
+            let mut this = slf.borrow_mut();
+            let this = &mut *this;
+            this.scratch.clear();
+            this.owner
+                .borrow(py)?
+                .get_new_blocks_into(n, &mut this.scratch)?;
+            this.id_objects.list(py, &this.scratch)?
+        };
+        if !slf.borrow().on_reuse.is_empty() {
+            Self::notify_reuse(slf)?;
+        }
+        Ok(blocks)
+    }
+
+    /// vLLM 0.33's `unpin_blocks`: drops one reference per block for a caller that goes
+    /// on reading the blocks until the pool reuses them. Those reaching 0 join the tail
+    /// of the free queue (cached or not) and count as free; `on_reuse(block_id)` is
+    /// called when `get_new_blocks` hands the block out or `reset_prefix_cache` clears
+    /// the cache (a block unpinned again keeps its first place in a reset's order, and
+    /// takes the newer callback).
+    ///
+    /// Raises, changing nothing, for the null block, an unknown id, a block without a
+    /// reference, a pool with a retention policy, and a manager's pool (whose own
+    /// allocations do not call back).
+    fn unpin_blocks(
+        &mut self,
+        block_ids: &Bound<'_, PyAny>,
+        on_reuse: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        if !on_reuse.is_callable() {
+            return Err(super::errors::invalid_type("on_reuse must be callable"));
+        }
+        let ids = extract_u32s(block_ids, "block ids")?;
+        let PoolOwner::Own(pool) = &mut self.owner else {
+            return Err(
+                KvError::Unsupported("unpin_blocks on a manager's block_pool".into()).into(),
+            );
+        };
+        pool.release_watched(&ids)?;
+        for b in ids {
+            self.on_reuse.insert(b, on_reuse.clone().unbind());
+        }
+        Ok(())
     }
 
     #[pyo3(signature = (block_ids, *, priority_class=None, session=false, tenant=None))]
@@ -332,8 +386,15 @@ impl PyBlockPool {
         Ok(self.owner.borrow(py)?.evict_blocks(&ids)?)
     }
 
-    fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
-        Ok(self.owner.borrow(py)?.reset_prefix_cache())
+    fn reset_prefix_cache(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        let reset = {
+            let mut this = slf.borrow_mut();
+            this.owner.borrow(slf.py())?.reset_prefix_cache()
+        };
+        if reset && !slf.borrow().on_reuse.is_empty() {
+            Self::notify_reuse(slf)?;
+        }
+        Ok(reset)
     }
 
     fn get_num_free_blocks(&mut self, py: Python<'_>) -> PyResult<usize> {
@@ -405,7 +466,32 @@ impl PyBlockPool {
             owner: PoolOwner::Manager(manager),
             scratch: Vec::new(),
             id_objects: IdObjects::default(),
+            on_reuse: FxHashMap::default(),
         }
+    }
+
+    /// Calls the `on_reuse` callback of each watched block the pool let go, in the
+    /// core's order, once the pool is no longer borrowed (a callback may read it). Every
+    /// callback runs; the first exception one raises is raised after the last.
+    fn notify_reuse(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let calls: Vec<(BlockId, Py<PyAny>)> = {
+            let mut this = slf.borrow_mut();
+            let PoolOwner::Own(pool) = &mut this.owner else {
+                return Ok(());
+            };
+            let reused = pool.take_reused_watched();
+            reused
+                .into_iter()
+                .filter_map(|b| this.on_reuse.remove(&b).map(|f| (b, f)))
+                .collect()
+        };
+        let mut first_error = None;
+        for (block, callback) in calls {
+            if let Err(e) = callback.call1(slf.py(), (block,)) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 }
 

@@ -16,11 +16,9 @@ use super::manager::PyKVCacheManager;
 use super::pool::PyBlockPool;
 
 use crate::attention::SPEC_KINDS;
-use crate::events::event::{BlockRemoved, BlockStored, EventExtraKeys, KvCacheEvent};
+use crate::events::event::{BlockRemoved, BlockStored, EventExtraKeys, KvCacheEvent, MEDIA};
 use crate::events::{encode_batch, EventBatch, EventSink, PayloadEncoder, WireFormat};
 
-/// Media a kvblocks event may name (vLLM's `MEDIUM_*` constants).
-const MEDIA: [&str; 3] = ["GPU", "CPU", "STORAGE"];
 /// `BlockRemoved` fields kvblocks' encoder does not write; a value other than `None` is
 /// refused.
 const REMOVED_UNSUPPORTED: [&str; 2] = ["locality", "ownership"];

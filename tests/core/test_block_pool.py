@@ -437,6 +437,12 @@ def _bad_calls(
         (ValueError, lambda: pool.get_ref_cnt(n)),
         (OverflowError, lambda: pool.get_ref_cnt(-1)),
         (ValueError, lambda: pool.get_block_hash(n)),
+        (ValueError, lambda: pool.unpin_blocks([a, 0], print)),
+        (ValueError, lambda: pool.unpin_blocks([a, n], print)),
+        (ValueError, lambda: pool.unpin_blocks([a, free], print)),
+        (ValueError, lambda: pool.unpin_blocks([a, a], print)),
+        (OverflowError, lambda: pool.unpin_blocks([a, -1], print)),
+        (TypeError, lambda: pool.unpin_blocks([a], 3)),  # type: ignore[arg-type]
     ]
 
 
@@ -479,3 +485,97 @@ def test_null_block_refs_counted_as_vllm_0_32(counted: bool) -> None:
     with pytest.raises(kb.DoubleFreeError):
         pool.free_blocks([0, blocks[1]])
     assert pool.get_ref_cnt(0) == (-1 if counted else 0)  # a failed free changes nothing
+
+
+def test_unpin_blocks_reports_reuse_in_vllm_order() -> None:
+    """`unpin_blocks`: the queue orders and callback orders of vLLM 0.33.0's `BlockPool`
+    on the same calls (tests/vllm/test_vllm_block_pool.py replays random ones on both)."""
+    reused: list[int] = []
+    pool = kb.BlockPool(6)
+    assert pool.get_new_blocks(5) == [1, 2, 3, 4, 5]
+    pool.touch([2])
+    pool.unpin_blocks([4, 2, 1], reused.append)
+    assert pool.get_free_block_ids() == [4, 1]  # the tail, in the given order
+    assert [pool.get_ref_cnt(b) for b in (1, 2, 4)] == [0, 1, 0]
+    pool.free_blocks([5, 3])
+    assert pool.get_free_block_ids() == [5, 3, 4, 1]
+    assert pool.get_new_blocks(2) == [5, 3]
+    assert reused == []
+    pool.free_blocks([5, 3])
+    pool.unpin_blocks([2], reused.append)
+    assert pool.get_new_blocks(4) == [5, 3, 4, 1]
+    assert reused == [4, 1]
+    pool.free_blocks([1])
+    assert pool.get_new_blocks(2) == [1, 2]
+    assert reused == [4, 1, 2]  # each block reports once
+
+    # A reset reports every watched block, in the order each was first unpinned.
+    reused.clear()
+    pool = kb.BlockPool(6, enable_kv_cache_events=True)
+    pool.get_new_blocks(5)
+    pool.unpin_blocks([4], reused.append)
+    pool.unpin_blocks([3, 1], reused.append)
+    pool.touch([4])
+    pool.unpin_blocks([4], reused.append)
+    pool.free_blocks([2, 5])
+    assert pool.reset_prefix_cache()
+    assert reused == [4, 3, 1]
+    assert pool.get_free_block_ids() == [2, 5, 3, 1, 4]
+    pool.get_new_blocks(5)
+    assert reused == [4, 3, 1]
+
+
+def test_unpin_callbacks_may_read_the_pool_and_all_run() -> None:
+    pool = kb.BlockPool(5)
+    pool.get_new_blocks(4)
+    seen: list[tuple[int, int]] = []
+
+    def reads_the_pool(block: int) -> None:
+        seen.append((block, pool.get_num_free_blocks()))
+
+    def fails(block: int) -> None:
+        raise RuntimeError(f"block {block}")
+
+    pool.unpin_blocks([1], fails)
+    pool.unpin_blocks([2], reads_the_pool)
+    pool.unpin_blocks([3], fails)
+    with pytest.raises(RuntimeError, match="block 1"):
+        pool.get_new_blocks(3)
+    # The call completed: the blocks were handed out, and every callback ran.
+    assert pool.get_num_free_blocks() == 0
+    assert seen == [(2, 0)]
+    pool.free_blocks([1, 2, 3])
+    pool.get_new_blocks(3)
+    assert seen == [(2, 0)]  # reported once
+
+
+def test_unpin_blocks_refused_where_it_cannot_report() -> None:
+    kept = kb.BlockPool(4, retention=kb.RetentionPolicy())
+    kept.get_new_blocks(1)
+    with pytest.raises(kb.UnsupportedError):
+        kept.unpin_blocks([1], print)
+    assert kept.get_ref_cnt(1) == 1
+
+    spec = kb.FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    config = kb.KVCacheConfig(4, [], [kb.KVCacheGroupSpec(["l"], spec)])
+    manager_pool = kb.KVCacheManager(config, 1024, BS).block_pool
+    blocks = manager_pool.get_new_blocks(1)
+    with pytest.raises(kb.UnsupportedError):
+        manager_pool.unpin_blocks(blocks, print)
+    assert manager_pool.get_ref_cnt(blocks[0]) == 1
+
+
+def test_a_host_pool_names_its_medium_in_events() -> None:
+    pool = kb.BlockPool(4, enable_kv_cache_events=True, medium="CPU")
+    assert pool.medium == "CPU"
+    assert kb.BlockPool(4).medium == "GPU"
+    tokens = list(range(BS))
+    blocks = pool.get_new_blocks(1)
+    pool.cache_full_blocks(chain_hashes(tokens), blocks, 0, 1, BS, 0, tokens)
+    pool.free_blocks(blocks)
+    pool.evict_blocks(blocks)
+    events = pool.take_events()
+    assert [type(e).__name__ for e in events] == ["BlockStored", "BlockRemoved"]
+    assert {e.medium for e in events} == {"CPU"}
+    with pytest.raises(kb.InvalidArgumentError, match="medium"):
+        kb.BlockPool(4, medium="DISK")  # type: ignore[arg-type]

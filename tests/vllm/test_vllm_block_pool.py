@@ -3,7 +3,8 @@
 the same random sequence of operations (allocate with prefix hits, grow, cache, free in
 any order, touch, lookups, evict, reset) with events on. After every step both pools
 must agree on the returned ids, the free queue order, every ref count (the null block's
-included) and hash, and the events, field by field.
+included) and hash, the events, field by field, and the reuse reports of the blocks
+released with `unpin_blocks` (the block ids each pool's `on_reuse` callback got, in order).
 
 Needs vLLM (skipped otherwise): run it in a vLLM venv with kvblocks on PYTHONPATH
 (`make test-vllm`).
@@ -16,7 +17,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import kvblocks as kb
 import pytest
@@ -58,18 +59,28 @@ class Req:
 class Driver:
     """Both pools plus the shared model of who holds which block."""
 
-    def __init__(self, seed: int, num_blocks: int, digest_size: int, caching: bool = True) -> None:
+    def __init__(
+        self,
+        seed: int,
+        num_blocks: int,
+        digest_size: int,
+        caching: bool = True,
+        medium: Literal["GPU", "CPU", "STORAGE"] = "GPU",
+    ) -> None:
         self.rng = random.Random(seed)
         self.caching = caching
         self.n = num_blocks
         self.digest_size = digest_size
-        self.vp = VllmBlockPool(num_blocks, caching, HASH_BLOCK, enable_kv_cache_events=True)
+        self.vp = VllmBlockPool(
+            num_blocks, caching, HASH_BLOCK, enable_kv_cache_events=True, medium=medium
+        )
         self.kp = kb.BlockPool(
             num_blocks,
             caching,
             HASH_BLOCK,
             enable_kv_cache_events=True,
             count_null_block_refs=rules().count_null_block_refs,
+            medium=medium,
         )
         self.reqs: list[Req] = []
         self.bags: list[list[int]] = []  # extra references taken by bare touches
@@ -79,6 +90,9 @@ class Driver:
         self.prompts = [[self.rng.randrange(6) for _ in range(plen)] for _ in range(3)]
         self.calls = 0
         self.seen: Counter[str] = Counter()  # event kinds, hits, duplicate keys
+        # The blocks each pool's `on_reuse` callback reported, in call order.
+        self.vllm_reused: list[int] = []
+        self.kvblocks_reused: list[int] = []
 
     # ---------------------------------------------------------------- helpers
 
@@ -217,6 +231,20 @@ class Driver:
             bag = self.bags.pop(self.rng.randrange(len(self.bags)))
             self.free(self.ordered(bag))
 
+    def op_unpin_bag(self) -> None:
+        """Releases a bag's references with `unpin_blocks` (its null entries, which
+        `unpin_blocks` refuses, with `free_blocks`)."""
+        if not self.bags:
+            return
+        bag = self.ordered(self.bags.pop(self.rng.randrange(len(self.bags))))
+        real = [b for b in bag if b != 0]
+        self.vp.unpin_blocks(self.vblocks(real), lambda b: self.vllm_reused.append(b.block_id))
+        self.kp.unpin_blocks(real, self.kvblocks_reused.append)
+        self.calls += 2
+        self.seen["unpinned"] += len(real)
+        if len(real) < len(bag):
+            self.free([0] * (len(bag) - len(real)))
+
     def op_lookup(self) -> None:
         if self.reqs:
             req = self.rng.choice(self.reqs)
@@ -268,6 +296,10 @@ class Driver:
             for name in type(a).__struct_fields__:
                 assert getattr(b, name) == getattr(a, name), (name, a, b)
         self.seen.update(type(e).__name__ for e in mine)
+        assert self.kvblocks_reused == self.vllm_reused
+        self.seen["reused"] += len(self.kvblocks_reused)
+        self.kvblocks_reused.clear()
+        self.vllm_reused.clear()
 
     def run(self, steps: int) -> None:
         ops = [
@@ -276,7 +308,8 @@ class Driver:
             (self.op_cache_more, 6),
             (self.op_finish, 22),
             (self.op_touch_random, 8),
-            (self.op_free_bag, 8),
+            (self.op_free_bag, 6),
+            (self.op_unpin_bag, 4),
             (self.op_lookup, 8),
             (self.op_evict, 6),
             (self.op_reset, 1),
@@ -290,17 +323,20 @@ class Driver:
 
 
 @pytest.mark.parametrize(
-    ("seed", "num_blocks", "digest_size"),
-    [(0, 9, 32), (1, 17, 32), (2, 33, 16), (3, 64, 32)],
+    ("seed", "num_blocks", "digest_size", "medium"),
+    [(0, 9, 32, "GPU"), (1, 17, 32, "CPU"), (2, 33, 16, "GPU"), (3, 64, 32, "STORAGE")],
 )
-def test_same_as_vllm(seed: int, num_blocks: int, digest_size: int) -> None:
-    driver = Driver(seed, num_blocks, digest_size)
+def test_same_as_vllm(
+    seed: int, num_blocks: int, digest_size: int, medium: Literal["GPU", "CPU", "STORAGE"]
+) -> None:
+    driver = Driver(seed, num_blocks, digest_size, medium=medium)
     driver.run(STEPS)
     # The run must have exercised hits, caching, eviction and resets, not only idled.
     seen = driver.seen
     assert min(seen["BlockStored"], seen["BlockRemoved"]) > STEPS // 20
     assert seen["hit"] > STEPS // 100
     assert seen["AllBlocksCleared"] > 0
+    assert seen["reused"] > STEPS // 100
     print(f"seed={seed} blocks={num_blocks}: {STEPS} steps, {driver.calls} calls, {dict(seen)}")
 
 
@@ -309,4 +345,5 @@ def test_same_as_vllm_caching_off() -> None:
     driver.run(STEPS)
     assert driver.seen["BlockStored"] == driver.seen["BlockRemoved"] == 0
     assert driver.seen["AllBlocksCleared"] > 0
+    assert driver.seen["reused"] > 0
     print(f"caching off, blocks=17: {STEPS} steps, {driver.calls} calls, {dict(driver.seen)}")
