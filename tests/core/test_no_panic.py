@@ -193,6 +193,7 @@ def calls() -> list[Call]:
         ("advance_time", [2.5]),
         ("pin", [[H], [0]]),
         ("get_tenant_cached_blocks", []),
+        ("unpin_blocks", [[1], print]),
     ]
     pool_calls: list[Call] = [
         (f"BlockPool.{name}", fresh_pool, getattr(kb.BlockPool, name), args)
