@@ -22,13 +22,15 @@ DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplo
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml tools/vllm_env/torch.txt
-	WHEELS=$(WHEELS) bash tools/vllm_env/torch_site.sh $(VENV)
+$(STAMP): $(BIN)/python pyproject.toml
 	$(PIP) download -d $(WHEELS) $(DEPS)
 	$(PIP) install --no-index --find-links $(WHEELS) $(DEPS)
 	touch $(STAMP)
 
+# The shared torch (tools/vllm_env/torch_site.sh) is checked on every run, as it lives
+# outside the venv: rebuilt if missing or if torch.txt changed.
 deps: $(STAMP)
+	@WHEELS=$(WHEELS) bash tools/vllm_env/torch_site.sh $(VENV)
 
 # Build the extension in release mode and install it into the venv.
 dev: deps
