@@ -186,6 +186,7 @@ def test_sliding_window_tables_free_the_null_block_as_the_installed_vllm() -> No
     stock.block_pool.free_blocks(reversed(popped_a))
     ours.block_pool.free_blocks(reversed(popped_b))
     assert ours.block_pool.null_block.ref_cnt == stock.block_pool.null_block.ref_cnt
+    assert ours.block_pool.medium == stock.block_pool.medium == "GPU"
 
 
 def test_block_objects_are_live_and_one_per_block() -> None:

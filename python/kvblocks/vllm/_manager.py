@@ -62,6 +62,7 @@ class BlockPool:
         self.enable_caching: bool = self._pool.enable_caching
         self.hash_block_size: int = self._pool.hash_block_size
         self.enable_kv_cache_events: bool = self._pool.enable_kv_cache_events
+        self.medium: str = self._pool.medium
         self.free_block_queue = _FreeQueueView(manager, self._pool)
         #: vLLM's `KVCacheMetricsCollector`, if the manager was given one (`_metrics.py`).
         self.metrics_collector: Any = None
