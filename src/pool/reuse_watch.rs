@@ -106,16 +106,17 @@ mod tests {
     fn a_reset_reports_every_watched_block_in_first_watched_order() {
         let mut p = BlockPool::new(6, true, 16, true).unwrap();
         p.get_new_blocks(5).unwrap();
-        p.release_watched(&[4]).unwrap();
-        p.release_watched(&[3, 1]).unwrap();
-        // Held again and released again: block 4 keeps its place among the watched.
-        p.touch(&[4]).unwrap();
-        p.release_watched(&[4]).unwrap();
-        assert_eq!(queue(&p), vec![3, 1, 4]);
+        p.release_watched(&[3]).unwrap();
+        p.release_watched(&[1, 4]).unwrap();
+        // Held again and released again: block 3 keeps its place among the watched
+        // (first, though its id is neither the lowest nor the highest).
+        p.touch(&[3]).unwrap();
+        p.release_watched(&[3]).unwrap();
+        assert_eq!(queue(&p), vec![1, 4, 3]);
         p.free_blocks([2, 5]).unwrap();
         assert!(p.reset_prefix_cache());
-        assert_eq!(p.take_reused_watched(), vec![4, 3, 1]);
-        assert_eq!(queue(&p), vec![2, 5, 3, 1, 4]);
+        assert_eq!(p.take_reused_watched(), vec![3, 1, 4]);
+        assert_eq!(queue(&p), vec![2, 5, 1, 4, 3]);
         // Nothing is watched after the reset.
         p.get_new_blocks(5).unwrap();
         assert!(p.take_reused_watched().is_empty());

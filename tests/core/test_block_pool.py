@@ -513,16 +513,16 @@ def test_unpin_blocks_reports_reuse_in_vllm_order() -> None:
     reused.clear()
     pool = kb.BlockPool(6, enable_kv_cache_events=True)
     pool.get_new_blocks(5)
-    pool.unpin_blocks([4], reused.append)
-    pool.unpin_blocks([3, 1], reused.append)
-    pool.touch([4])
-    pool.unpin_blocks([4], reused.append)
+    pool.unpin_blocks([3], reused.append)
+    pool.unpin_blocks([1, 4], reused.append)
+    pool.touch([3])
+    pool.unpin_blocks([3], reused.append)  # keeps its first place
     pool.free_blocks([2, 5])
     assert pool.reset_prefix_cache()
-    assert reused == [4, 3, 1]
-    assert pool.get_free_block_ids() == [2, 5, 3, 1, 4]
+    assert reused == [3, 1, 4]
+    assert pool.get_free_block_ids() == [2, 5, 1, 4, 3]
     pool.get_new_blocks(5)
-    assert reused == [4, 3, 1]
+    assert reused == [3, 1, 4]
 
 
 def test_unpin_callbacks_may_read_the_pool_and_all_run() -> None:
