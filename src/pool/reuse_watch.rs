@@ -72,7 +72,8 @@ mod tests {
 
     // The expected orders below are vLLM 0.33.0's `BlockPool` on the same calls
     // (`unpin_blocks` with a callback recording the block ids); tests/vllm/
-    // test_vllm_pool_unpin.py replays them on both pools.
+    // test_vllm_block_pool.py compares both pools' `unpin_blocks` on random call
+    // sequences.
 
     #[test]
     fn released_blocks_join_the_tail_and_report_when_handed_out() {

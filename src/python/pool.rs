@@ -224,16 +224,19 @@ impl PyBlockPool {
 
     fn get_new_blocks<'py>(slf: &Bound<'py, Self>, n: usize) -> PyResult<Bound<'py, PyList>> {
         let py = slf.py();
-        let blocks = {
+        let (blocks, watching) = {
             let mut this = slf.borrow_mut();
             let this = &mut *this;
             this.scratch.clear();
             this.owner
                 .borrow(py)?
                 .get_new_blocks_into(n, &mut this.scratch)?;
-            this.id_objects.list(py, &this.scratch)?
+            (
+                this.id_objects.list(py, &this.scratch)?,
+                !this.on_reuse.is_empty(),
+            )
         };
-        if !slf.borrow().on_reuse.is_empty() {
+        if watching {
             Self::notify_reuse(slf)?;
         }
         Ok(blocks)
@@ -387,11 +390,12 @@ impl PyBlockPool {
     }
 
     fn reset_prefix_cache(slf: &Bound<'_, Self>) -> PyResult<bool> {
-        let reset = {
+        let (reset, watching) = {
             let mut this = slf.borrow_mut();
-            this.owner.borrow(slf.py())?.reset_prefix_cache()
+            let reset = this.owner.borrow(slf.py())?.reset_prefix_cache();
+            (reset, !this.on_reuse.is_empty())
         };
-        if reset && !slf.borrow().on_reuse.is_empty() {
+        if reset && watching {
             Self::notify_reuse(slf)?;
         }
         Ok(reset)
