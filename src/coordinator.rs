@@ -12,6 +12,7 @@ use crate::attention::{
     SparseCaching,
 };
 use crate::error::{KvError, Result};
+use crate::host_tier::{self, HostTier};
 use crate::partial_hits;
 use crate::pool::BlockPool;
 use crate::types::{BlockHash, BlockId, GroupId};
@@ -38,6 +39,9 @@ struct SpecGroup {
     /// Whether the type's lookup probes hash boundaries inside its blocks.
     fine_grained_lookup: bool,
     use_eagle: bool,
+    /// Whether the groups are host resident: looked up in the host pool, their hit kept
+    /// longer than the reconciled one (vLLM's `retains_longer_hit`).
+    host_resident: bool,
 }
 
 /// A prefix-cache lookup's result.
@@ -87,6 +91,9 @@ pub struct CoordinatorOptions {
     pub num_hash_lookahead_tokens: usize,
     /// Record the pool's calls for a KV cache metrics collector (`pool/metrics.rs`).
     pub record_block_metrics: bool,
+    /// Blocks of HiSparse's host pool, which a host-resident group draws from
+    /// (`hisparse_host_num_blocks`, `host_tier.rs`).
+    pub host_num_blocks: Option<usize>,
 }
 
 /// vLLM 0.33's `KVCacheCoordinator` family.
@@ -120,8 +127,13 @@ pub struct Coordinator {
     /// (`AttentionKind::skips_by_prompt_length`).
     skips_by_prompt_length: bool,
     /// Whether every group counts and allocates by the common rules
-    /// (`AttentionKind::allocates_by_common_rules`): the per-type dispatch is skipped.
+    /// (`AttentionKind::allocates_by_common_rules`) in the device pool: the per-type
+    /// dispatch and the pool selection are skipped.
     common_allocation: bool,
+    /// HiSparse's host pool and its group, if a group is host resident. Only the calls
+    /// that can reach that group's pool look at it: the common allocation path, caching
+    /// and skipped blocks never do (`host_tier.rs`).
+    host: Option<Box<HostTier>>,
 }
 
 impl Coordinator {
@@ -141,6 +153,13 @@ impl Coordinator {
         if opts.record_block_metrics {
             pool.record_block_metrics();
         }
+        let mut host = HostTier::new(
+            &groups,
+            opts.host_num_blocks,
+            opts.enable_caching,
+            hbs,
+            opts.enable_kv_cache_events,
+        )?;
         let drop_eagle = drop_eagle_groups(&groups, opts.use_eagle);
         let mut managers = Vec::with_capacity(groups.len());
         for (i, params) in groups.into_iter().enumerate() {
@@ -151,22 +170,23 @@ impl Coordinator {
                 sbs,
                 opts.max_in_flight_tokens,
                 opts.max_model_len,
-                &mut pool,
+                host_tier::pool_for(&mut pool, &mut host, i),
             )?;
             m.use_eagle_checkpoint = opts.use_eagle;
             managers.push(m);
         }
-        let zeroing = ZeroingLog::new(
-            managers
-                .iter()
-                .map(|m| opts.record_new_block_ids && m.params().kind.zeroes_new_blocks()),
-        );
+        let zeroing = ZeroingLog::new(managers.iter().map(|m| {
+            opts.record_new_block_ids
+                && m.params().kind.zeroes_new_blocks()
+                && !m.params().host_resident
+        }));
         let frees_skipped_blocks = managers
             .iter()
             .any(|m| m.params().kind.frees_skipped_blocks());
-        let common_allocation = managers
-            .iter()
-            .all(|m| m.params().kind.allocates_by_common_rules());
+        let common_allocation = host.is_none()
+            && managers
+                .iter()
+                .all(|m| m.params().kind.allocates_by_common_rules());
         let skips_by_prompt_length = managers
             .iter()
             .any(|m| m.params().kind.skips_by_prompt_length());
@@ -187,6 +207,7 @@ impl Coordinator {
             sparse_caching,
             partial_hits: false,
             shared_prefix_checkpoint: false,
+            host,
         };
         match kind {
             CoordinatorKind::Unitary => me.managers[0].use_eagle = me.drop_eagle[0],
@@ -209,7 +230,7 @@ impl Coordinator {
     /// attention first (stable), and the EAGLE bit of a spec group goes to its managers;
     /// groups that are not prefix cached are left out.
     fn split_spec_groups(&mut self) {
-        let mut groups: Vec<(usize, SpecGroup)> = Vec::new();
+        let mut groups: Vec<((usize, bool), SpecGroup)> = Vec::new();
         for (i, m) in self.managers.iter().enumerate() {
             let p = m.params();
             if !p.caches_prefix() {
@@ -217,18 +238,21 @@ impl Coordinator {
                 continue;
             }
             let use_eagle = self.drop_eagle[i];
-            if let Some((_, g)) = groups.iter_mut().find(|(c, _)| *c == p.spec_class) {
+            // Groups in different pools never share a lookup (vLLM compares the pools).
+            let key = (p.spec_class, p.host_resident);
+            if let Some((_, g)) = groups.iter_mut().find(|(c, _)| *c == key) {
                 g.group_ids.push(i as GroupId);
                 g.use_eagle |= use_eagle;
             } else {
                 groups.push((
-                    p.spec_class,
+                    key,
                     SpecGroup {
                         group_ids: vec![i as GroupId],
                         is_full: p.kind.is_full_attention(),
                         extends_eagle_lookup: p.kind.extends_eagle_lookup(),
                         fine_grained_lookup: partial_hits::supports_fine_grained_lookup(&p.kind),
                         use_eagle,
+                        host_resident: p.host_resident,
                     },
                 ));
             }
@@ -255,6 +279,47 @@ impl Coordinator {
     #[inline]
     pub fn pool(&self) -> &BlockPool {
         &self.pool
+    }
+
+    /// HiSparse's host pool, if a group is host resident (`host_tier.rs`).
+    #[inline]
+    pub fn host_pool(&self) -> Option<&BlockPool> {
+        self.host.as_deref().map(HostTier::pool)
+    }
+
+    /// The host-resident group, if any.
+    #[inline]
+    pub fn host_group(&self) -> Option<usize> {
+        self.host.as_deref().map(HostTier::group)
+    }
+
+    /// The pool group `g` draws from.
+    #[inline]
+    pub fn pool_of_group(&self, g: usize) -> &BlockPool {
+        match &self.host {
+            Some(h) if h.group() == g => h.pool(),
+            _ => &self.pool,
+        }
+    }
+
+    /// Clears the prefix cache of every pool if no request holds a block of it (vLLM
+    /// resets each group's pool once, in group order, all of them even if one refuses);
+    /// returns whether all did.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        let Some(host) = self.host.as_deref_mut() else {
+            return self.pool.reset_prefix_cache();
+        };
+        let reset_host = |host: &mut HostTier, device: &mut BlockPool| {
+            let done = host.pool_mut().reset_prefix_cache();
+            host.forward_events(device);
+            done
+        };
+        match (host.group(), self.managers.len()) {
+            // Only the host group: the device pool is no group's pool.
+            (_, 1) => reset_host(host, &mut self.pool),
+            (0, _) => reset_host(host, &mut self.pool) & self.pool.reset_prefix_cache(),
+            _ => self.pool.reset_prefix_cache() & reset_host(host, &mut self.pool),
+        }
     }
 
     /// The shared block pool, mutably (evictions, reset, events).
@@ -385,6 +450,15 @@ impl Coordinator {
         (limit + margin).min(num_hashes * self.hash_block_size)
     }
 
+    /// The pool a spec group's lookup reads.
+    #[inline]
+    fn lookup_pool(&self, sg: &SpecGroup) -> &BlockPool {
+        match &self.host {
+            Some(h) if sg.host_resident => h.pool(),
+            _ => &self.pool,
+        }
+    }
+
     /// The longest prefix hit of `hashes` no longer than `max_length` tokens: one block
     /// list per group and the hit length. Reads only; no ref count changes.
     pub fn find_longest_cache_hit(
@@ -457,7 +531,7 @@ impl Coordinator {
                 alignment: self.hit_alignment(),
             };
             let mut out = vec![Vec::new(); sg.group_ids.len()];
-            let found = m.find_longest_cache_hit(&query, &self.pool, &mut out)?;
+            let found = m.find_longest_cache_hit(&query, self.lookup_pool(sg), &mut out)?;
             for (&gid, list) in sg.group_ids.iter().zip(out) {
                 blocks[gid as usize] = list;
                 lengths[gid as usize] = found;
@@ -530,7 +604,7 @@ impl Coordinator {
                     alignment: self.hit_alignment(),
                 };
                 let mut out = vec![Vec::new(); sg.group_ids.len()];
-                let found = m.find_longest_cache_hit(&query, &self.pool, &mut out)?;
+                let found = m.find_longest_cache_hit(&query, self.lookup_pool(sg), &mut out)?;
                 if drop {
                     verified[idx] = true;
                 } else if found < curr {
@@ -551,7 +625,11 @@ impl Coordinator {
                 break;
             }
         }
-        for sg in self.spec_groups.iter().filter(|g| g.is_full) {
+        for sg in self
+            .spec_groups
+            .iter()
+            .filter(|g| g.is_full && !g.host_resident)
+        {
             for &gid in &sg.group_ids {
                 let keep = cdiv(hit_length, self.managers[gid as usize].block_size());
                 if let Some(list) = &mut blocks[gid as usize] {
@@ -570,7 +648,8 @@ impl Coordinator {
     /// align-mode Mamba can count negatively). `hits` is `None` for no prefix hit (vLLM's
     /// empty sentinel); of the `total_computed_tokens`, `num_local_computed_tokens` are
     /// the prefix hit's; `prefill_end` is where the request's prefill ends (0 if not
-    /// known; read under retention 0 only, [`Self::prefill_end`]).
+    /// known; read under retention 0 only, [`Self::prefill_end`]). The host-resident
+    /// group counts its hit up to the `hit_tokens` reused ([`host_tier::retained`]).
     #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
         &self,
@@ -578,6 +657,7 @@ impl Coordinator {
         num_tokens: usize,
         num_tokens_main_model: usize,
         hits: Option<&[Vec<BlockId>]>,
+        hit_tokens: usize,
         num_encoder_tokens: usize,
         total_computed_tokens: usize,
         num_local_computed_tokens: usize,
@@ -622,7 +702,12 @@ impl Coordinator {
                         num_local_computed_tokens,
                     )
                 };
-                m.get_num_blocks_to_allocate(
+                let on_host = self.host.as_deref().filter(|host| host.group() == i);
+                let h = match on_host {
+                    Some(_) => host_tier::retained(h, m.block_size(), hit_tokens),
+                    None => h,
+                };
+                let count = m.get_num_blocks_to_allocate(
                     rb,
                     n,
                     main,
@@ -631,18 +716,21 @@ impl Coordinator {
                     total,
                     local,
                     apply_admission_cap,
-                    &self.pool,
-                )
+                    on_host.map_or(&self.pool, HostTier::pool),
+                );
+                on_host.map_or(count, |host| host.admission(count, &self.pool))
             })
             .sum()
     }
 
     /// Adds a new request's hits to its tables (all groups touch first), then allocates
-    /// blocks for external tokens. A no-op for a request some group already knows.
+    /// blocks for external tokens. A no-op for a request some group already knows. The
+    /// host-resident group adopts its hit up to the `hit_tokens` reused.
     pub fn allocate_new_computed_blocks(
         &mut self,
         rbs: &mut [RequestBlocks],
         hits: Option<&[Vec<BlockId>]>,
+        hit_tokens: usize,
         num_local_computed: usize,
         num_external_computed: usize,
         skip_zeroing_groups: &[usize],
@@ -651,24 +739,28 @@ impl Coordinator {
             return Ok(());
         }
         for (i, (m, rb)) in self.managers.iter().zip(rbs.iter_mut()).enumerate() {
-            let h = hits.map_or(&[][..], |h| &h[i][..]);
-            m.add_local_computed_blocks(
-                rb,
-                h,
-                num_local_computed,
-                num_external_computed,
-                &mut self.pool,
-            )?;
+            let mut h = hits.map_or(&[][..], |h| &h[i][..]);
+            if self.host_group() == Some(i) {
+                h = host_tier::retained(h, m.block_size(), hit_tokens);
+            }
+            let pool = host_tier::pool_for(&mut self.pool, &mut self.host, i);
+            let done =
+                m.add_local_computed_blocks(rb, h, num_local_computed, num_external_computed, pool);
+            host_tier::after_call(&mut self.pool, &mut self.host, i);
+            done?;
         }
         if num_external_computed > 0 {
             for (g, (m, rb)) in self.managers.iter().zip(rbs.iter_mut()).enumerate() {
                 let start = rb.table.len();
-                m.allocate_external_computed_blocks(
+                let pool = host_tier::pool_for(&mut self.pool, &mut self.host, g);
+                let done = m.allocate_external_computed_blocks(
                     rb,
                     num_local_computed,
                     num_external_computed,
-                    &mut self.pool,
-                )?;
+                    pool,
+                );
+                host_tier::after_call(&mut self.pool, &mut self.host, g);
+                done?;
                 if !skip_zeroing_groups.contains(&g) {
                     self.zeroing.record(g, &rb.table[start..]);
                 }
@@ -737,15 +829,18 @@ impl Coordinator {
                 } else {
                     num_tokens
                 };
-                m.allocate_new_blocks(
+                let pool = host_tier::pool_for(&mut self.pool, &mut self.host, g);
+                let done = m.allocate_new_blocks(
                     rb,
                     request.request_id(),
                     n,
                     total_computed_tokens,
                     num_tokens_main_model,
                     prefill_end,
-                    &mut self.pool,
-                )?
+                    pool,
+                );
+                host_tier::after_call(&mut self.pool, &mut self.host, g);
+                done?
             };
             if let Some(c) = copy {
                 self.zeroing.record(g, &[c]);
@@ -832,7 +927,7 @@ impl Coordinator {
         for (i, rb) in rbs.iter_mut().enumerate() {
             let n = self.num_cacheable_tokens(num_tokens, i);
             let m = &mut self.managers[i];
-            if m.enable_caching() {
+            if m.caches_when_computed() {
                 m.cache_blocks(
                     rb,
                     request,
@@ -844,6 +939,37 @@ impl Coordinator {
             }
         }
         Ok(())
+    }
+
+    /// Caches the host-resident group's blocks of `request` up to `num_tokens` in the host
+    /// pool (vLLM's `HiSparseSourceManager.publish_blocks`: HiSparse publishes them once the
+    /// host holds them). A no-op without a host-resident group or with caching off.
+    pub fn publish_host_blocks<R: RequestView>(
+        &mut self,
+        rbs: &mut [RequestBlocks],
+        request: &R,
+        num_tokens: usize,
+    ) -> Result<()> {
+        let Some(g) = self.host_group() else {
+            return Ok(());
+        };
+        if !self.managers[g].enable_caching() {
+            return Ok(());
+        }
+        let mut boundaries = [0usize; 2];
+        let nb = self.replay_boundaries(request.num_prompt_tokens(), &mut boundaries);
+        let n = self.num_cacheable_tokens(num_tokens, g);
+        let pool = host_tier::pool_for(&mut self.pool, &mut self.host, g);
+        let done = self.managers[g].cache_blocks(
+            &mut rbs[g],
+            request,
+            n,
+            self.sparse_caching,
+            &boundaries[..nb],
+            pool,
+        );
+        host_tier::after_call(&mut self.pool, &mut self.host, g);
+        done
     }
 
     /// vLLM's `replay_boundaries`: where a later request replaying this prompt can
@@ -892,8 +1018,11 @@ impl Coordinator {
 
     /// Frees the request in every group (each table tail first), in group order.
     pub fn free(&mut self, rbs: &mut [RequestBlocks]) -> Result<()> {
-        for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
-            m.free(rb, &mut self.pool)?;
+        for (g, (m, rb)) in self.managers.iter().zip(rbs.iter_mut()).enumerate() {
+            let pool = host_tier::pool_for(&mut self.pool, &mut self.host, g);
+            let done = m.free(rb, pool);
+            host_tier::after_call(&mut self.pool, &mut self.host, g);
+            done?;
         }
         Ok(())
     }
@@ -902,8 +1031,8 @@ impl Coordinator {
     /// each in allocation order) without freeing them.
     pub fn pop_blocks_for_free(&mut self, rbs: &mut [RequestBlocks]) -> Vec<BlockId> {
         let mut out = Vec::new();
-        for (m, rb) in self.managers.iter().zip(rbs.iter_mut()) {
-            m.pop_blocks_for_free(rb, &self.pool, &mut out);
+        for (g, (m, rb)) in self.managers.iter().zip(rbs.iter_mut()).enumerate() {
+            m.pop_blocks_for_free(rb, self.pool_of_group(g), &mut out);
         }
         out
     }

@@ -81,6 +81,9 @@ pub struct ManagerOptions {
     pub context_parallel: ContextParallel,
     /// Record the pool's calls for a KV cache metrics collector (`pool/metrics.rs`).
     pub record_block_metrics: bool,
+    /// Blocks of HiSparse's host pool (`hisparse_host_num_blocks`), which a
+    /// host-resident group draws from.
+    pub host_num_blocks: Option<usize>,
 }
 
 impl ManagerOptions {
@@ -103,6 +106,7 @@ impl ManagerOptions {
             num_hash_lookahead_tokens: 0,
             context_parallel: ContextParallel::NONE,
             record_block_metrics: false,
+            host_num_blocks: None,
         }
     }
 }
@@ -250,6 +254,7 @@ impl KvCacheManager {
                 num_prefill_lookahead: opts.num_prefill_lookahead,
                 num_hash_lookahead_tokens: opts.num_hash_lookahead_tokens,
                 record_block_metrics: opts.record_block_metrics,
+                host_num_blocks: opts.host_num_blocks,
             },
         )?;
         Ok(Self {
@@ -406,6 +411,8 @@ impl KvCacheManager {
         let slot = self.slots.find(request);
         let local = request.num_computed_tokens() + args.num_new_computed_tokens;
         let hits = self.validate_allocate(slot, local, args)?;
+        // The tokens a hit reuses: the host-resident group adopts its hit up to them.
+        let hit_tokens = args.num_new_computed_tokens + args.num_external_computed_tokens;
         let g = self.num_groups();
         let total = (local + args.num_external_computed_tokens).min(self.max_model_len);
         let watermark = admission::blocks_kept_free(
@@ -422,6 +429,7 @@ impl KvCacheManager {
                 full,
                 full,
                 hits,
+                hit_tokens,
                 args.num_encoder_tokens,
                 total,
                 local,
@@ -444,6 +452,7 @@ impl KvCacheManager {
             need_slots,
             main,
             hits,
+            hit_tokens,
             args.num_encoder_tokens,
             local + args.num_external_computed_tokens,
             local,
@@ -468,6 +477,7 @@ impl KvCacheManager {
             self.coord.allocate_new_computed_blocks(
                 rbs,
                 hits,
+                hit_tokens,
                 local,
                 args.num_external_computed_tokens,
                 args.skip_zeroing_groups,
@@ -553,12 +563,14 @@ impl KvCacheManager {
                 "computed blocks must be empty when prefix caching is disabled".into(),
             ));
         }
-        let n = self.coord.pool().num_blocks();
-        if let Some(&b) = hits.iter().flatten().find(|&&b| b as usize >= n) {
-            return Err(KvError::BlockOutOfRange {
-                block_id: b.into(),
-                num_blocks: n,
-            });
+        for (g, h) in hits.iter().enumerate() {
+            let n = self.coord.pool_of_group(g).num_blocks();
+            if let Some(&b) = h.iter().find(|&&b| b as usize >= n) {
+                return Err(KvError::BlockOutOfRange {
+                    block_id: b.into(),
+                    num_blocks: n,
+                });
+            }
         }
         let partial_hits = self.coord.partial_hits_enabled();
         for (m, h) in self.coord.managers().iter().zip(hits) {
@@ -837,7 +849,7 @@ impl KvCacheManager {
 
     /// Clears the prefix cache if no request holds a block.
     pub fn reset_prefix_cache(&mut self) -> bool {
-        let ok = self.coord.pool_mut().reset_prefix_cache();
+        let ok = self.coord.reset_prefix_cache();
         if ok && self.log_stats {
             self.stats.reset = true;
         }
@@ -907,6 +919,8 @@ impl KvCacheManager {
             num_tokens,
             num_tokens_main_model,
             hits,
+            // vLLM's coordinator counts the hit as given (its caller already cut it).
+            usize::MAX,
             num_encoder_tokens,
             total_computed_tokens,
             num_local_computed_tokens,

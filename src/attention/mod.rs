@@ -56,6 +56,10 @@ pub struct SingleTypeManager {
     params: ManagerParams,
     group: GroupId,
     enable_caching: bool,
+    /// Whether `cache_blocks` caches the blocks as they are computed: a caching group
+    /// that is not host resident (HiSparse publishes the host-resident group's blocks
+    /// only once the host holds them, `host_tier.rs`).
+    caches_when_computed: bool,
     /// `max_admission_blocks_per_request` (SWA and chunked local only).
     max_admission_blocks: Option<usize>,
     /// Whether hits of this group drop the EAGLE block (set by the coordinator).
@@ -104,8 +108,10 @@ impl SingleTypeManager {
             0 => Vec::new(),
             n => pool.get_new_blocks(n)?,
         };
+        let enable_caching = enable_caching && params.caches_prefix();
         Ok(Self {
-            enable_caching: enable_caching && params.caches_prefix(),
+            enable_caching,
+            caches_when_computed: enable_caching && !params.host_resident,
             params,
             group,
             max_admission_blocks,
@@ -142,6 +148,13 @@ impl SingleTypeManager {
     #[inline]
     pub fn enable_caching(&self) -> bool {
         self.enable_caching
+    }
+
+    /// Whether the coordinator's `cache_blocks` caches this group's computed blocks (not
+    /// the host-resident group's: they are published once the host holds them).
+    #[inline]
+    pub fn caches_when_computed(&self) -> bool {
+        self.caches_when_computed
     }
 
     /// The sink blocks popped at construction (sink groups only). They are never freed

@@ -30,6 +30,10 @@ pub struct ManagerParams {
     /// Whether the spec takes part in prefix caching (vLLM's `prefix_cacheable`: false
     /// for a sliding-window MLA with bounded replay; see also [`Self::caches_prefix`]).
     pub prefix_cacheable: bool,
+    /// Whether the group draws from HiSparse's host pool rather than the device pool
+    /// (vLLM's `hisparse_source` role, whose manager binds the host pool:
+    /// `host_tier.rs`).
+    pub host_resident: bool,
 }
 
 impl ManagerParams {
@@ -47,6 +51,7 @@ impl ManagerParams {
             dcp_sharded: kind_is_attention,
             context_parallel: ContextParallel::NONE,
             prefix_cacheable: true,
+            host_resident: false,
         }
     }
 
@@ -91,6 +96,7 @@ impl ManagerParams {
                     dcp_sharded: spec.dcp_sharded(),
                     context_parallel: ContextParallel::NONE,
                     prefix_cacheable: spec.prefix_cacheable(),
+                    host_resident: false,
                 })
             })
             .collect()

@@ -5,8 +5,10 @@ use crate::types::KeyValue;
 
 /// The medium every event of a GPU block pool reports.
 pub const MEDIUM_GPU: &str = "GPU";
+/// The medium of a host pool's events.
+pub const MEDIUM_CPU: &str = "CPU";
 /// The media an event may name (vLLM's `MEDIUM_GPU`, `MEDIUM_CPU`, `MEDIUM_STORAGE`).
-pub const MEDIA: [&str; 3] = [MEDIUM_GPU, "CPU", "STORAGE"];
+pub const MEDIA: [&str; 3] = [MEDIUM_GPU, MEDIUM_CPU, "STORAGE"];
 
 /// One block's extra keys in the untagged event form, or `None` when it has none.
 pub type EventExtraKeys = Option<Vec<KeyValue>>;

@@ -389,6 +389,7 @@ impl PyKVCacheManager {
             num_hash_lookahead_tokens: num_hash_lookahead_tokens.0,
             context_parallel: ContextParallel::new(dcp_world_size.0, pcp_world_size.0)?,
             record_block_metrics,
+            host_num_blocks: cfg.hisparse_host_num_blocks,
         };
         let retention_interval = cfg.prefix_cache_retention_interval.map(|n| n as usize);
         let mut inner = KvCacheManager::new(groups, cfg.num_blocks, retention_interval, opts)?;
