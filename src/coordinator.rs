@@ -302,6 +302,20 @@ impl Coordinator {
         }
     }
 
+    /// Drops the host pool's cache entries of `blocks` (vLLM's `evict_blocks` on the
+    /// source manager's pool); the events join the device pool's queue. `Unsupported`
+    /// without a host pool.
+    pub fn evict_host_blocks(&mut self, blocks: &[BlockId]) -> Result<()> {
+        let Some(host) = self.host.as_deref_mut() else {
+            return Err(KvError::Unsupported(
+                "no HiSparse host pool: no group is host resident".into(),
+            ));
+        };
+        let done = host.pool_mut().evict_blocks(blocks);
+        host.forward_events(&mut self.pool);
+        done
+    }
+
     /// Clears the prefix cache of every pool if no request holds a block of it (vLLM
     /// resets each group's pool once, in group order, all of them even if one refuses);
     /// returns whether all did.

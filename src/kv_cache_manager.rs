@@ -847,6 +847,34 @@ impl KvCacheManager {
         self.coord.pool_mut().evict_blocks(blocks)
     }
 
+    /// HiSparse's host pool (vLLM's source manager's `block_pool` once bound), if a
+    /// group is host resident.
+    pub fn host_pool(&self) -> Option<&BlockPool> {
+        self.coord.host_pool()
+    }
+
+    /// Drops the host pool's cache entries of the given blocks; their events join the
+    /// queue now. `Unsupported` without a host pool.
+    pub fn evict_host_blocks(&mut self, blocks: &[BlockId]) -> Result<()> {
+        self.coord.evict_host_blocks(blocks)
+    }
+
+    /// Caches the host-resident group's blocks of `request` up to `num_tokens` in the host
+    /// pool (vLLM's `HiSparseSourceManager.publish_blocks`). A no-op without a
+    /// host-resident group or with caching off; `UnknownRequest` for a request the manager
+    /// holds no blocks for.
+    pub fn publish_host_blocks<R: RequestView>(
+        &mut self,
+        request: &R,
+        num_tokens: usize,
+    ) -> Result<()> {
+        let Some(s) = self.slots.get(request.request_id()) else {
+            return Err(KvError::UnknownRequest(request.request_id().to_owned()));
+        };
+        self.coord
+            .publish_host_blocks(self.slots.tables_mut(s), request, num_tokens)
+    }
+
     /// Clears the prefix cache if no request holds a block.
     pub fn reset_prefix_cache(&mut self) -> bool {
         let ok = self.coord.reset_prefix_cache();
@@ -1002,6 +1030,8 @@ impl KvCacheManager {
     }
 }
 
+#[cfg(test)]
+mod host_tier_tests;
 #[cfg(test)]
 mod lookahead_tests;
 mod lookup;

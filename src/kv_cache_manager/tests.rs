@@ -227,9 +227,18 @@ fn sliding_window_end_to_end() {
     let (hits, hit) = m.get_computed_blocks(&b).unwrap();
     assert_eq!((hits[0].clone(), hit), (vec![0, 0, 0, 4, 5], 20));
     let rbs = m.slots.tables_or_empty(None);
-    let need =
-        m.coordinator()
-            .get_num_blocks_to_allocate(rbs, 23, 23, Some(&hits), 0, 20, 20, false, 0);
+    let need = m.coordinator().get_num_blocks_to_allocate(
+        rbs,
+        23,
+        23,
+        Some(&hits),
+        20,
+        0,
+        20,
+        20,
+        false,
+        0,
+    );
     assert_eq!(need, 3, "1 new + 2 evictable hits");
     admit(&mut m, &mut b);
     assert_eq!(m.get_block_ids("b"), vec![vec![0, 0, 0, 4, 5, 6]]);

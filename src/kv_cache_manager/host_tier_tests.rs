@@ -1,0 +1,187 @@
+//! HiSparse's host tier through the facade, each step checked against vLLM 0.33.0: a
+//! `KVCacheManager` with a source group (role `hisparse_source`, host resident) and an
+//! indexer group, its `HiSparseCoordinator` bound, driven by the same calls (the source's
+//! blocks published with `HiSparseSourceManager.publish_blocks`, as HiSparse does once the
+//! host holds them). vLLM's sentinel reads `coordinator.gpu_pool`, set there to the device
+//! pool as resident groups would.
+
+use super::tests::TestReq;
+use super::*;
+use crate::attention::{AttentionKind as K, ManagerParams};
+use crate::events::event::KvCacheEvent;
+
+/// Source (group 0, host resident) and indexer (group 1): equal full-attention specs.
+fn hisparse(num_blocks: usize, host_num_blocks: Option<usize>) -> Result<KvCacheManager> {
+    let mut source = ManagerParams::new(K::FullAttention, 16, 0);
+    source.host_resident = true;
+    let indexer = ManagerParams::new(K::FullAttention, 16, 0);
+    let opts = ManagerOptions {
+        enable_kv_cache_events: true,
+        host_num_blocks,
+        ..ManagerOptions::new(128, 16)
+    };
+    KvCacheManager::new(vec![source, indexer], num_blocks, None, opts)
+}
+
+fn req(id: &str, start: u32, n: usize) -> TestReq {
+    TestReq::new(id, (start..start + n as u32).collect(), 16)
+}
+
+/// `(kind, group, medium, hashes)` of each event: `S`tored, `R`emoved, `C`leared.
+fn events(m: &mut KvCacheManager) -> Vec<(char, u32, &'static str, usize)> {
+    m.take_events()
+        .into_iter()
+        .map(|e| match e {
+            KvCacheEvent::BlockStored(s) => ('S', s.group_idx, s.medium, s.block_hashes.len()),
+            KvCacheEvent::BlockRemoved(r) => ('R', r.group_idx, r.medium, r.block_hashes.len()),
+            KvCacheEvent::AllBlocksCleared => ('C', 0, "", 0),
+        })
+        .collect()
+}
+
+/// The host and device free queues.
+fn queues(m: &KvCacheManager) -> (Vec<BlockId>, Vec<BlockId>) {
+    let host = m.host_pool().unwrap().free_block_ids().collect();
+    (host, m.pool().free_block_ids().collect())
+}
+
+fn allocate(m: &mut KvCacheManager, r: &mut TestReq, n: usize) -> Option<Vec<Vec<BlockId>>> {
+    let new = m.allocate_slots(r, &AllocateArgs::new(n)).unwrap();
+    if new.is_some() {
+        r.computed += n;
+    }
+    new
+}
+
+#[test]
+fn host_pool_allocation_events_hits_frees_and_reset() {
+    let mut m = hisparse(12, Some(8)).unwrap();
+    let mut a = req("a", 0, 40);
+    assert_eq!(
+        allocate(&mut m, &mut a, 40),
+        Some(vec![vec![1, 2, 3], vec![1, 2, 3]])
+    );
+    // The source caches nothing on its own; publishing stores its blocks as CPU.
+    assert_eq!(events(&mut m), vec![('S', 1, "GPU", 2)]);
+    m.publish_host_blocks(&a, 40).unwrap();
+    assert_eq!(events(&mut m), vec![('S', 0, "CPU", 2)]);
+    assert_eq!(m.host_pool().unwrap().num_free_blocks(), 4);
+    assert_eq!(m.pool().num_free_blocks(), 8);
+
+    // 6 host blocks do not fit in 4, though the device has 8 free: the sentinel.
+    let mut b = req("b", 1000, 90);
+    assert_eq!(allocate(&mut m, &mut b, 90), None);
+
+    m.free("a").unwrap();
+    assert_eq!(
+        queues(&m),
+        (
+            vec![3, 4, 5, 6, 7, 2, 1],
+            vec![3, 4, 5, 6, 7, 8, 9, 10, 11, 2, 1]
+        )
+    );
+
+    // The source's hit is looked up in the host pool, and kept longer than the
+    // reconciled one; the request adopts it only up to the tokens it reuses.
+    let c = req("c", 0, 40);
+    assert_eq!(
+        m.get_computed_blocks(&c).unwrap(),
+        (vec![vec![1, 2], vec![1, 2]], 32)
+    );
+    m.evict_blocks(&[1]).unwrap();
+    assert_eq!(events(&mut m), vec![('R', 1, "GPU", 1)]);
+    let (hits, hit) = m.get_computed_blocks(&c).unwrap();
+    assert_eq!((&hits, hit), (&vec![vec![1, 2], vec![]], 0));
+    let mut c = c;
+    let mut args = AllocateArgs::new(40);
+    args.new_computed_blocks = Some(&hits);
+    let new = m.allocate_slots(&c, &args).unwrap();
+    c.computed = 40;
+    assert_eq!(new, Some(vec![vec![3, 4, 5], vec![3, 4, 5]]));
+    assert_eq!(m.get_block_ids("c"), vec![vec![3, 4, 5], vec![3, 4, 5]]);
+    assert_eq!(events(&mut m), vec![('S', 1, "GPU", 2)]);
+    assert_eq!(
+        queues(&m),
+        (vec![6, 7, 2, 1], vec![6, 7, 8, 9, 10, 11, 2, 1])
+    );
+
+    // Host evictions report CPU, in call order among the device's events.
+    let mut d = req("d", 5000, 60);
+    assert_eq!(
+        allocate(&mut m, &mut d, 60),
+        Some(vec![vec![6, 7, 2, 1], vec![6, 7, 8, 9]])
+    );
+    m.publish_host_blocks(&d, 60).unwrap();
+    assert_eq!(
+        events(&mut m),
+        vec![
+            ('R', 0, "CPU", 1),
+            ('R', 0, "CPU", 1),
+            ('S', 1, "GPU", 3),
+            ('S', 0, "CPU", 3)
+        ]
+    );
+    assert_eq!(queues(&m), (vec![], vec![10, 11, 2, 1]));
+    m.free("c").unwrap();
+    m.free("d").unwrap();
+    assert_eq!(
+        queues(&m),
+        (
+            vec![1, 5, 4, 3, 2, 7, 6],
+            vec![9, 5, 10, 11, 2, 1, 4, 3, 8, 7, 6]
+        )
+    );
+    let mut e = req("e", 7000, 50);
+    assert_eq!(
+        allocate(&mut m, &mut e, 50),
+        Some(vec![vec![1, 5, 4, 3], vec![9, 5, 10, 11]])
+    );
+    assert_eq!(events(&mut m), vec![('S', 1, "GPU", 3)]);
+    m.free("e").unwrap();
+
+    // A reset clears both pools, each once, and keeps both queues' order.
+    assert!(m.reset_prefix_cache());
+    assert_eq!(events(&mut m), vec![('C', 0, "", 0), ('C', 0, "", 0)]);
+    assert_eq!(
+        queues(&m),
+        (
+            vec![3, 4, 5, 1, 2, 7, 6],
+            vec![11, 2, 1, 4, 3, 8, 7, 6, 10, 5, 9]
+        )
+    );
+    assert!(m.get_computed_blocks(&req("c2", 0, 40)).unwrap().1 == 0);
+}
+
+#[test]
+fn host_tier_refusals() {
+    // vLLM: "HiSparse host group needs host capacity."
+    let err = hisparse(12, None).unwrap_err();
+    assert!(matches!(err, KvError::InvalidArgument(_)), "{err}");
+    let mut twice = ManagerParams::new(K::FullAttention, 16, 0);
+    twice.host_resident = true;
+    let opts = ManagerOptions {
+        host_num_blocks: Some(8),
+        ..ManagerOptions::new(128, 16)
+    };
+    let err = KvCacheManager::new(vec![twice.clone(), twice], 12, None, opts).unwrap_err();
+    assert!(err.to_string().contains("only one"), "{err}");
+    // Without a host tier there is no host pool to publish to or evict from.
+    let mut m = KvCacheManager::new(
+        vec![ManagerParams::new(K::FullAttention, 16, 0)],
+        12,
+        None,
+        ManagerOptions::new(128, 16),
+    )
+    .unwrap();
+    assert!(m.host_pool().is_none());
+    assert!(matches!(
+        m.evict_host_blocks(&[1]),
+        Err(KvError::Unsupported(_))
+    ));
+    // An unknown request has nothing to publish.
+    let mut h = hisparse(12, Some(8)).unwrap();
+    assert!(matches!(
+        h.publish_host_blocks(&req("x", 0, 16), 16),
+        Err(KvError::UnknownRequest(_))
+    ));
+}
