@@ -49,6 +49,15 @@ impl HostTier {
                 "only one HiSparse host-resident group is supported".into(),
             ));
         }
+        // vLLM's source manager is a full-attention manager: it never frees skipped
+        // blocks, which lets the coordinator leave that call on the device pool.
+        if params.kind.frees_skipped_blocks() {
+            return Err(KvError::InvalidArgument(format!(
+                "host-resident group {group} must be full attention (HiSparse's source \
+                 manager), not {:?}",
+                params.kind
+            )));
+        }
         let num_blocks = num_blocks.ok_or_else(|| {
             KvError::InvalidArgument(format!(
                 "group {group} is host resident but the config has no \

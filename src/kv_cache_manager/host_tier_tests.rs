@@ -185,3 +185,22 @@ fn host_tier_refusals() {
         Err(KvError::UnknownRequest(_))
     ));
 }
+
+#[test]
+fn host_resident_group_must_be_full_attention() {
+    let mut swa = ManagerParams::new(
+        K::SlidingWindow {
+            sliding_window: 32,
+            extra_retained_tokens: 0,
+        },
+        16,
+        0,
+    );
+    swa.host_resident = true;
+    let opts = ManagerOptions {
+        host_num_blocks: Some(8),
+        ..ManagerOptions::new(128, 16)
+    };
+    let err = KvCacheManager::new(vec![swa], 12, None, opts).unwrap_err();
+    assert!(err.to_string().contains("must be full attention"), "{err}");
+}
