@@ -15,7 +15,7 @@
 //! Only a coordinator with a host-resident group has a host tier; every other
 //! coordinator's calls never reach this file.
 
-use crate::attention::ManagerParams;
+use crate::attention::{AttentionKind, ManagerParams};
 use crate::error::{KvError, Result};
 use crate::events::event::MEDIUM_CPU;
 use crate::pool::BlockPool;
@@ -30,9 +30,10 @@ pub(crate) struct HostTier {
 
 impl HostTier {
     /// The host tier of `groups`, if one of them is host resident: its pool has
-    /// `num_blocks` blocks (`hisparse_host_num_blocks`). More than one host-resident group,
-    /// or one without a host capacity, is refused (`InvalidArgument`, as vLLM's
-    /// `ValueError`).
+    /// `num_blocks` blocks (`hisparse_host_num_blocks`). Refused with `InvalidArgument`
+    /// (vLLM's `HiSparseCoordinator` raises or asserts): more than one host-resident
+    /// group, one without a host capacity, HiSparse resident or hot groups without one,
+    /// resident groups before it, and resident block sizes other than its own.
     pub(crate) fn new(
         groups: &[ManagerParams],
         num_blocks: Option<usize>,
@@ -41,9 +42,30 @@ impl HostTier {
         enable_kv_cache_events: bool,
     ) -> Result<Option<Box<Self>>> {
         let mut host = groups.iter().enumerate().filter(|(_, p)| p.host_resident);
+        let resident = || {
+            groups
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.kind == AttentionKind::HiSparseResident)
+        };
         let Some((group, params)) = host.next() else {
+            if groups.iter().any(|p| p.kind.is_hisparse_device_kind()) {
+                return Err(KvError::InvalidArgument(
+                    "HiSparse resident and hot groups need a hisparse_source group".into(),
+                ));
+            }
             return Ok(None);
         };
+        if resident().any(|(g, _)| g < group) {
+            return Err(KvError::InvalidArgument(
+                "the HiSparse host group must precede the resident groups".into(),
+            ));
+        }
+        if resident().any(|(_, p)| p.block_size != params.block_size) {
+            return Err(KvError::InvalidArgument(
+                "the HiSparse host and resident groups must use one block size".into(),
+            ));
+        }
         if host.next().is_some() {
             return Err(KvError::InvalidArgument(
                 "only one HiSparse host-resident group is supported".into(),

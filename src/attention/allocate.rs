@@ -36,6 +36,9 @@ impl SingleTypeManager {
         if let Some(n) = self.params.kind.own_num_blocks_to_allocate(
             self,
             rb,
+            num_tokens,
+            num_local_computed,
+            apply_admission_cap,
             total_computed_tokens,
             num_tokens_main_model,
             prefill_end,
@@ -122,6 +125,14 @@ impl SingleTypeManager {
             return Ok(());
         }
         debug_assert!(rb.table.is_empty());
+        let bs = self.block_size();
+        if self
+            .params
+            .kind
+            .own_local_computed(rb, bs, num_local_computed)
+        {
+            return Ok(());
+        }
         let skipped =
             self.num_skipped_tokens(num_local_computed + num_external_computed) / self.block_size();
         let kept = &hits[skipped.min(hits.len())..];
@@ -148,10 +159,14 @@ impl SingleTypeManager {
         if self.params.kind.counts_encoder_tokens() {
             return Ok(());
         }
-        if let Some(done) = self.params.kind.own_external_blocks(rb, pool) {
+        let total = num_local_computed + num_external_computed;
+        if let Some(done) = self
+            .params
+            .kind
+            .own_external_blocks(rb, self.block_size(), total, pool)
+        {
             return done;
         }
-        let total = num_local_computed + num_external_computed;
         let skipped = self.num_skipped_tokens(total);
         let external = if skipped > 0 {
             num_external_computed.min(total - skipped)

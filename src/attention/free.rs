@@ -1,7 +1,7 @@
 //! Freeing in one group: a finished request's table (tail first), and the blocks that
 //! fell out of the attention window (replaced with nulls).
 
-use super::{RequestBlocks, SingleTypeManager};
+use super::{hisparse_resident, RequestBlocks, SingleTypeManager};
 use crate::error::Result;
 use crate::pool::BlockPool;
 use crate::types::{BlockId, NULL_BLOCK_ID};
@@ -24,6 +24,7 @@ fn held_blocks<'a>(rb: &'a RequestBlocks, pool: &BlockPool) -> &'a [BlockId] {
 impl SingleTypeManager {
     /// Frees the request's table, tail first: its held blocks (`held_blocks`).
     pub fn free(&self, rb: &mut RequestBlocks, pool: &mut BlockPool) -> Result<()> {
+        hisparse_resident::settle(rb);
         pool.free_blocks(held_blocks(rb, pool).iter().rev().copied())?;
         rb.clear();
         Ok(())
@@ -38,6 +39,7 @@ impl SingleTypeManager {
         pool: &BlockPool,
         out: &mut Vec<BlockId>,
     ) {
+        hisparse_resident::settle(rb);
         out.extend_from_slice(held_blocks(rb, pool));
         rb.clear();
     }

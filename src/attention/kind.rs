@@ -7,7 +7,8 @@
 use std::ops::Range;
 
 use super::{
-    chunked_local, circular_buffer, cross_attention, full, hisparse, mamba, rswa, sliding_window,
+    chunked_local, circular_buffer, cross_attention, full, hisparse_hot, hisparse_resident, mamba,
+    rswa, sliding_window,
 };
 use super::{HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching};
 use crate::arith::cdiv;
@@ -58,6 +59,15 @@ pub enum AttentionKind {
     CrossAttention,
     /// A ring buffer: one block per request, never cached (see [`circular_buffer`]).
     CircularBuffer,
+    /// HiSparse's GPU copies of host pages (see [`hisparse_resident`]).
+    HiSparseResident,
+    /// HiSparse's per-request hot region (see [`hisparse_hot`]).
+    HiSparseHot {
+        /// Blocks of the region.
+        blocks_per_request: usize,
+        /// Every request needs its region: the model has no resident groups.
+        always_hot: bool,
+    },
 }
 
 /// The `kv_cache_spec_kind` of an empty uniform group (vLLM's `"unknown"`).
@@ -102,10 +112,12 @@ impl AttentionKind {
             KvCacheSpec::Mamba(m) => mamba::kind(m)?,
             KvCacheSpec::CrossAttention(_) => Self::CrossAttention,
             KvCacheSpec::CircularBuffer(_) => Self::CircularBuffer,
-            KvCacheSpec::HiSparseHot(_) => return Err(hisparse::unsupported("hot groups")),
-            KvCacheSpec::HiSparseResident(_) => {
-                return Err(hisparse::unsupported("resident groups"))
-            }
+            // `always_hot` is a fact of the whole config (`ManagerParams::from_config`).
+            KvCacheSpec::HiSparseHot(h) => Self::HiSparseHot {
+                blocks_per_request: h.blocks_per_request,
+                always_hot: false,
+            },
+            KvCacheSpec::HiSparseResident(_) => Self::HiSparseResident,
             KvCacheSpec::UniformType(u) => {
                 let layer =
                     u.kv_cache_specs.specs().next().ok_or_else(|| {
@@ -129,7 +141,9 @@ impl AttentionKind {
             Self::ChunkedLocal { .. } => chunked_local::SPEC_KIND,
             Self::Mamba { .. } => mamba::SPEC_KIND,
             Self::CrossAttention => cross_attention::SPEC_KIND,
-            Self::CircularBuffer => UNKNOWN_SPEC_KIND,
+            Self::CircularBuffer | Self::HiSparseResident | Self::HiSparseHot { .. } => {
+                UNKNOWN_SPEC_KIND
+            }
         }
     }
 
@@ -160,6 +174,11 @@ impl AttentionKind {
                 max_in_flight_tokens,
                 max_model_len,
             )),
+            Self::HiSparseResident => Some(hisparse_resident::max_admission_blocks(
+                bs,
+                max_in_flight_tokens,
+                max_model_len,
+            )),
             _ => None,
         }
     }
@@ -175,7 +194,11 @@ impl AttentionKind {
             | Self::Rswa { .. }
             | Self::SlidingWindow { .. }
             | Self::ChunkedLocal { .. } => true,
-            Self::Mamba { .. } | Self::CrossAttention | Self::CircularBuffer => false,
+            Self::Mamba { .. }
+            | Self::CrossAttention
+            | Self::CircularBuffer
+            | Self::HiSparseResident
+            | Self::HiSparseHot { .. } => false,
         }
     }
 
@@ -190,7 +213,9 @@ impl AttentionKind {
             | Self::ChunkedLocal { .. }
             | Self::Mamba { .. }
             | Self::CrossAttention
-            | Self::CircularBuffer => false,
+            | Self::CircularBuffer
+            | Self::HiSparseResident
+            | Self::HiSparseHot { .. } => false,
         }
     }
 
@@ -202,7 +227,9 @@ impl AttentionKind {
             Self::FullAttention
             | Self::SinkFullAttention { .. }
             | Self::CrossAttention
-            | Self::CircularBuffer => false,
+            | Self::CircularBuffer
+            | Self::HiSparseResident
+            | Self::HiSparseHot { .. } => false,
             Self::Rswa { .. }
             | Self::SlidingWindow { .. }
             | Self::ChunkedLocal { .. }
@@ -237,7 +264,13 @@ impl AttentionKind {
     /// [`check_prefix_caching`](Self::check_prefix_caching)).
     #[inline]
     pub fn caches_prefix(&self) -> bool {
-        !matches!(self, Self::CrossAttention | Self::CircularBuffer)
+        !matches!(
+            self,
+            Self::CrossAttention
+                | Self::CircularBuffer
+                | Self::HiSparseResident
+                | Self::HiSparseHot { .. }
+        )
     }
 
     /// Whether the group's table follows the request's encoder tokens instead of its
@@ -249,10 +282,14 @@ impl AttentionKind {
     }
 
     /// Whether the group's new blocks are recorded for worker-side zeroing (vLLM's
-    /// `needs_kv_cache_zeroing`): every type but Mamba, whose state is overwritten whole.
+    /// `needs_kv_cache_zeroing`): every type but Mamba, whose state is overwritten whole,
+    /// and HiSparse's resident and hot pages (not attention specs in vLLM).
     #[inline]
     pub fn zeroes_new_blocks(&self) -> bool {
-        !matches!(self, Self::Mamba { .. })
+        !matches!(
+            self,
+            Self::Mamba { .. } | Self::HiSparseResident | Self::HiSparseHot { .. }
+        )
     }
 
     /// Whether the group keeps a recurrent state rather than per-token KV (Mamba): a KV
@@ -269,11 +306,21 @@ impl AttentionKind {
         !matches!(self, Self::Mamba { .. })
     }
 
+    /// Whether the type is one of HiSparse's device-side groups (resident or hot), which
+    /// HiSparse's host tier drives.
+    #[inline]
+    pub fn is_hisparse_device_kind(&self) -> bool {
+        matches!(self, Self::HiSparseResident | Self::HiSparseHot { .. })
+    }
+
     /// Whether the group holds attention KV (every type but Mamba, vLLM's
     /// `AttentionSpec`).
     #[inline]
     pub fn is_attention(&self) -> bool {
-        !matches!(self, Self::Mamba { .. })
+        !matches!(
+            self,
+            Self::Mamba { .. } | Self::HiSparseResident | Self::HiSparseHot { .. }
+        )
     }
 
     /// Whether the type's prefix-cache hits work on a group sharded over context-parallel
@@ -398,20 +445,24 @@ impl AttentionKind {
             } => chunked_local::find_longest_cache_hit(query, bs, attention_chunk_size, pool, out),
             Self::Mamba { .. } => Ok(mamba::find_longest_cache_hit(query, bs, pool, out)),
             Self::CrossAttention => Err(cross_attention::unsupported_lookup()),
-            Self::CircularBuffer => Ok(0),
+            Self::CircularBuffer | Self::HiSparseResident | Self::HiSparseHot { .. } => Ok(0),
         }
     }
 
     /// The type's own `get_num_blocks_to_allocate`, where the common count does not
     /// apply (Mamba: a hit cached during this step defers the request; "align" mode
     /// counts state blocks, from `total_computed_tokens`, with a prefill checkpoint only
-    /// on a step reaching `prefill_end`); `None` for the common count.
+    /// on a step reaching `prefill_end`; HiSparse: host pages and hot regions take no
+    /// blocks); `None` for the common count.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(super) fn own_num_blocks_to_allocate(
         &self,
         mgr: &SingleTypeManager,
         rb: &RequestBlocks,
+        num_tokens: usize,
+        num_local_computed: usize,
+        apply_admission_cap: bool,
         total_computed_tokens: usize,
         num_tokens_main_model: usize,
         prefill_end: usize,
@@ -432,6 +483,22 @@ impl AttentionKind {
                 pool,
             ),
             Self::CircularBuffer => Some(circular_buffer::num_blocks_to_allocate(rb)),
+            Self::HiSparseResident => Some(hisparse_resident::num_blocks_to_allocate(
+                rb,
+                mgr.block_size(),
+                num_tokens,
+                total_computed_tokens,
+                num_local_computed,
+                mgr.max_admission_blocks.filter(|_| apply_admission_cap),
+            )),
+            Self::HiSparseHot {
+                blocks_per_request, ..
+            } => Some(hisparse_hot::num_blocks_to_allocate(
+                rb,
+                blocks_per_request,
+                total_computed_tokens,
+                num_local_computed,
+            )),
             _ => None,
         }
     }
@@ -463,20 +530,56 @@ impl AttentionKind {
                 pool,
             ),
             Self::CircularBuffer => circular_buffer::claim_ring_block(rb, pool).map(|()| None),
+            Self::HiSparseHot {
+                blocks_per_request, ..
+            } => hisparse_hot::allocate(rb, blocks_per_request, pool).map(|()| None),
+            // The table extends to `num_tokens` (its host pages are nulls already).
             _ => mgr.allocate_by_common_rules(rb, num_tokens, pool),
         }
     }
 
     /// Allocates for KV-connector tokens by the type's own rule (a circular buffer claims
-    /// its ring); `None` for the common rule (blocks for the external tokens in the window).
+    /// its ring; a HiSparse resident group a writable last page, a hot group asks for its
+    /// region); `None` for the common rule (blocks for the external tokens in the window).
     pub(super) fn own_external_blocks(
         &self,
         rb: &mut RequestBlocks,
+        bs: usize,
+        num_tokens: usize,
         pool: &mut BlockPool,
     ) -> Option<Result<()>> {
         match self {
             Self::CircularBuffer => Some(circular_buffer::claim_ring_block(rb, pool)),
+            Self::HiSparseResident => Some(hisparse_resident::reserve_import_tail(
+                rb, bs, num_tokens, pool,
+            )),
+            Self::HiSparseHot { .. } => {
+                rb.hisparse.hot_required = true;
+                Some(Ok(()))
+            }
             _ => None,
+        }
+    }
+
+    /// Adds a new request's local prefix of `num_local_computed` tokens by the type's own
+    /// rule (HiSparse: the prefix is on the host; resident groups hold null pages for it,
+    /// hot groups may need their region); `false` for the common rule (the hit blocks).
+    pub(super) fn own_local_computed(
+        &self,
+        rb: &mut RequestBlocks,
+        bs: usize,
+        num_local_computed: usize,
+    ) -> bool {
+        match *self {
+            Self::HiSparseResident => {
+                hisparse_resident::add_host_prefix(rb, bs, num_local_computed);
+                true
+            }
+            Self::HiSparseHot { always_hot, .. } => {
+                hisparse_hot::add_local_computed(rb, num_local_computed, always_hot);
+                true
+            }
+            _ => false,
         }
     }
 

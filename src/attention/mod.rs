@@ -20,6 +20,8 @@ pub mod context_parallel;
 pub mod cross_attention;
 pub mod full;
 pub mod hisparse;
+pub mod hisparse_hot;
+pub mod hisparse_resident;
 pub mod mamba;
 pub mod rswa;
 pub mod sliding_window;
@@ -60,8 +62,8 @@ pub struct SingleTypeManager {
     /// that is not host resident (HiSparse publishes the host-resident group's blocks
     /// only once the host holds them, `host_tier.rs`).
     caches_when_computed: bool,
-    /// `max_admission_blocks_per_request` (SWA and chunked local only).
-    max_admission_blocks: Option<usize>,
+    /// `max_admission_blocks_per_request` (SWA, chunked local and HiSparse resident only).
+    pub(super) max_admission_blocks: Option<usize>,
     /// Whether hits of this group drop the EAGLE block (set by the coordinator).
     pub(crate) use_eagle: bool,
     /// Align-mode Mamba: whether prefill checkpoints follow EAGLE's replay boundary

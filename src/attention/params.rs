@@ -1,9 +1,10 @@
 //! [`ManagerParams`]: what a group's manager needs to know about its group, and the
 //! mapping from a config's groups to it.
 
-use super::{hisparse, AttentionKind, ContextParallel};
+use super::{AttentionKind, ContextParallel};
 use crate::config::{GroupRole, KvCacheConfig};
 use crate::error::Result;
+use crate::spec::KvCacheSpec;
 
 /// What a manager needs to know about its group, independent of how specs are modelled.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,26 +67,28 @@ impl ManagerParams {
 impl ManagerParams {
     /// One parameter set per group of `config`, in group order: vLLM's spec-to-manager
     /// mapping (MLA is full attention; a uniform group uses its first layer's spec).
-    /// Groups with equal specs share a `spec_class`. HiSparse's host-resident and source
-    /// groups are refused (`hisparse.rs`).
+    /// Groups with equal specs share a `spec_class`. The `hisparse_source` group draws from
+    /// the host pool (vLLM binds its manager's pool to the host; a group merely flagged
+    /// `host_resident` stays on the device, as in vLLM), and a model without HiSparse
+    /// resident groups needs every hot region.
     pub fn from_config(config: &KvCacheConfig) -> Result<Vec<Self>> {
         let groups = &config.kv_cache_groups;
+        let has_resident = groups
+            .iter()
+            .any(|g| matches!(g.kv_cache_spec, KvCacheSpec::HiSparseResident(_)));
         groups
             .iter()
             .enumerate()
             .map(|(i, g)| {
-                if g.host_resident {
-                    return Err(hisparse::unsupported("host-resident groups"));
-                }
-                if g.role == GroupRole::HisparseSource {
-                    return Err(hisparse::unsupported("source groups"));
-                }
                 let spec = &g.kv_cache_spec;
                 let class = groups
                     .iter()
                     .position(|o| o.kv_cache_spec == *spec)
                     .unwrap_or(i);
-                let kind = AttentionKind::from_spec(spec)?;
+                let mut kind = AttentionKind::from_spec(spec)?;
+                if let AttentionKind::HiSparseHot { always_hot, .. } = &mut kind {
+                    *always_hot = !has_resident;
+                }
                 Ok(Self {
                     kind,
                     block_size: spec.block_size(),
@@ -96,7 +99,7 @@ impl ManagerParams {
                     dcp_sharded: spec.dcp_sharded(),
                     context_parallel: ContextParallel::NONE,
                     prefix_cacheable: spec.prefix_cacheable(),
-                    host_resident: false,
+                    host_resident: g.role == GroupRole::HisparseSource,
                 })
             })
             .collect()

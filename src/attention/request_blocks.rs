@@ -1,6 +1,6 @@
 //! [`RequestBlocks`]: one request's block table in one group.
 
-use super::mamba;
+use super::{hisparse::HiSparseRow, mamba};
 use crate::types::BlockId;
 
 /// One request's table in one group (vLLM's `req_to_blocks[rid]` and
@@ -22,6 +22,8 @@ pub struct RequestBlocks {
     pub partial_hit: Option<(usize, BlockId)>,
     /// Align-mode Mamba bookkeeping (unused by other types).
     pub mamba: mamba::MambaState,
+    /// HiSparse resident and hot groups' state (unused by other types).
+    pub hisparse: HiSparseRow,
 }
 
 impl RequestBlocks {
@@ -31,5 +33,6 @@ impl RequestBlocks {
         self.num_cached = None;
         self.partial_hit = None;
         self.mamba = mamba::MambaState::default();
+        self.hisparse = HiSparseRow::default();
     }
 }

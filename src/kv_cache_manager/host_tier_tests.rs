@@ -204,3 +204,118 @@ fn host_resident_group_must_be_full_attention() {
     let err = KvCacheManager::new(vec![swa], 12, None, opts).unwrap_err();
     assert!(err.to_string().contains("must be full attention"), "{err}");
 }
+
+/// vLLM's HiSparse layout: source (host), indexer, resident, hot (2 blocks a request).
+fn hisparse_layout() -> KvCacheManager {
+    let mut source = ManagerParams::new(K::FullAttention, 16, 0);
+    source.host_resident = true;
+    let groups = vec![
+        source,
+        ManagerParams::new(K::FullAttention, 16, 0),
+        ManagerParams::new(K::HiSparseResident, 16, 2),
+        ManagerParams::new(
+            K::HiSparseHot {
+                blocks_per_request: 2,
+                always_hot: false,
+            },
+            16,
+            3,
+        ),
+    ];
+    let opts = ManagerOptions {
+        host_num_blocks: Some(16),
+        ..ManagerOptions::new(128, 16)
+    };
+    KvCacheManager::new(groups, 32, None, opts).unwrap()
+}
+
+/// The resident and hot groups' own rules, before any residency work (no spills were
+/// planned, so vLLM's coordinator touches no block): host prefixes as null pages, hot
+/// regions for host hits and imports, an import's writable last page, and the free order
+/// of all four groups.
+#[test]
+fn resident_and_hot_groups_allocate_and_free() {
+    let mut m = hisparse_layout();
+    let mut a = req("a", 0, 40);
+    let got = allocate(&mut m, &mut a, 40);
+    assert_eq!(
+        got,
+        Some(vec![vec![1, 2, 3], vec![1, 2, 3], vec![4, 5, 6], vec![]])
+    );
+    m.publish_host_blocks(&a, 32).unwrap();
+
+    // A host hit: the resident group holds null pages for it, the hot group its region.
+    let mut b = req("b", 0, 50);
+    let (hits, hit) = m.get_computed_blocks(&b).unwrap();
+    assert_eq!(
+        (&hits, hit),
+        (&vec![vec![1, 2], vec![1, 2], vec![], vec![]], 32)
+    );
+    let mut args = AllocateArgs::new(18);
+    args.num_new_computed_tokens = 32;
+    args.new_computed_blocks = Some(&hits);
+    let got = m.allocate_slots(&b, &args).unwrap();
+    b.computed = 50;
+    assert_eq!(
+        got,
+        Some(vec![vec![4, 5], vec![7, 8], vec![9, 10], vec![11, 12]])
+    );
+    assert_eq!(
+        m.get_block_ids("b"),
+        vec![
+            vec![1, 2, 4, 5],
+            vec![1, 2, 7, 8],
+            vec![0, 0, 9, 10],
+            vec![11, 12]
+        ]
+    );
+
+    // An import of 32 tokens: host pages, a writable last resident page, a hot region.
+    let c = req("c", 3000, 60);
+    let mut args = AllocateArgs::new(28);
+    args.num_external_computed_tokens = 32;
+    let got = m.allocate_slots(&c, &args).unwrap();
+    assert_eq!(
+        got,
+        Some(vec![vec![8, 9], vec![16, 17], vec![18, 19], vec![20, 21]])
+    );
+    assert_eq!(
+        m.get_block_ids("c"),
+        vec![
+            vec![6, 7, 8, 9],
+            vec![13, 14, 16, 17],
+            vec![0, 15, 18, 19],
+            vec![20, 21]
+        ]
+    );
+    assert_eq!(
+        queues(&m),
+        (
+            vec![10, 11, 12, 13, 14, 15],
+            vec![22, 23, 24, 25, 26, 27, 28, 29, 30, 31]
+        )
+    );
+    for id in ["a", "b", "c"] {
+        m.free(id).unwrap();
+    }
+    assert_eq!(
+        queues(&m),
+        (
+            vec![9, 8, 7, 6, 5, 4, 3, 10, 11, 12, 13, 14, 15, 2, 1],
+            vec![
+                21, 20, 19, 18, 15, 17, 12, 11, 10, 9, 8, 6, 5, 4, 3, 22, 23, 24, 25, 26, 27, 28,
+                29, 30, 31, 7, 2, 1, 16, 14, 13
+            ]
+        )
+    );
+    let mut d = req("d", 5000, 100);
+    assert_eq!(
+        allocate(&mut m, &mut d, 100),
+        Some(vec![
+            vec![9, 8, 7, 6, 5, 4, 3],
+            vec![21, 20, 19, 18, 15, 17, 12],
+            vec![11, 10, 9, 8, 6, 5, 4],
+            vec![]
+        ])
+    );
+}

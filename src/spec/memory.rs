@@ -5,7 +5,9 @@
 
 use super::{overflow, KvCacheSpec};
 use crate::arith::cdiv;
-use crate::attention::{circular_buffer, cross_attention, full, hisparse, mamba, AttentionKind};
+use crate::attention::{
+    circular_buffer, cross_attention, full, hisparse_hot, mamba, AttentionKind,
+};
 use crate::error::{KvError, Result};
 
 /// The explicit numbers vLLM's `max_memory_usage_bytes` reads from its `VllmConfig`.
@@ -58,14 +60,10 @@ impl KvCacheSpec {
         match self {
             KvCacheSpec::SlidingWindow(_)
             | KvCacheSpec::SlidingWindowMla(_)
-            | KvCacheSpec::ChunkedLocalAttention(_) => AttentionKind::from_spec(self)
+            | KvCacheSpec::ChunkedLocalAttention(_)
+            | KvCacheSpec::HiSparseResident(_) => AttentionKind::from_spec(self)
                 .ok()?
                 .max_admission_blocks(self.block_size(), max_in_flight_tokens, max_model_len),
-            KvCacheSpec::HiSparseResident(r) => Some(hisparse::resident_max_admission_blocks(
-                r.block_size,
-                max_in_flight_tokens,
-                max_model_len,
-            )),
             _ => None,
         }
     }
@@ -97,7 +95,7 @@ impl KvCacheSpec {
                 .max_admission_blocks_per_request(p.max_in_flight_tokens()?, p.max_model_len)
                 .unwrap_or(0),
             KvCacheSpec::HiSparseHot(h) => {
-                hisparse::hot_max_blocks_per_request(h.blocks_per_request)
+                hisparse_hot::max_blocks_per_request(h.blocks_per_request)
             }
             KvCacheSpec::Mamba(m) => mamba::max_blocks_per_request(m).ok_or_else(overflow)?,
             KvCacheSpec::CrossAttention(_) => cross_attention::max_blocks_per_request(

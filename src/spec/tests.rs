@@ -241,7 +241,7 @@ fn merge_sink_mla_and_base() {
 }
 
 #[test]
-fn hisparse_pages_memory_kind_and_refusal() {
+fn hisparse_pages_memory_and_kinds() {
     let hot = KvCacheSpec::from(HiSparseHotSpec {
         block_size: 16,
         page_size: 64,
@@ -271,12 +271,17 @@ fn hisparse_pages_memory_kind_and_refusal() {
     assert_eq!(resident.max_admission_blocks_per_request(600, 100), Some(7));
     assert_eq!(hot.max_admission_blocks_per_request(600, 100), None);
     assert_eq!((hot.kind(), resident.kind()), ("unknown", "unknown"));
-    for spec in [&hot, &resident] {
-        assert!(matches!(
-            AttentionKind::from_spec(spec),
-            Err(crate::error::KvError::Unsupported(_))
-        ));
-    }
+    assert_eq!(
+        AttentionKind::from_spec(&hot).unwrap(),
+        AttentionKind::HiSparseHot {
+            blocks_per_request: 2,
+            always_hot: false
+        }
+    );
+    assert_eq!(
+        AttentionKind::from_spec(&resident).unwrap(),
+        AttentionKind::HiSparseResident
+    );
     assert!(KvCacheSpec::from(HiSparseResidentSpec {
         block_size: 0,
         page_size: 64
