@@ -16,6 +16,7 @@ pub mod coordinator;
 pub mod error;
 pub mod events;
 pub mod hashing;
+pub mod hisparse;
 mod host_tier;
 pub mod kv_cache_manager;
 pub mod offload;

@@ -1,0 +1,7 @@
+//! HiSparse's coordinator (vLLM 0.33's `vllm.v1.hisparse.coordinator.HiSparseCoordinator`):
+//! the residency state machine over the host tier (`crate::host_tier`) and the resident
+//! and hot groups (`crate::attention::hisparse_resident`, `hisparse_hot`). Built piece by
+//! piece (docs/hisparse-plan.md, section 8); so far the page-transfer ledger
+//! ([`spills`]).
+
+pub mod spills;
