@@ -1039,7 +1039,7 @@ mod retention;
 mod slots;
 mod stats;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// The first `n` entries of a per-group scratch array, or of `spill` for more groups.
 fn per_group_scratch<'a, T: Copy + Default>(
