@@ -957,7 +957,9 @@ impl Coordinator {
 
     /// Caches the host-resident group's blocks of `request` up to `num_tokens` in the host
     /// pool (vLLM's `HiSparseSourceManager.publish_blocks`: HiSparse publishes them once the
-    /// host holds them). A no-op without a host-resident group or with caching off.
+    /// host holds them; `num_tokens` is already what the group may cache,
+    /// [`num_cacheable_tokens`](Self::num_cacheable_tokens)). A no-op without a
+    /// host-resident group or with caching off.
     pub fn publish_host_blocks<R: RequestView>(
         &mut self,
         rbs: &mut [RequestBlocks],
@@ -972,18 +974,50 @@ impl Coordinator {
         }
         let mut boundaries = [0usize; 2];
         let nb = self.replay_boundaries(request.num_prompt_tokens(), &mut boundaries);
-        let n = self.num_cacheable_tokens(num_tokens, g);
         let pool = host_tier::pool_for(&mut self.pool, &mut self.host, g);
         let done = self.managers[g].cache_blocks(
             &mut rbs[g],
             request,
-            n,
+            num_tokens,
             self.sparse_caching,
             &boundaries[..nb],
             pool,
         );
         host_tier::after_call(&mut self.pool, &mut self.host, g);
         done
+    }
+
+    /// Caches `blocks[num_cached..num_full]` of a freed request in the host pool (vLLM's
+    /// `_publish_detached_blocks`: the request's blocks, held for its publication).
+    pub(crate) fn publish_detached_host_blocks<R: RequestView>(
+        &mut self,
+        request: &R,
+        blocks: &[BlockId],
+        num_cached: usize,
+        num_full: usize,
+        block_size: usize,
+        group: usize,
+    ) -> Result<()> {
+        let Some(host) = self.host.as_deref_mut() else {
+            return Ok(());
+        };
+        let done = host.pool_mut().cache_full_blocks(
+            request.block_hashes(),
+            blocks,
+            num_cached,
+            num_full,
+            block_size,
+            group as GroupId,
+            None,
+            request,
+        );
+        host.forward_events(&mut self.pool);
+        done
+    }
+
+    /// HiSparse's host pool, to touch and free blocks in (calls that record no events).
+    pub(crate) fn host_pool_mut(&mut self) -> Option<&mut BlockPool> {
+        self.host.as_deref_mut().map(HostTier::pool_mut)
     }
 
     /// vLLM's `replay_boundaries`: where a later request replaying this prompt can

@@ -34,6 +34,7 @@ use crate::config;
 use crate::coordinator::{Coordinator, CoordinatorOptions};
 use crate::error::{KvError, Result};
 use crate::events::event::KvCacheEvent;
+use crate::hisparse::HiSparse;
 use crate::pool::{BlockPool, FreeTag};
 pub use crate::stats::PrefixCacheStats;
 use crate::types::{BlockId, GroupId};
@@ -206,6 +207,8 @@ pub struct KvCacheManager {
     retention_on: bool,
     /// Per slot, the free tag of its request (used only with a policy).
     slot_tag: Vec<FreeTag>,
+    /// HiSparse's coordinator state, with a host-resident group (`hisparse.rs`).
+    hisparse: Option<Box<HiSparse>>,
 }
 
 impl KvCacheManager {
@@ -257,7 +260,14 @@ impl KvCacheManager {
                 host_num_blocks: opts.host_num_blocks,
             },
         )?;
+        let hisparse = HiSparse::new(
+            &coord,
+            opts.max_model_len,
+            num_blocks,
+            coord.num_reprefillable_tokens(),
+        );
         Ok(Self {
+            hisparse,
             coord,
             max_model_len: opts.max_model_len,
             enable_caching: opts.enable_caching,
@@ -501,8 +511,20 @@ impl KvCacheManager {
             prefill_end,
             &mut copies,
         )?;
-        if !args.delay_cache_blocks {
-            let n = (total + args.num_new_tokens).min(request.num_tokens());
+        let cache_tokens = (!args.delay_cache_blocks)
+            .then(|| (total + args.num_new_tokens).min(request.num_tokens()));
+        if self.hisparse.is_some() {
+            let adopted = hits.is_some() || args.num_external_computed_tokens > 0;
+            self.hisparse_after_allocation(
+                request,
+                adopted,
+                local,
+                args.num_external_computed_tokens,
+                cache_tokens,
+            )?;
+        }
+        let rbs = self.slots.tables_mut(s);
+        if let Some(n) = cache_tokens {
             self.coord.cache_blocks(rbs, request, n)?;
         }
         for (group, (rb, &st)) in rbs.iter().zip(starts.iter()).enumerate() {
@@ -632,6 +654,14 @@ impl KvCacheManager {
     /// Frees the request's blocks in every group (tail first). Unknown requests and
     /// repeated frees are no-ops.
     pub fn free(&mut self, request_id: &str) -> Result<()> {
+        self.free_request(request_id, true)
+    }
+
+    /// [`free`](Self::free), saying whether the request finished (vLLM's
+    /// `request.is_finished()`; a preempted one did not): HiSparse keeps a finished
+    /// request's host blocks while transfers of its publication are in flight.
+    pub fn free_request(&mut self, request_id: &str, finished: bool) -> Result<()> {
+        self.hisparse_free(request_id, finished)?;
         let Some(s) = self.slots.release(request_id) else {
             return Ok(());
         };
@@ -1030,6 +1060,7 @@ impl KvCacheManager {
     }
 }
 
+mod hisparse;
 #[cfg(test)]
 mod host_tier_tests;
 #[cfg(test)]

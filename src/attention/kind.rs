@@ -489,7 +489,7 @@ impl AttentionKind {
                 num_tokens,
                 total_computed_tokens,
                 num_local_computed,
-                mgr.max_admission_blocks.filter(|_| apply_admission_cap),
+                mgr.max_admission_blocks().filter(|_| apply_admission_cap),
             )),
             Self::HiSparseHot {
                 blocks_per_request, ..

@@ -63,7 +63,7 @@ pub struct SingleTypeManager {
     /// only once the host holds them, `host_tier.rs`).
     caches_when_computed: bool,
     /// `max_admission_blocks_per_request` (SWA, chunked local and HiSparse resident only).
-    pub(super) max_admission_blocks: Option<usize>,
+    max_admission_blocks: Option<usize>,
     /// Whether hits of this group drop the EAGLE block (set by the coordinator).
     pub(crate) use_eagle: bool,
     /// Align-mode Mamba: whether prefill checkpoints follow EAGLE's replay boundary
@@ -157,6 +157,12 @@ impl SingleTypeManager {
     #[inline]
     pub fn caches_when_computed(&self) -> bool {
         self.caches_when_computed
+    }
+
+    /// `max_admission_blocks_per_request`, for the types that have one.
+    #[inline]
+    pub fn max_admission_blocks(&self) -> Option<usize> {
+        self.max_admission_blocks
     }
 
     /// The sink blocks popped at construction (sink groups only). They are never freed

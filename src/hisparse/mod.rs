@@ -8,3 +8,118 @@
 pub mod publication;
 pub mod spills;
 pub mod state;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::attention::AttentionKind;
+use crate::coordinator::Coordinator;
+use crate::types::BlockId;
+use spills::SpillLedger;
+use state::RequestResidency;
+
+/// HiSparse's coordinator state: its groups, its per-request residency and the page
+/// transfers in flight. The manager (`kv_cache_manager/hisparse.rs`) lends it the
+/// coordinator and the request tables on each call.
+#[derive(Debug, Clone)]
+pub struct HiSparse {
+    /// The host-resident (source) group.
+    pub(crate) host_group: usize,
+    /// The resident groups, in group order.
+    pub(crate) resident_groups: Vec<usize>,
+    /// The hot groups, in group order, with their regions' sizes.
+    pub(crate) hot_groups: Vec<(usize, usize)>,
+    /// Tokens per page (the host and resident block size).
+    pub(crate) page_size: usize,
+    /// Transfers one step may plan, all requests together (vLLM's `max_spill_pages`).
+    pub(crate) max_spill_pages: usize,
+    /// Free device blocks below which requests start reading from the host.
+    pub(crate) transition_watermark: usize,
+    /// Computed tokens multi-module MTP may re-prefill, never written back.
+    pub(crate) num_reprefillable_tokens: usize,
+    /// Per live request.
+    pub(crate) states: FxHashMap<String, RequestResidency>,
+    /// States of requests freed with a publication waiting on transfers, by generation.
+    pub(crate) detached: FxHashMap<u64, RequestResidency>,
+    pub(crate) next_generation: u64,
+    pub(crate) ledger: SpillLedger,
+    /// Prefix lengths an external load is filling in, per request.
+    pub(crate) pending_imports: FxHashMap<String, usize>,
+    /// Requests whose resident pages were all non-null when last scanned.
+    pub(crate) resident_requests: FxHashSet<String>,
+    /// Unpinned device block -> the (request, page) pairs still reading it.
+    pub(crate) owners: FxHashMap<BlockId, Vec<(String, usize)>>,
+}
+
+/// ACTIVE_TAIL_PAGES of vLLM: the last pages of a row a step may still write, never
+/// unpinned.
+pub(crate) const ACTIVE_TAIL_PAGES: usize = 2;
+
+impl HiSparse {
+    /// The HiSparse state of `coord`'s groups, if it has a host tier (vLLM's
+    /// `get_hisparse_coordinator`, built with the manager). `num_blocks` is the device
+    /// pool's size.
+    pub fn new(
+        coord: &Coordinator,
+        max_model_len: usize,
+        num_blocks: usize,
+        num_reprefillable_tokens: usize,
+    ) -> Option<Box<Self>> {
+        let host_group = coord.host_group()?;
+        let managers = coord.managers();
+        let resident_groups: Vec<usize> = (0..managers.len())
+            .filter(|&g| managers[g].params().kind == AttentionKind::HiSparseResident)
+            .collect();
+        let hot_groups: Vec<(usize, usize)> = managers
+            .iter()
+            .enumerate()
+            .filter_map(|(g, m)| match m.params().kind {
+                AttentionKind::HiSparseHot {
+                    blocks_per_request, ..
+                } => Some((g, blocks_per_request)),
+                _ => None,
+            })
+            .collect();
+        let page_size = managers[host_group].block_size();
+        let (max_spill_pages, transition_watermark) = if resident_groups.is_empty() {
+            (0, 0)
+        } else {
+            let hot_cost: usize = hot_groups.iter().map(|&(_, n)| n).sum();
+            (max_model_len / page_size, hot_cost.max(num_blocks / 10))
+        };
+        Some(Box::new(Self {
+            host_group,
+            resident_groups,
+            hot_groups,
+            page_size,
+            max_spill_pages,
+            transition_watermark,
+            num_reprefillable_tokens,
+            states: FxHashMap::default(),
+            detached: FxHashMap::default(),
+            next_generation: 0,
+            ledger: SpillLedger::default(),
+            pending_imports: FxHashMap::default(),
+            resident_requests: FxHashSet::default(),
+            owners: FxHashMap::default(),
+        }))
+    }
+
+    /// The request's state, made on first use.
+    pub(crate) fn state_of(&mut self, request_id: &str) -> &mut RequestResidency {
+        if !self.states.contains_key(request_id) {
+            self.next_generation += 1;
+            let state = RequestResidency {
+                generation: self.next_generation,
+                ..RequestResidency::default()
+            };
+            self.states.insert(request_id.to_owned(), state);
+        }
+        self.states.get_mut(request_id).expect("inserted above")
+    }
+
+    /// Whether HiSparse does residency work (it has resident groups).
+    #[inline]
+    pub(crate) fn has_residency(&self) -> bool {
+        !self.resident_groups.is_empty()
+    }
+}

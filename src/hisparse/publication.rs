@@ -116,9 +116,6 @@ pub struct Publication {
     pub num_computed_tokens: usize,
     /// Its pages: the sealed ones of those tokens.
     pub num_pages: usize,
-    /// Where a later request replaying the prompt can resume (the coordinator's
-    /// `replay_boundaries`).
-    pub replay_boundaries: Vec<usize>,
     /// The request's host blocks, held after it was freed with transfers in flight
     /// (vLLM's `detached_blocks`).
     pub detached_blocks: Option<Vec<BlockId>>,

@@ -8,12 +8,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::publication::Publication;
 use crate::attention::hisparse_resident::resident_page;
 use crate::attention::RequestBlocks;
 use crate::types::{BlockId, NULL_BLOCK_ID};
 
 /// One request's residency bookkeeping.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RequestResidency {
     /// Which admission of the request this is (a request freed and admitted again under
     /// the same id gets a new state; transfers planned for the old one keep its number).
@@ -36,6 +37,8 @@ pub struct RequestResidency {
     pub synced_pages: usize,
     /// Pages changed since the worker was sent them.
     pub stale: BTreeSet<usize>,
+    /// The host publication waiting for transfers, if any.
+    pub publication: Option<Publication>,
 }
 
 /// The pages of a request with `num_computed` computed tokens that a step writes back

@@ -319,3 +319,116 @@ fn resident_and_hot_groups_allocate_and_free() {
         ])
     );
 }
+
+/// Write-back through HiSparse's coordinator calls, against vLLM 0.33.0's
+/// `HiSparseCoordinator` on the same calls: the transfers planned, the references they
+/// hold, the pages they make valid, the host prefix published, and the unpins of a freed
+/// request's clean pages ahead of its other blocks in the free queue.
+#[test]
+fn write_back_transfers_publish_the_host_prefix() {
+    let mut m = hisparse_layout();
+    let mut a = req("a", 0, 40);
+    assert_eq!(
+        allocate(&mut m, &mut a, 40),
+        Some(vec![vec![1, 2, 3], vec![1, 2, 3], vec![4, 5, 6], vec![]])
+    );
+    m.hisparse_advance_scheduled(&[("a", 40)]).unwrap();
+    let sent = m.hisparse_build_offload_command().unwrap().unwrap();
+    let brief: Vec<_> = sent
+        .iter()
+        .map(|t| {
+            (
+                t.transfer_id,
+                t.host_block_id,
+                t.resident_block_ids.clone(),
+                t.after_forward,
+                t.restore,
+            )
+        })
+        .collect();
+    assert_eq!(
+        brief,
+        vec![(0, 1, vec![4], true, false), (1, 2, vec![5], true, false)]
+    );
+    let refs = |m: &KvCacheManager, ids: &[BlockId], host: bool| -> Vec<i64> {
+        let pool = if host {
+            m.host_pool().unwrap()
+        } else {
+            m.pool()
+        };
+        ids.iter().map(|&b| pool.ref_cnt(b).unwrap()).collect()
+    };
+    assert_eq!(refs(&m, &[1, 2, 3], true), vec![2, 2, 1]);
+    assert_eq!(refs(&m, &[4, 5, 6], false), vec![2, 2, 1]);
+    let state = m.hisparse_request_state("a").unwrap();
+    assert_eq!((state.valid.len(), state.ready_prefix_pages), (0, 0));
+    assert_eq!(
+        state
+            .pending
+            .iter()
+            .map(|(&p, &id)| (p, id))
+            .collect::<Vec<_>>(),
+        vec![(0, 0), (1, 1)]
+    );
+
+    for t in 100..124 {
+        a.append(t);
+    }
+    assert_eq!(
+        allocate(&mut m, &mut a, 24),
+        Some(vec![vec![4], vec![7], vec![8], vec![]])
+    );
+    m.hisparse_advance_scheduled(&[("a", 64)]).unwrap();
+    let sent = m.hisparse_build_offload_command().unwrap().unwrap();
+    let brief: Vec<_> = sent
+        .iter()
+        .map(|t| (t.transfer_id, t.host_block_id, t.resident_block_ids.clone()))
+        .collect();
+    assert_eq!(brief, vec![(2, 3, vec![6]), (3, 4, vec![8])]);
+
+    m.hisparse_update_spills(&[(0, 1), (1, 1)], &[(0, 1)])
+        .unwrap();
+    let state = m.hisparse_request_state("a").unwrap();
+    assert_eq!(state.valid.iter().copied().collect::<Vec<_>>(), vec![0]);
+    assert_eq!(state.ready_prefix_pages, 1);
+    assert_eq!(
+        state.pending.keys().copied().collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert!(state.publication.is_some());
+    assert_eq!(refs(&m, &[1, 2, 3, 4], true), vec![1, 2, 2, 2]);
+    assert_eq!(refs(&m, &[4, 5, 6, 8], false), vec![1, 2, 2, 2]);
+
+    m.hisparse_update_spills(&[(2, 1), (3, 2)], &[(1, 1), (2, 1), (3, 2)])
+        .unwrap();
+    let state = m.hisparse_request_state("a").unwrap();
+    assert_eq!(
+        state.valid.iter().copied().collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
+    assert_eq!(state.ready_prefix_pages, 4);
+    assert!(state.pending.is_empty() && state.publication.is_none());
+    assert_eq!(
+        state.pinned_clean.iter().copied().collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
+    assert!(state.unpinned.is_empty());
+    assert_eq!(refs(&m, &[1, 2, 3, 4], true), vec![1, 1, 1, 1]);
+    assert_eq!(refs(&m, &[4, 5, 6, 8], false), vec![1, 1, 1, 1]);
+    let host = m.host_pool().unwrap();
+    assert!([1, 2, 3, 4]
+        .iter()
+        .all(|&b| host.block_hash(b).unwrap().is_some()));
+
+    m.free_request("a", false).unwrap();
+    assert_eq!(
+        queues(&m),
+        (
+            vec![5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 4, 3, 2, 1],
+            vec![
+                9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29,
+                30, 31, 8, 6, 5, 4, 7, 3, 2, 1
+            ]
+        )
+    );
+}

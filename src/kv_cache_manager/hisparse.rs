@@ -1,0 +1,570 @@
+//! HiSparse's coordinator calls on the manager (vLLM 0.33's `HiSparseCoordinator`
+//! methods): write-back planning, transfer completions, host publication, residency
+//! (pinning, unpinning, losing pages) and the request's release. The state is
+//! [`HiSparse`](crate::hisparse::HiSparse); this file lends it the coordinator and the
+//! request tables.
+
+use super::slots::RequestSlots;
+use super::KvCacheManager;
+use crate::attention::hisparse_resident::{drop_page, resident_page};
+use crate::attention::RequestView;
+use crate::coordinator::Coordinator;
+use crate::error::{KvError, Result};
+use crate::hisparse::publication::{Publication, RequestCopy};
+use crate::hisparse::spills::PageTransfer;
+use crate::hisparse::state::{pages_to_materialize, RequestResidency};
+use crate::hisparse::{HiSparse, ACTIVE_TAIL_PAGES};
+use crate::types::{BlockId, NULL_BLOCK_ID};
+
+impl KvCacheManager {
+    /// HiSparse's per-step work for the scheduled requests, each with the tokens computed
+    /// once the step completes (vLLM's `advance_scheduled`): plan the write-back of
+    /// sealed pages (not the last `num_reprefillable_tokens`), then the residency policy.
+    /// `Unsupported` without HiSparse groups.
+    pub fn hisparse_advance_scheduled(&mut self, requests: &[(&str, usize)]) -> Result<()> {
+        let hs = hisparse_of(&mut self.hisparse)?;
+        if !hs.has_residency() {
+            return Ok(());
+        }
+        self.hisparse_drain_reused();
+        for &(request_id, num_tokens) in requests {
+            let computed =
+                num_tokens.saturating_sub(hs_ref(&self.hisparse).num_reprefillable_tokens);
+            plan_materialization(
+                hisparse_of(&mut self.hisparse)?,
+                &mut self.coord,
+                &self.slots,
+                request_id,
+                computed,
+            )?;
+            update_residency(
+                hisparse_of(&mut self.hisparse)?,
+                &mut self.coord,
+                &mut self.slots,
+                request_id,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The transfers planned since the last call, for the worker (vLLM's
+    /// `build_offload_command`); `None` without resident groups.
+    pub fn hisparse_build_offload_command(&mut self) -> Result<Option<Vec<PageTransfer>>> {
+        let hs = hisparse_of(&mut self.hisparse)?;
+        Ok(hs.has_residency().then(|| hs.ledger.take_to_send()))
+    }
+
+    /// A request's residency state (vLLM's `request_states[request_id]`).
+    pub fn hisparse_request_state(&self, request_id: &str) -> Option<&RequestResidency> {
+        self.hisparse.as_deref()?.states.get(request_id)
+    }
+
+    /// Workers' transfer reports (vLLM's `update_spills`): completed transfers drop their
+    /// resident references, then their host reference; their pages become valid and,
+    /// once a prefix is valid, it is published in the host pool.
+    pub fn hisparse_update_spills(
+        &mut self,
+        enqueued: &[(u64, u64)],
+        completed: &[(u64, u64)],
+    ) -> Result<()> {
+        let update = hisparse_of(&mut self.hisparse)?
+            .ledger
+            .update(enqueued, completed);
+        for blocks in &update.enqueue_done {
+            self.coord.pool_mut().free_blocks(blocks.iter().copied())?;
+        }
+        let mut completed_requests: Vec<String> = Vec::new();
+        for done in update.completed {
+            let hs = hisparse_of(&mut self.hisparse)?;
+            let current = hs
+                .states
+                .get(&done.request_id)
+                .is_some_and(|s| s.generation == done.generation);
+            if current {
+                let state = hs.states.get_mut(&done.request_id).expect("checked");
+                state.pending.remove(&done.page);
+                if !done.restore {
+                    state.valid.insert(done.page);
+                }
+                if state.valid.contains(&done.page) {
+                    page_became_clean(
+                        hisparse_of(&mut self.hisparse)?,
+                        &mut self.coord,
+                        &self.slots,
+                        &done.request_id,
+                        done.page,
+                    )?;
+                }
+                if !completed_requests.contains(&done.request_id) {
+                    completed_requests.push(done.request_id.clone());
+                }
+            } else if let Some(state) = hs.detached.get_mut(&done.generation) {
+                state.pending.remove(&done.page);
+                if !done.restore {
+                    state.valid.insert(done.page);
+                }
+                publish_detached(hs, &mut self.coord, done.generation)?;
+            }
+            if let Some(host) = self.coord.host_pool_mut() {
+                host.free_blocks([done.host_block_id])?;
+            }
+        }
+        for request_id in completed_requests {
+            let hs = hisparse_of(&mut self.hisparse)?;
+            if let Some(state) = hs.states.get_mut(&request_id) {
+                while state.valid.contains(&state.ready_prefix_pages) {
+                    state.ready_prefix_pages += 1;
+                }
+            }
+            publish_if_ready(hs, &mut self.coord, &mut self.slots, &request_id)?;
+        }
+        Ok(())
+    }
+
+    /// vLLM's `publish_when_ready`, from the host-resident group's `cache_blocks`: the
+    /// request's `num_tokens` cacheable host tokens are to be published, as far as the
+    /// host holds them now and the rest as transfers complete.
+    pub(super) fn hisparse_publish_when_ready<R: RequestView>(
+        &mut self,
+        request: &R,
+        num_tokens: usize,
+    ) -> Result<()> {
+        let Some(hs) = self.hisparse.as_deref_mut() else {
+            return Ok(());
+        };
+        let num_pages = num_tokens / hs.page_size;
+        let page_size = hs.page_size;
+        let state = hs.state_of(request.request_id());
+        let mut copy = state
+            .publication
+            .take()
+            .map_or_else(|| RequestCopy::new(request, page_size), |p| p.request);
+        copy.extend(request, num_pages);
+        state.publication = Some(Publication {
+            request: copy,
+            num_computed_tokens: num_tokens,
+            num_pages,
+            detached_blocks: None,
+            num_cached_blocks: 0,
+        });
+        publish_if_ready(hs, &mut self.coord, &mut self.slots, request.request_id())
+    }
+
+    /// Applies the device pool's reuse of unpinned blocks (vLLM's `_on_block_reused`
+    /// callbacks): each (request, page) still reading a reused block loses the page.
+    pub(super) fn hisparse_drain_reused(&mut self) {
+        let Some(hs) = self.hisparse.as_deref_mut() else {
+            return;
+        };
+        for block in self.coord.pool_mut().take_reused_watched() {
+            for (request_id, page) in hs.owners.remove(&block).unwrap_or_default() {
+                lose_page(hs, &mut self.slots, &request_id, page);
+            }
+        }
+    }
+}
+
+fn hisparse_of(hs: &mut Option<Box<HiSparse>>) -> Result<&mut HiSparse> {
+    hs.as_deref_mut().ok_or_else(|| {
+        KvError::Unsupported("no HiSparse groups: the config has no hisparse_source group".into())
+    })
+}
+
+fn hs_ref(hs: &Option<Box<HiSparse>>) -> &HiSparse {
+    hs.as_deref().expect("checked by the caller")
+}
+
+/// vLLM's `plan_prefix_materialization`.
+fn plan_materialization(
+    hs: &mut HiSparse,
+    coord: &mut Coordinator,
+    slots: &RequestSlots,
+    request_id: &str,
+    num_computed: usize,
+) -> Result<()> {
+    let Some(tables) = slots.tables_of(request_id) else {
+        hs.state_of(request_id);
+        return Ok(());
+    };
+    let importing = hs.pending_imports.get(request_id).copied().unwrap_or(0);
+    let budget = hs.max_spill_pages.saturating_sub(hs.ledger.num_to_send());
+    let rows: Vec<_> = hs.resident_groups.iter().map(|&g| &tables[g]).collect();
+    let host_table = &tables[hs.host_group].table;
+    let page_size = hs.page_size;
+    let state = hs.state_of(request_id);
+    let pages = pages_to_materialize(
+        state,
+        num_computed,
+        page_size,
+        importing,
+        budget,
+        host_table,
+        &rows,
+    );
+    for page in pages {
+        plan_transfer(hs, coord, slots, request_id, page, true, false)?;
+    }
+    Ok(())
+}
+
+/// vLLM's `_plan_page_transfer`: references on the page's host block and resident
+/// blocks until the transfer completes. `false` if the page has no host block or is not
+/// resident in every group.
+fn plan_transfer(
+    hs: &mut HiSparse,
+    coord: &mut Coordinator,
+    slots: &RequestSlots,
+    request_id: &str,
+    page: usize,
+    after_forward: bool,
+    restore: bool,
+) -> Result<bool> {
+    let Some(tables) = slots.tables_of(request_id) else {
+        return Ok(false);
+    };
+    if hs.state_of(request_id).pending.contains_key(&page) {
+        return Ok(false);
+    }
+    let host_block = match tables[hs.host_group].table.get(page) {
+        Some(&b) if b != NULL_BLOCK_ID => b,
+        _ => return Ok(false),
+    };
+    let Some(resident) = hs
+        .resident_groups
+        .iter()
+        .map(|&g| resident_page(&tables[g], page))
+        .collect::<Option<Vec<BlockId>>>()
+    else {
+        return Ok(false);
+    };
+    if let Some(host) = coord.host_pool_mut() {
+        host.touch(&[host_block])?;
+    }
+    coord.pool_mut().touch(&resident)?;
+    let generation = hs.state_of(request_id).generation;
+    let id = hs.ledger.plan(
+        request_id,
+        page,
+        generation,
+        host_block,
+        resident,
+        after_forward,
+        restore,
+    );
+    hs.state_of(request_id).pending.insert(page, id);
+    Ok(true)
+}
+
+/// Whether the request reads from the host: it holds every hot region (vLLM's
+/// `_can_read_from_host`).
+fn can_read_from_host(hs: &HiSparse, slots: &RequestSlots, request_id: &str) -> bool {
+    let Some(tables) = slots.tables_of(request_id) else {
+        return false;
+    };
+    !hs.hot_groups.is_empty()
+        && hs
+            .hot_groups
+            .iter()
+            .all(|&(g, n)| tables[g].table.len() == n)
+}
+
+/// vLLM's `update_residency` (copies are not adopted yet).
+fn update_residency(
+    hs: &mut HiSparse,
+    coord: &mut Coordinator,
+    slots: &mut RequestSlots,
+    request_id: &str,
+) -> Result<()> {
+    hs.state_of(request_id).pages_to_adopt = 0;
+    if !can_read_from_host(hs, slots, request_id) {
+        let fills_window = slots.tables_of(request_id).is_some_and(|tables| {
+            hs.resident_groups.iter().any(|&g| {
+                coord.managers()[g]
+                    .max_admission_blocks()
+                    .is_some_and(|cap| tables[g].table.len() >= cap)
+            })
+        });
+        if coord.pool().num_free_blocks() >= hs.transition_watermark && !fills_window {
+            return Ok(());
+        }
+        require_hot(hs, slots, request_id);
+        return Ok(());
+    }
+    let pages: Vec<usize> = hs
+        .state_of(request_id)
+        .pinned_clean
+        .iter()
+        .rev()
+        .copied()
+        .collect();
+    for page in pages {
+        unpin_page(hs, coord, slots, request_id, page)?;
+    }
+    Ok(())
+}
+
+fn require_hot(hs: &HiSparse, slots: &mut RequestSlots, request_id: &str) {
+    if let Some(s) = slots.get(request_id) {
+        let tables = slots.tables_mut(s);
+        for &(g, _) in &hs.hot_groups {
+            tables[g].hisparse.hot_required = true;
+        }
+    }
+}
+
+/// vLLM's `_unpin_page`: a clean page's references go, its blocks stay readable until the
+/// pool reuses them.
+fn unpin_page(
+    hs: &mut HiSparse,
+    coord: &mut Coordinator,
+    slots: &RequestSlots,
+    request_id: &str,
+    page: usize,
+) -> Result<bool> {
+    let state = hs.state_of(request_id);
+    if state.pending.contains_key(&page) || !state.valid.contains(&page) {
+        return Ok(false);
+    }
+    let Some(tables) = slots.tables_of(request_id) else {
+        return Ok(false);
+    };
+    let mut blocks = Vec::with_capacity(hs.resident_groups.len());
+    for &g in &hs.resident_groups {
+        let num_pages = tables[g].table.len();
+        match resident_page(&tables[g], page) {
+            Some(b) if page + ACTIVE_TAIL_PAGES < num_pages => blocks.push(b),
+            _ => return Ok(false),
+        }
+    }
+    for &b in &blocks {
+        hs.owners
+            .entry(b)
+            .or_default()
+            .push((request_id.to_owned(), page));
+        coord.pool_mut().release_watched(&[b])?;
+    }
+    let state = hs.state_of(request_id);
+    state.pinned_clean.remove(&page);
+    state.unpinned.insert(page);
+    Ok(true)
+}
+
+/// vLLM's `_page_became_clean`.
+fn page_became_clean(
+    hs: &mut HiSparse,
+    coord: &mut Coordinator,
+    slots: &RequestSlots,
+    request_id: &str,
+    page: usize,
+) -> Result<()> {
+    hs.state_of(request_id).pinned_clean.insert(page);
+    if can_read_from_host(hs, slots, request_id) {
+        unpin_page(hs, coord, slots, request_id, page)?;
+    }
+    Ok(())
+}
+
+/// vLLM's `_lose_page`: the pool reused the block a page was read from.
+fn lose_page(hs: &mut HiSparse, slots: &mut RequestSlots, request_id: &str, page: usize) {
+    hs.resident_requests.remove(request_id);
+    if !hs.states.contains_key(request_id) {
+        return;
+    }
+    if let Some(s) = slots.get(request_id) {
+        let tables = slots.tables_mut(s);
+        for &g in &hs.resident_groups {
+            if let Some(block) = drop_page(&mut tables[g], page) {
+                if let Some(owners) = hs.owners.get_mut(&block) {
+                    owners.retain(|(r, p)| !(r == request_id && *p == page));
+                }
+            }
+        }
+    }
+    let state = hs.states.get_mut(request_id).expect("checked");
+    state.unpinned.remove(&page);
+    if page < state.synced_pages {
+        state.stale.insert(page);
+    }
+    require_hot(hs, slots, request_id);
+}
+
+/// vLLM's `_publish_host_blocks_if_ready`: publishes the valid prefix of the pending
+/// publication.
+fn publish_if_ready(
+    hs: &mut HiSparse,
+    coord: &mut Coordinator,
+    slots: &mut RequestSlots,
+    request_id: &str,
+) -> Result<()> {
+    let page_size = hs.page_size;
+    let Some(state) = hs.states.get_mut(request_id) else {
+        return Ok(());
+    };
+    let Some(publication) = state.publication.as_ref() else {
+        return Ok(());
+    };
+    let num_tokens = publication
+        .num_computed_tokens
+        .min(state.ready_prefix_pages * page_size);
+    if let Some(s) = slots.get(request_id) {
+        coord.publish_host_blocks(slots.tables_mut(s), &publication.request, num_tokens)?;
+    }
+    if state.ready_prefix_pages >= publication.num_pages {
+        state.publication = None;
+    }
+    Ok(())
+}
+
+/// vLLM's `_publish_detached_blocks`: a freed request's publication, once no transfer of
+/// it is in flight.
+fn publish_detached(hs: &mut HiSparse, coord: &mut Coordinator, generation: u64) -> Result<()> {
+    let page_size = hs.page_size;
+    let host_group = hs.host_group;
+    let Some(state) = hs.detached.get_mut(&generation) else {
+        return Ok(());
+    };
+    if !state.pending.is_empty() {
+        return Ok(());
+    }
+    let Some(publication) = state.publication.take() else {
+        hs.detached.remove(&generation);
+        return Ok(());
+    };
+    let Some(blocks) = publication.detached_blocks.clone() else {
+        return Ok(());
+    };
+    while state.valid.contains(&state.ready_prefix_pages) {
+        state.ready_prefix_pages += 1;
+    }
+    let num_full = state.ready_prefix_pages.min(publication.num_pages);
+    coord.publish_detached_host_blocks(
+        &publication.request,
+        &blocks,
+        publication.num_cached_blocks,
+        num_full,
+        page_size,
+        host_group,
+    )?;
+    if let Some(host) = coord.host_pool_mut() {
+        host.free_blocks(blocks.iter().rev().copied())?;
+    }
+    hs.detached.remove(&generation);
+    Ok(())
+}
+
+impl KvCacheManager {
+    /// HiSparse's part of an allocation, after the groups allocated (vLLM runs these
+    /// inside the groups' calls; none of them allocates): an adopted host prefix of
+    /// `local_computed` tokens commits its pages, an import records the prefix it fills
+    /// in, the device pool's reuse of unpinned blocks is applied, and with
+    /// `cache_tokens` the request's host pages are published as far as they are durable.
+    pub(super) fn hisparse_after_allocation<R: RequestView>(
+        &mut self,
+        request: &R,
+        adopted: bool,
+        local_computed: usize,
+        external_computed: usize,
+        cache_tokens: Option<usize>,
+    ) -> Result<()> {
+        let Some(hs) = self.hisparse.as_deref_mut() else {
+            return Ok(());
+        };
+        let request_id = request.request_id();
+        if adopted && hs.has_residency() {
+            hs.resident_requests.remove(request_id);
+            commit_computed_blocks(hs, &self.slots, request_id, local_computed);
+        }
+        if external_computed > 0 {
+            hs.resident_requests.remove(request_id);
+            hs.pending_imports
+                .insert(request_id.to_owned(), local_computed + external_computed);
+        }
+        self.hisparse_drain_reused();
+        if let Some(n) = cache_tokens {
+            let host_group = hs_ref(&self.hisparse).host_group;
+            let n = self.coord.num_cacheable_tokens(n, host_group);
+            self.hisparse_publish_when_ready(request, n)?;
+        }
+        Ok(())
+    }
+
+    /// vLLM's `HiSparseCoordinator.free`, before the request's blocks go: a finished
+    /// request with transfers in flight keeps its host blocks for the publication; each
+    /// resident page with a durable host copy is unpinned (the others are freed with the
+    /// table), tail first.
+    pub(super) fn hisparse_free(&mut self, request_id: &str, finished: bool) -> Result<()> {
+        let Some(hs) = self.hisparse.as_deref_mut() else {
+            return Ok(());
+        };
+        hs.resident_requests.remove(request_id);
+        hs.pending_imports.remove(request_id);
+        let Some(mut state) = hs.states.remove(request_id) else {
+            return Ok(());
+        };
+        let Some(s) = self.slots.get(request_id) else {
+            return Ok(());
+        };
+        let detach = finished && state.publication.is_some() && !state.pending.is_empty();
+        if detach {
+            let host = &self.slots.tables(s)[hs.host_group];
+            let publication = state.publication.as_mut().expect("checked");
+            let blocks: Vec<BlockId> = host
+                .table
+                .iter()
+                .take(publication.num_pages)
+                .copied()
+                .collect();
+            publication.num_cached_blocks = host.num_cached.unwrap_or(0);
+            if let Some(pool) = self.coord.host_pool_mut() {
+                pool.touch(&blocks)?;
+            }
+            publication.detached_blocks = Some(blocks);
+        } else {
+            state.publication = None;
+        }
+        let tables = self.slots.tables_mut(s);
+        for &g in &hs.resident_groups {
+            let row = &mut tables[g];
+            for page in (0..row.table.len()).rev() {
+                let Some(block) = resident_page(row, page) else {
+                    continue;
+                };
+                if state.unpinned.contains(&page) {
+                    if let Some(owners) = hs.owners.get_mut(&block) {
+                        owners.retain(|(r, p)| !(r == request_id && *p == page));
+                    }
+                } else if state.valid.contains(&page) && !state.pending.contains_key(&page) {
+                    self.coord.pool_mut().release_watched(&[block])?;
+                } else {
+                    continue;
+                }
+                drop_page(row, page);
+            }
+        }
+        if detach {
+            hs.detached.insert(state.generation, state);
+        }
+        Ok(())
+    }
+}
+
+/// vLLM's `commit_computed_blocks`: a prefix hit on host pages the request now holds.
+fn commit_computed_blocks(
+    hs: &mut HiSparse,
+    slots: &RequestSlots,
+    request_id: &str,
+    local_computed: usize,
+) {
+    let host_pages = slots
+        .tables_of(request_id)
+        .map_or(0, |t| t[hs.host_group].table.len());
+    let num = local_computed.div_ceil(hs.page_size).min(host_pages);
+    if num == 0 {
+        return;
+    }
+    let state = hs.state_of(request_id);
+    state.valid.extend(0..num);
+    state.ready_prefix_pages = state.ready_prefix_pages.max(num);
+    state.pages_to_adopt = state.pages_to_adopt.max(num);
+    state.copies_recorded_blocks = state.copies_recorded_blocks.max(num);
+}
