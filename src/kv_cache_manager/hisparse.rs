@@ -6,7 +6,7 @@
 
 use super::slots::RequestSlots;
 use super::KvCacheManager;
-use crate::attention::hisparse_resident::{drop_page, resident_page};
+use crate::attention::hisparse_resident::{drop_page, residency_row, resident_page};
 use crate::attention::RequestView;
 use crate::coordinator::Coordinator;
 use crate::error::{KvError, Result};
@@ -165,9 +165,7 @@ impl KvCacheManager {
 }
 
 fn hisparse_of(hs: &mut Option<Box<HiSparse>>) -> Result<&mut HiSparse> {
-    hs.as_deref_mut().ok_or_else(|| {
-        KvError::Unsupported("no HiSparse groups: the config has no hisparse_source group".into())
-    })
+    hs.as_deref_mut().ok_or_else(no_hisparse)
 }
 
 fn hs_ref(hs: &Option<Box<HiSparse>>) -> &HiSparse {
@@ -567,4 +565,236 @@ fn commit_computed_blocks(
     state.ready_prefix_pages = state.ready_prefix_pages.max(num);
     state.pages_to_adopt = state.pages_to_adopt.max(num);
     state.copies_recorded_blocks = state.copies_recorded_blocks.max(num);
+}
+
+/// One request's resident pages the worker lacks (vLLM's `SparseKVResidencyUpdate`):
+/// the pages, and per resident group the block each is read from (the null block: from
+/// the host).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResidencyUpdate {
+    /// The request.
+    pub request_id: String,
+    /// Its pages: the stale ones, sorted, then those appended since the last update.
+    pub pages: Vec<usize>,
+    /// Per resident group, one block per page.
+    pub block_ids: Vec<Vec<BlockId>>,
+}
+
+/// One contiguous span of a resident row mirrored into the host cache (vLLM's
+/// `SparseKVRowMirror`), in rows (tokens) of the caches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowMirror {
+    /// Where the span starts in each resident group's cache.
+    pub source_starts: Vec<usize>,
+    /// Where it goes in the host cache.
+    pub destination_start: usize,
+    /// Its length.
+    pub num_rows: usize,
+}
+
+impl KvCacheManager {
+    /// The resident pages the worker lacks for the scheduled `request_ids`: stale pages
+    /// and pages appended since the last update (vLLM's `take_residency_updates`).
+    /// Requests with nothing new are left out; a request not scheduled keeps its changes.
+    pub fn hisparse_take_residency_updates(
+        &mut self,
+        request_ids: &[&str],
+    ) -> Result<Vec<ResidencyUpdate>> {
+        let hs = hisparse_of(&mut self.hisparse)?;
+        let mut out = Vec::new();
+        if !hs.has_residency() {
+            return Ok(out);
+        }
+        for &request_id in request_ids {
+            let tables = self.slots.tables_of(request_id);
+            let first = hs.resident_groups[0];
+            let num_pages = tables.map_or(0, |t| t[first].table.len());
+            let state = hs.state_of(request_id);
+            let start = state.synced_pages;
+            if state.stale.is_empty() && start >= num_pages {
+                continue;
+            }
+            let stale: Vec<usize> = state.stale.iter().copied().collect();
+            let block_ids = hs
+                .resident_groups
+                .iter()
+                .map(|&g| {
+                    let row = tables.map(|t| &t[g]);
+                    let mut ids: Vec<BlockId> = stale
+                        .iter()
+                        .map(|&p| {
+                            row.and_then(|r| resident_page(r, p))
+                                .unwrap_or(NULL_BLOCK_ID)
+                        })
+                        .collect();
+                    if let Some(r) = row {
+                        ids.extend(residency_row(r, start));
+                    }
+                    ids
+                })
+                .collect();
+            let state = hs.state_of(request_id);
+            state.stale.clear();
+            state.synced_pages = num_pages;
+            out.push(ResidencyUpdate {
+                request_id: request_id.to_owned(),
+                pages: stale.into_iter().chain(start..num_pages).collect(),
+                block_ids,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The spans of the scheduled rows, `(request, computed, scheduled)`, to mirror from
+    /// the resident groups into the host cache (vLLM's `build_row_mirrors`). A page
+    /// without a GPU copy or a host block is skipped alone.
+    pub fn hisparse_build_row_mirrors(
+        &self,
+        requests: &[(&str, usize, usize)],
+    ) -> Result<Vec<RowMirror>> {
+        let hs = self.hisparse.as_deref().ok_or_else(no_hisparse)?;
+        let mut out = Vec::new();
+        if !hs.has_residency() {
+            return Ok(out);
+        }
+        let bs = hs.page_size;
+        for &(request_id, computed, scheduled) in requests {
+            let Some(tables) = self.slots.tables_of(request_id) else {
+                continue;
+            };
+            let host = &tables[hs.host_group];
+            let (mut pos, end) = (computed, computed + scheduled);
+            while pos < end {
+                let (page, offset) = (pos / bs, pos % bs);
+                let num_rows = (bs - offset).min(end - pos);
+                let sources: Option<Vec<usize>> = hs
+                    .resident_groups
+                    .iter()
+                    .map(|&g| resident_page(&tables[g], page).map(|b| b as usize * bs + offset))
+                    .collect();
+                let host_block = host
+                    .table
+                    .get(page)
+                    .copied()
+                    .filter(|&b| b != NULL_BLOCK_ID);
+                if let (Some(source_starts), Some(h)) = (sources, host_block) {
+                    out.push(RowMirror {
+                        source_starts,
+                        destination_start: h as usize * bs + offset,
+                        num_rows,
+                    });
+                }
+                pos += num_rows;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether every scheduled request, `(request, computed, scheduled)`, reads only
+    /// resident KV (vLLM's `all_context_pages_resident`); `false` without resident groups.
+    pub fn hisparse_all_context_pages_resident(
+        &mut self,
+        requests: &[(&str, usize, usize)],
+    ) -> Result<bool> {
+        let hs = hisparse_of(&mut self.hisparse)?;
+        if !hs.has_residency() {
+            return Ok(false);
+        }
+        let first = hs.resident_groups[0];
+        for &(request_id, computed, scheduled) in requests {
+            let tables = self.slots.tables_of(request_id);
+            let num_pages = (computed + scheduled).div_ceil(hs.page_size);
+            if tables.map_or(0, |t| t[first].table.len()) < num_pages {
+                return Ok(false);
+            }
+            if hs.resident_requests.contains(request_id) {
+                continue;
+            }
+            let all = tables.is_some_and(|t| {
+                hs.resident_groups
+                    .iter()
+                    .all(|&g| residency_row(&t[g], 0).iter().all(|&b| b != NULL_BLOCK_ID))
+            });
+            if !all {
+                return Ok(false);
+            }
+            hs.resident_requests.insert(request_id.to_owned());
+        }
+        Ok(true)
+    }
+
+    /// Whether a transfer in flight will free device or host blocks when it completes
+    /// (vLLM's `has_pending_reclamation`).
+    pub fn hisparse_has_pending_reclamation(&self) -> bool {
+        let Some(hs) = self.hisparse.as_deref() else {
+            return false;
+        };
+        let host = self.coord.host_pool();
+        hs.ledger.in_flight().any(|(host_block, request_id)| {
+            host.is_some_and(|p| p.ref_cnt(host_block).is_ok_and(|r| r == 1))
+                || (hs.states.contains_key(request_id)
+                    && can_read_from_host(hs, &self.slots, request_id))
+        })
+    }
+
+    /// Whether transfers are planned or in flight (vLLM's `has_pending_work`).
+    pub fn hisparse_has_pending_work(&self) -> bool {
+        self.hisparse
+            .as_deref()
+            .is_some_and(|hs| hs.ledger.has_work())
+    }
+
+    /// An external load into the request's host pages finished (vLLM's
+    /// `finish_host_import`): if it did not fail, its pages are published and its last
+    /// page restored to the GPU.
+    pub fn hisparse_finish_host_import(&mut self, request_id: &str, failed: bool) -> Result<()> {
+        let hs = hisparse_of(&mut self.hisparse)?;
+        match hs.pending_imports.remove(request_id) {
+            Some(n) if !failed => self.hisparse_complete_host_import(request_id, n),
+            _ => Ok(()),
+        }
+    }
+
+    /// Host pages filled by a connector, up to `num_computed` tokens (vLLM's
+    /// `complete_host_import`): they are valid, the page holding the last token is
+    /// restored to its GPU block, and the prefix is published.
+    pub fn hisparse_complete_host_import(
+        &mut self,
+        request_id: &str,
+        num_computed: usize,
+    ) -> Result<()> {
+        let hs = hisparse_of(&mut self.hisparse)?;
+        if !hs.has_residency() {
+            return Ok(());
+        }
+        let num_pages = num_computed / hs.page_size;
+        let page_size = hs.page_size;
+        let state = hs.state_of(request_id);
+        state.valid = (0..num_pages).collect();
+        state.ready_prefix_pages = num_pages;
+        if num_computed > 0 {
+            plan_transfer(
+                hs,
+                &mut self.coord,
+                &self.slots,
+                request_id,
+                (num_computed - 1) / page_size,
+                false,
+                true,
+            )?;
+        }
+        publish_if_ready(hs, &mut self.coord, &mut self.slots, request_id)
+    }
+
+    /// Marks the request as needing its hot regions (vLLM's `require_hot` on every hot
+    /// group).
+    pub fn hisparse_require_hot(&mut self, request_id: &str) -> Result<()> {
+        let hs = hisparse_of(&mut self.hisparse)?;
+        require_hot(hs, &mut self.slots, request_id);
+        Ok(())
+    }
+}
+
+fn no_hisparse() -> KvError {
+    KvError::Unsupported("no HiSparse groups: the config has no hisparse_source group".into())
 }

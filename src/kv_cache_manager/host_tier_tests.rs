@@ -385,6 +385,37 @@ fn write_back_transfers_publish_the_host_prefix() {
         .map(|t| (t.transfer_id, t.host_block_id, t.resident_block_ids.clone()))
         .collect();
     assert_eq!(brief, vec![(2, 3, vec![6]), (3, 4, vec![8])]);
+    // What the worker lacks, once; the rows to mirror; whether only resident KV is read.
+    let updates = m.hisparse_take_residency_updates(&["a"]).unwrap();
+    assert_eq!(
+        updates
+            .iter()
+            .map(|u| (u.request_id.as_str(), u.pages.clone(), u.block_ids.clone()))
+            .collect::<Vec<_>>(),
+        vec![("a", vec![0, 1, 2, 3], vec![vec![4, 5, 6, 8]])]
+    );
+    assert!(m
+        .hisparse_take_residency_updates(&["a"])
+        .unwrap()
+        .is_empty());
+    let mirrors = m
+        .hisparse_build_row_mirrors(&[("a", 40, 24), ("zz", 0, 5)])
+        .unwrap();
+    assert_eq!(
+        mirrors
+            .iter()
+            .map(|x| (x.source_starts.clone(), x.destination_start, x.num_rows))
+            .collect::<Vec<_>>(),
+        vec![(vec![104], 56, 8), (vec![128], 64, 16)]
+    );
+    assert!(m
+        .hisparse_all_context_pages_resident(&[("a", 40, 24)])
+        .unwrap());
+    assert!(!m
+        .hisparse_all_context_pages_resident(&[("a", 40, 40)])
+        .unwrap());
+    assert!(m.hisparse_has_pending_work());
+    assert!(!m.hisparse_has_pending_reclamation());
 
     m.hisparse_update_spills(&[(0, 1), (1, 1)], &[(0, 1)])
         .unwrap();
@@ -420,6 +451,7 @@ fn write_back_transfers_publish_the_host_prefix() {
         .iter()
         .all(|&b| host.block_hash(b).unwrap().is_some()));
 
+    assert!(!m.hisparse_has_pending_work() && !m.hisparse_has_pending_reclamation());
     m.free_request("a", false).unwrap();
     assert_eq!(
         queues(&m),
