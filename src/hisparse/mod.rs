@@ -2,9 +2,11 @@
 //! the residency state machine over the host tier (`crate::host_tier`) and the resident
 //! and hot groups (`crate::attention::hisparse_resident`, `hisparse_hot`). Built piece by
 //! piece (docs/hisparse-plan.md, section 8); so far the page-transfer ledger
-//! ([`spills`]), a request's residency state with the write-back planner ([`state`]) and
-//! the deferred publication's copy of the request ([`publication`]).
+//! ([`spills`]), a request's residency state with the write-back planner ([`state`]),
+//! the deferred publication's copy of the request ([`publication`]) and the index of GPU
+//! copies of published host pages ([`copies`]).
 
+pub mod copies;
 pub mod publication;
 pub mod spills;
 pub mod state;
@@ -14,6 +16,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::attention::AttentionKind;
 use crate::coordinator::Coordinator;
 use crate::types::BlockId;
+use copies::CopyIndex;
 use spills::SpillLedger;
 use state::RequestResidency;
 
@@ -48,6 +51,8 @@ pub struct HiSparse {
     pub(crate) resident_requests: FxHashSet<String>,
     /// Unpinned device block -> the (request, page) pairs still reading it.
     pub(crate) owners: FxHashMap<BlockId, Vec<(String, usize)>>,
+    /// GPU copies of published host pages.
+    pub(crate) copies: CopyIndex,
 }
 
 /// ACTIVE_TAIL_PAGES of vLLM: the last pages of a row a step may still write, never
@@ -101,6 +106,7 @@ impl HiSparse {
             pending_imports: FxHashMap::default(),
             resident_requests: FxHashSet::default(),
             owners: FxHashMap::default(),
+            copies: CopyIndex::default(),
         }))
     }
 

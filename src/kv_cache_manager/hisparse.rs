@@ -6,8 +6,8 @@
 
 use super::slots::RequestSlots;
 use super::KvCacheManager;
-use crate::attention::hisparse_resident::{drop_page, residency_row, resident_page};
-use crate::attention::RequestView;
+use crate::attention::hisparse_resident::{adopt_page, drop_page, residency_row, resident_page};
+use crate::attention::{RequestBlocks, RequestView};
 use crate::coordinator::Coordinator;
 use crate::error::{KvError, Result};
 use crate::hisparse::publication::{Publication, RequestCopy};
@@ -87,13 +87,19 @@ impl KvCacheManager {
                     state.valid.insert(done.page);
                 }
                 if state.valid.contains(&done.page) {
+                    let hs = hisparse_of(&mut self.hisparse)?;
                     page_became_clean(
-                        hisparse_of(&mut self.hisparse)?,
+                        hs,
                         &mut self.coord,
                         &self.slots,
                         &done.request_id,
                         done.page,
                     )?;
+                    if done.restore {
+                        if let Some(tables) = self.slots.tables_of(&done.request_id) {
+                            record_copy(hs, &self.coord, tables, done.page);
+                        }
+                    }
                 }
                 if !completed_requests.contains(&done.request_id) {
                     completed_requests.push(done.request_id.clone());
@@ -157,6 +163,7 @@ impl KvCacheManager {
             return;
         };
         for block in self.coord.pool_mut().take_reused_watched() {
+            hs.copies.drop_block(block);
             for (request_id, page) in hs.owners.remove(&block).unwrap_or_default() {
                 lose_page(hs, &mut self.slots, &request_id, page);
             }
@@ -273,7 +280,10 @@ fn update_residency(
     slots: &mut RequestSlots,
     request_id: &str,
 ) -> Result<()> {
-    hs.state_of(request_id).pages_to_adopt = 0;
+    let to_adopt = std::mem::take(&mut hs.state_of(request_id).pages_to_adopt);
+    if to_adopt > 0 {
+        adopt_copies(hs, coord, slots, request_id, to_adopt)?;
+    }
     if !can_read_from_host(hs, slots, request_id) {
         let fills_window = slots.tables_of(request_id).is_some_and(|tables| {
             hs.resident_groups.iter().any(|&g| {
@@ -409,6 +419,109 @@ fn publish_if_ready(
     }
     if state.ready_prefix_pages >= publication.num_pages {
         state.publication = None;
+    }
+    record_copies(hs, coord, slots, request_id, num_tokens);
+    Ok(())
+}
+
+/// vLLM's `_record_copies`: indexes the resident blocks of the request's just-published
+/// host pages (up to `num_tokens`), past those indexed before, skipping pages in
+/// transfer.
+fn record_copies(
+    hs: &mut HiSparse,
+    coord: &Coordinator,
+    slots: &RequestSlots,
+    request_id: &str,
+    num_tokens: usize,
+) {
+    if !hs.has_residency() {
+        return;
+    }
+    let Some(tables) = slots.tables_of(request_id) else {
+        return;
+    };
+    let host_len = tables[hs.host_group].table.len();
+    if host_len == 0 {
+        return;
+    }
+    let num_host = (num_tokens / hs.page_size).min(host_len);
+    let state = hs.state_of(request_id);
+    let from = state.copies_recorded_blocks;
+    let pending: Vec<usize> = state.pending.keys().copied().collect();
+    for page in from..num_host {
+        if !pending.contains(&page) {
+            record_copy(hs, coord, tables, page);
+        }
+    }
+    let state = hs.state_of(request_id);
+    state.copies_recorded_blocks = state.copies_recorded_blocks.max(num_host);
+}
+
+/// vLLM's `_record_copy`: the page's resident blocks become the copies of its host block,
+/// if that block is cached and the page is resident in every group.
+fn record_copy(hs: &mut HiSparse, coord: &Coordinator, tables: &[RequestBlocks], page: usize) {
+    let Some(&host_block) = tables[hs.host_group].table.get(page) else {
+        return;
+    };
+    if host_block == NULL_BLOCK_ID {
+        return;
+    }
+    let Some(Ok(Some(hash))) = coord.host_pool().map(|p| p.block_hash(host_block)) else {
+        return;
+    };
+    let Some(blocks) = hs
+        .resident_groups
+        .iter()
+        .map(|&g| resident_page(&tables[g], page))
+        .collect::<Option<Vec<BlockId>>>()
+    else {
+        return;
+    };
+    hs.copies.record(hash, blocks);
+}
+
+/// vLLM's `_adopt_copies`: the request's host-only prefix pages point at readable GPU
+/// copies of their contents, which it now holds.
+fn adopt_copies(
+    hs: &mut HiSparse,
+    coord: &mut Coordinator,
+    slots: &mut RequestSlots,
+    request_id: &str,
+    num_pages: usize,
+) -> Result<()> {
+    if hs.copies.is_empty() {
+        return Ok(());
+    }
+    let Some(s) = slots.get(request_id) else {
+        return Ok(());
+    };
+    let host: Vec<BlockId> = slots.tables(s)[hs.host_group]
+        .table
+        .iter()
+        .take(num_pages)
+        .copied()
+        .collect();
+    for (page, host_block) in host.into_iter().enumerate() {
+        if host_block == NULL_BLOCK_ID {
+            continue;
+        }
+        let Some(Ok(Some(hash))) = coord.host_pool().map(|p| p.block_hash(host_block)) else {
+            continue;
+        };
+        let Some(copies) = hs.copies.get(&hash).map(<[BlockId]>::to_vec) else {
+            continue;
+        };
+        let groups = hs.resident_groups.clone();
+        for (g, block) in groups.into_iter().zip(copies) {
+            if adopt_page(&mut slots.tables_mut(s)[g], page, block) {
+                coord.pool_mut().touch(&[block])?;
+                let state = hs.state_of(request_id);
+                state.pinned_clean.insert(page);
+                if page < state.synced_pages {
+                    state.stale.insert(page);
+                }
+            }
+        }
     }
     Ok(())
 }

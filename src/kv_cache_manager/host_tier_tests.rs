@@ -464,3 +464,110 @@ fn write_back_transfers_publish_the_host_prefix() {
         )
     );
 }
+
+/// A host hit adopts the GPU copies of the pages another request wrote back, against
+/// vLLM 0.33.0's `HiSparseCoordinator` on the same calls: the copies indexed on
+/// publication, the adopted row, the references (the active tail stays pinned, the rest
+/// is unpinned once the request has its hot region), and the free order.
+#[test]
+fn host_hit_adopts_gpu_copies() {
+    let mut m = hisparse_layout();
+    let mut a = req("a", 0, 64);
+    assert_eq!(
+        allocate(&mut m, &mut a, 64),
+        Some(vec![
+            vec![1, 2, 3, 4],
+            vec![1, 2, 3, 4],
+            vec![5, 6, 7, 8],
+            vec![]
+        ])
+    );
+    m.hisparse_advance_scheduled(&[("a", 64)]).unwrap();
+    let sent = m.hisparse_build_offload_command().unwrap().unwrap();
+    assert_eq!(
+        sent.iter()
+            .map(|t| (t.transfer_id, t.host_block_id, t.resident_block_ids.clone()))
+            .collect::<Vec<_>>(),
+        vec![
+            (0, 1, vec![5]),
+            (1, 2, vec![6]),
+            (2, 3, vec![7]),
+            (3, 4, vec![8])
+        ]
+    );
+    let all: Vec<(u64, u64)> = (0..4).map(|i| (i, 1)).collect();
+    m.hisparse_update_spills(&all, &all).unwrap();
+    let mut copies: Vec<BlockId> = m
+        .hisparse
+        .as_deref()
+        .unwrap()
+        .copies
+        .iter()
+        .map(|(_, b)| b[0])
+        .collect();
+    copies.sort_unstable();
+    assert_eq!(copies, vec![5, 6, 7, 8]);
+
+    let mut b = req("b", 0, 80);
+    let (hits, hit) = m.get_computed_blocks(&b).unwrap();
+    assert_eq!(
+        (&hits, hit),
+        (
+            &vec![vec![1, 2, 3, 4], vec![1, 2, 3, 4], vec![], vec![]],
+            64
+        )
+    );
+    let mut args = AllocateArgs::new(16);
+    args.num_new_computed_tokens = 64;
+    args.new_computed_blocks = Some(&hits);
+    assert_eq!(
+        m.allocate_slots(&b, &args).unwrap(),
+        Some(vec![vec![5], vec![9], vec![10], vec![11, 12]])
+    );
+    b.computed = 80;
+    m.hisparse_advance_scheduled(&[("b", 80)]).unwrap();
+    let resident = |m: &KvCacheManager, id: &str| {
+        let s = m.slots.get(id).unwrap();
+        crate::attention::hisparse_resident::residency_row(&m.slots.tables(s)[2], 0)
+    };
+    assert_eq!(resident(&m, "b"), vec![5, 6, 7, 8, 10]);
+    let refs: Vec<i64> = [5, 6, 7, 8]
+        .iter()
+        .map(|&x| m.pool().ref_cnt(x).unwrap())
+        .collect();
+    assert_eq!(refs, vec![1, 1, 1, 2]);
+    let state = m.hisparse_request_state("b").unwrap();
+    assert_eq!(
+        state.valid.iter().copied().collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
+    assert_eq!(state.ready_prefix_pages, 4);
+    assert_eq!(
+        state.pinned_clean.iter().copied().collect::<Vec<_>>(),
+        vec![3]
+    );
+    let sent = m.hisparse_build_offload_command().unwrap().unwrap();
+    assert_eq!(
+        sent.iter()
+            .map(|t| (t.transfer_id, t.host_block_id, t.resident_block_ids.clone()))
+            .collect::<Vec<_>>(),
+        vec![(4, 5, vec![10])]
+    );
+    let updates = m.hisparse_take_residency_updates(&["b"]).unwrap();
+    assert_eq!(
+        (updates[0].pages.clone(), updates[0].block_ids.clone()),
+        (vec![0, 1, 2, 3, 4], vec![vec![5, 6, 7, 8, 10]])
+    );
+    m.free_request("a", false).unwrap();
+    m.free_request("b", false).unwrap();
+    assert_eq!(
+        queues(&m),
+        (
+            vec![6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 4, 3, 2, 1],
+            vec![
+                12, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+                7, 6, 5, 8, 9, 4, 3, 2, 1
+            ]
+        )
+    );
+}
