@@ -511,20 +511,12 @@ impl KvCacheManager {
             prefill_end,
             &mut copies,
         )?;
-        let cache_tokens = (!args.delay_cache_blocks)
-            .then(|| (total + args.num_new_tokens).min(request.num_tokens()));
         if self.hisparse.is_some() {
-            let adopted = hits.is_some() || args.num_external_computed_tokens > 0;
-            self.hisparse_after_allocation(
-                request,
-                adopted,
-                local,
-                args.num_external_computed_tokens,
-                cache_tokens,
-            )?;
+            self.hisparse_after_allocation(request, args, hits.is_some(), local, total)?;
         }
         let rbs = self.slots.tables_mut(s);
-        if let Some(n) = cache_tokens {
+        if !args.delay_cache_blocks {
+            let n = (total + args.num_new_tokens).min(request.num_tokens());
             self.coord.cache_blocks(rbs, request, n)?;
         }
         for (group, (rb, &st)) in rbs.iter().zip(starts.iter()).enumerate() {
@@ -661,7 +653,9 @@ impl KvCacheManager {
     /// `request.is_finished()`; a preempted one did not): HiSparse keeps a finished
     /// request's host blocks while transfers of its publication are in flight.
     pub fn free_request(&mut self, request_id: &str, finished: bool) -> Result<()> {
-        self.hisparse_free(request_id, finished)?;
+        if self.hisparse.is_some() {
+            self.hisparse_free(request_id, finished)?;
+        }
         let Some(s) = self.slots.release(request_id) else {
             return Ok(());
         };
@@ -908,6 +902,8 @@ impl KvCacheManager {
     /// Clears the prefix cache if no request holds a block.
     pub fn reset_prefix_cache(&mut self) -> bool {
         let ok = self.coord.reset_prefix_cache();
+        // A reset reports every unpinned block as reused (HiSparse loses those pages).
+        self.hisparse_drain_reused();
         if ok && self.log_stats {
             self.stats.reset = true;
         }

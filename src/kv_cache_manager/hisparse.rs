@@ -5,7 +5,7 @@
 //! request tables.
 
 use super::slots::RequestSlots;
-use super::KvCacheManager;
+use super::{AllocateArgs, KvCacheManager};
 use crate::attention::hisparse_resident::{adopt_page, drop_page, residency_row, resident_page};
 use crate::attention::{RequestBlocks, RequestView};
 use crate::coordinator::Coordinator;
@@ -564,19 +564,24 @@ fn publish_detached(hs: &mut HiSparse, coord: &mut Coordinator, generation: u64)
 }
 
 impl KvCacheManager {
-    /// HiSparse's part of an allocation, after the groups allocated (vLLM runs these
-    /// inside the groups' calls; none of them allocates): an adopted host prefix of
+    /// HiSparse's part of an allocation (`args`), after the groups allocated (vLLM runs
+    /// these inside the groups' calls; none of them allocates): an adopted host prefix of
     /// `local_computed` tokens commits its pages, an import records the prefix it fills
-    /// in, the device pool's reuse of unpinned blocks is applied, and with
-    /// `cache_tokens` the request's host pages are published as far as they are durable.
+    /// in, the device pool's reuse of unpinned blocks is applied, and unless caching is
+    /// delayed the request's host pages are published as far as they are durable.
+    #[inline(never)]
     pub(super) fn hisparse_after_allocation<R: RequestView>(
         &mut self,
         request: &R,
-        adopted: bool,
+        args: &AllocateArgs<'_>,
+        took_hit: bool,
         local_computed: usize,
-        external_computed: usize,
-        cache_tokens: Option<usize>,
+        total_computed: usize,
     ) -> Result<()> {
+        let external_computed = args.num_external_computed_tokens;
+        let adopted = took_hit || external_computed > 0;
+        let cache_tokens = (!args.delay_cache_blocks)
+            .then(|| (total_computed + args.num_new_tokens).min(request.num_tokens()));
         let Some(hs) = self.hisparse.as_deref_mut() else {
             return Ok(());
         };
@@ -603,6 +608,7 @@ impl KvCacheManager {
     /// request with transfers in flight keeps its host blocks for the publication; each
     /// resident page with a durable host copy is unpinned (the others are freed with the
     /// table), tail first.
+    #[inline(never)]
     pub(super) fn hisparse_free(&mut self, request_id: &str, finished: bool) -> Result<()> {
         let Some(hs) = self.hisparse.as_deref_mut() else {
             return Ok(());
@@ -897,6 +903,26 @@ impl KvCacheManager {
             )?;
         }
         publish_if_ready(hs, &mut self.coord, &mut self.slots, request_id)
+    }
+
+    /// Whether the request holds the whole region of every hot group (vLLM's `has_hot`
+    /// of each), and whether it needs them (`hot_required`).
+    pub fn hisparse_hot(&self, request_id: &str) -> (bool, bool) {
+        let Some(hs) = self.hisparse.as_deref() else {
+            return (false, false);
+        };
+        let Some(tables) = self.slots.tables_of(request_id) else {
+            return (false, false);
+        };
+        let has = hs
+            .hot_groups
+            .iter()
+            .all(|&(g, n)| tables[g].table.len() == n);
+        let required = hs
+            .hot_groups
+            .iter()
+            .any(|&(g, _)| tables[g].hisparse.hot_required);
+        (has && !hs.hot_groups.is_empty(), required)
     }
 
     /// Marks the request as needing its hot regions (vLLM's `require_hot` on every hot
