@@ -876,12 +876,19 @@ impl KvCacheManager {
 
     /// Host pages filled by a connector, up to `num_computed` tokens (vLLM's
     /// `complete_host_import`): they are valid, the page holding the last token is
-    /// restored to its GPU block, and the prefix is published.
+    /// restored to its GPU block, and the prefix is published. More tokens than the
+    /// model's length are refused (`InvalidArgument`).
     pub fn hisparse_complete_host_import(
         &mut self,
         request_id: &str,
         num_computed: usize,
     ) -> Result<()> {
+        if num_computed > self.max_model_len {
+            return Err(KvError::InvalidArgument(format!(
+                "num_computed_tokens {num_computed} exceeds max_model_len {}",
+                self.max_model_len
+            )));
+        }
         let hs = hisparse_of(&mut self.hisparse)?;
         if !hs.has_residency() {
             return Ok(());

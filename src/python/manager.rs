@@ -1146,6 +1146,178 @@ impl PyKVCacheManager {
     fn block_pool(slf: Py<Self>) -> PyBlockPool {
         PyBlockPool::of_manager(slf)
     }
+
+    /// Frees the request's blocks, saying whether it finished (vLLM's
+    /// `request.is_finished()`; HiSparse keeps a finished request's host blocks for its
+    /// publication).
+    fn free_request(&mut self, request_id: &str, finished: bool) -> PyResult<()> {
+        self.memos.forget(request_id);
+        Ok(self.inner.free_request(request_id, finished)?)
+    }
+
+    /// HiSparse's per-step work for `(request_id, num_tokens)` pairs (vLLM's
+    /// `HiSparseCoordinator.advance_scheduled`).
+    fn hisparse_advance_scheduled(&mut self, requests: Vec<(String, usize)>) -> PyResult<()> {
+        let requests: Vec<(&str, usize)> = requests.iter().map(|(r, n)| (r.as_str(), *n)).collect();
+        Ok(self.inner.hisparse_advance_scheduled(&requests)?)
+    }
+
+    /// The transfers planned since the last call, `(transfer_id, host_block_id,
+    /// resident_block_ids, after_forward, restore)` each (vLLM's `build_offload_command`);
+    /// `None` without resident groups.
+    #[allow(clippy::type_complexity)]
+    fn hisparse_build_offload_command(
+        &mut self,
+    ) -> PyResult<Option<Vec<(u64, BlockId, Vec<BlockId>, bool, bool)>>> {
+        Ok(self.inner.hisparse_build_offload_command()?.map(|ts| {
+            ts.into_iter()
+                .map(|t| {
+                    (
+                        t.transfer_id,
+                        t.host_block_id,
+                        t.resident_block_ids,
+                        t.after_forward,
+                        t.restore,
+                    )
+                })
+                .collect()
+        }))
+    }
+
+    /// Workers' transfer reports, transfer id -> count (vLLM's `update_spills`).
+    fn hisparse_update_spills(
+        &mut self,
+        enqueued: std::collections::BTreeMap<u64, u64>,
+        completed: std::collections::BTreeMap<u64, u64>,
+    ) -> PyResult<()> {
+        let enqueued: Vec<(u64, u64)> = enqueued.into_iter().collect();
+        let completed: Vec<(u64, u64)> = completed.into_iter().collect();
+        Ok(self.inner.hisparse_update_spills(&enqueued, &completed)?)
+    }
+
+    /// Per scheduled request with something new: `(pages, block ids per resident group)`
+    /// (vLLM's `take_residency_updates`).
+    #[allow(clippy::type_complexity)]
+    fn hisparse_take_residency_updates(
+        &mut self,
+        request_ids: Vec<String>,
+    ) -> PyResult<Vec<(String, Vec<usize>, Vec<Vec<BlockId>>)>> {
+        let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
+        Ok(self
+            .inner
+            .hisparse_take_residency_updates(&ids)?
+            .into_iter()
+            .map(|u| (u.request_id, u.pages, u.block_ids))
+            .collect())
+    }
+
+    /// The spans to mirror for `(request_id, num_computed_tokens, num_scheduled_tokens)`
+    /// rows, `(source_starts, destination_start, num_rows)` each (vLLM's
+    /// `build_row_mirrors`).
+    fn hisparse_build_row_mirrors(
+        &self,
+        requests: Vec<(String, usize, usize)>,
+    ) -> PyResult<Vec<(Vec<usize>, usize, usize)>> {
+        let rows: Vec<(&str, usize, usize)> = requests
+            .iter()
+            .map(|(r, c, n)| (r.as_str(), *c, *n))
+            .collect();
+        Ok(self
+            .inner
+            .hisparse_build_row_mirrors(&rows)?
+            .into_iter()
+            .map(|m| (m.source_starts, m.destination_start, m.num_rows))
+            .collect())
+    }
+
+    /// Whether every scheduled row reads only resident KV (vLLM's
+    /// `all_context_pages_resident`).
+    fn hisparse_all_context_pages_resident(
+        &mut self,
+        requests: Vec<(String, usize, usize)>,
+    ) -> PyResult<bool> {
+        let rows: Vec<(&str, usize, usize)> = requests
+            .iter()
+            .map(|(r, c, n)| (r.as_str(), *c, *n))
+            .collect();
+        Ok(self.inner.hisparse_all_context_pages_resident(&rows)?)
+    }
+
+    /// Whether transfers are planned or in flight (vLLM's `has_pending_work`).
+    fn hisparse_has_pending_work(&self) -> bool {
+        self.inner.hisparse_has_pending_work()
+    }
+
+    /// Whether a transfer in flight frees blocks when it completes (vLLM's
+    /// `has_pending_reclamation`).
+    fn hisparse_has_pending_reclamation(&self) -> bool {
+        self.inner.hisparse_has_pending_reclamation()
+    }
+
+    /// An external load into the request's host pages finished (vLLM's
+    /// `finish_host_import`).
+    #[pyo3(signature = (request_id, *, failed))]
+    fn hisparse_finish_host_import(&mut self, request_id: &str, failed: bool) -> PyResult<()> {
+        Ok(self.inner.hisparse_finish_host_import(request_id, failed)?)
+    }
+
+    /// Host pages a connector filled, up to `num_computed_tokens` (vLLM's
+    /// `complete_host_import`).
+    fn hisparse_complete_host_import(
+        &mut self,
+        request_id: &str,
+        num_computed_tokens: usize,
+    ) -> PyResult<()> {
+        Ok(self
+            .inner
+            .hisparse_complete_host_import(request_id, num_computed_tokens)?)
+    }
+
+    /// Marks the request as needing its hot regions (vLLM's `require_hot`).
+    fn hisparse_require_hot(&mut self, request_id: &str) -> PyResult<()> {
+        Ok(self.inner.hisparse_require_hot(request_id)?)
+    }
+
+    /// `(has_hot, hot_required)` of the request (vLLM's `has_hot` and membership in
+    /// `hot_required`).
+    fn hisparse_hot(&self, request_id: &str) -> (bool, bool) {
+        self.inner.hisparse_hot(request_id)
+    }
+
+    /// The request's residency state as a dict of vLLM's `_HiSparseRequestState` fields
+    /// (`None` for a request HiSparse has no state for).
+    fn hisparse_request_state<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &str,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(state) = self.inner.hisparse_request_state(request_id) else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item(
+            "valid_pages",
+            state.valid.iter().copied().collect::<Vec<_>>(),
+        )?;
+        d.set_item("ready_prefix_pages", state.ready_prefix_pages)?;
+        d.set_item("pending_pages", state.pending.clone())?;
+        d.set_item(
+            "pinned_clean",
+            state.pinned_clean.iter().copied().collect::<Vec<_>>(),
+        )?;
+        d.set_item(
+            "unpinned_pages",
+            state.unpinned.iter().copied().collect::<Vec<_>>(),
+        )?;
+        d.set_item("pages_to_adopt", state.pages_to_adopt)?;
+        d.set_item("synced_pages", state.synced_pages)?;
+        d.set_item(
+            "stale_pages",
+            state.stale.iter().copied().collect::<Vec<_>>(),
+        )?;
+        d.set_item("has_publication", state.publication.is_some())?;
+        Ok(Some(d))
+    }
 }
 
 impl PyKVCacheManager {

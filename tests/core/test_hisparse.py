@@ -1,7 +1,7 @@
 """HiSparse's specs and group fields (vLLM 0.33's `HiSparseHotSpec`, `HiSparseResidentSpec`,
 `KVCacheGroupSpec.host_resident` / `role`, `KVCacheConfig.hisparse_host_num_blocks`) in the
-core, and the managers' refusal of HiSparse groups: vLLM drives them with its
-`HiSparseCoordinator`, which kvblocks does not implement (`src/attention/hisparse.rs`).
+core, the layouts the manager refuses as vLLM's `HiSparseCoordinator` does, and its
+coordinator calls through Python (`hisparse_*`), on a write-back trace read off vLLM 0.33.0.
 """
 
 from __future__ import annotations
@@ -91,21 +91,48 @@ def _groups(**kw: bool) -> list[kb.KVCacheGroupSpec]:
 
 
 @pytest.mark.parametrize(
-    ("groups", "what"),
+    ("groups", "host_blocks", "match"),
     [
-        (_groups(), "host-resident groups"),
-        (_groups(source=False), "resident groups"),
-        (_groups(source=False, resident=False), "hot groups"),
-        (
-            [kb.KVCacheGroupSpec(["source"], full(), role="hisparse_source")],
-            "source groups",
-        ),
+        (_groups(source=False), 16, "need a hisparse_source group"),
+        (_groups(source=False, resident=False), 16, "need a hisparse_source group"),
+        (_groups(), None, "no hisparse_host_num_blocks"),
+        ([*_groups()[2:], *_groups()[:2]], 16, "must precede the resident groups"),
     ],
 )
-def test_managers_refuse_hisparse_groups(groups: list[kb.KVCacheGroupSpec], what: str) -> None:
-    config = kb.KVCacheConfig(32, [], groups, hisparse_host_num_blocks=16)
-    with pytest.raises(kb.UnsupportedError, match=f"HiSparse {what}: .*HiSparseCoordinator"):
+def test_layouts_vllm_refuses(
+    groups: list[kb.KVCacheGroupSpec], host_blocks: int | None, match: str
+) -> None:
+    config = kb.KVCacheConfig(32, [], groups, hisparse_host_num_blocks=host_blocks)
+    with pytest.raises(kb.InvalidArgumentError, match=match):
         kb.KVCacheManager(config, 128, BS)
+
+
+def test_write_back_through_the_coordinator_calls() -> None:
+    # vLLM 0.33.0, the same layout and calls: transfers, their references, the host
+    # prefix published once they complete, and the free order with unpinned pages first.
+    config = kb.KVCacheConfig(32, [], _groups(), hisparse_host_num_blocks=16)
+    mgr = kb.KVCacheManager(config, 128, BS)
+    a = kb.Request("a", list(range(40)), kb.BlockHasher(BS))
+    new = mgr.allocate_slots(a, 40)
+    assert new is not None and new.get_block_ids() == ([1, 2, 3], [1, 2, 3], [4, 5, 6], [])
+    a.num_computed_tokens = 40
+    mgr.hisparse_advance_scheduled([("a", 40)])
+    assert mgr.hisparse_build_offload_command() == [
+        (0, 1, [4], True, False),
+        (1, 2, [5], True, False),
+    ]
+    assert mgr.hisparse_build_offload_command() == []
+    assert mgr.hisparse_has_pending_work()
+    mgr.hisparse_update_spills({0: 1, 1: 1}, {0: 1, 1: 1})
+    state = mgr.hisparse_request_state("a")
+    assert state is not None
+    assert (state["valid_pages"], state["ready_prefix_pages"]) == ([0, 1], 2)
+    assert state["pinned_clean"] == [0, 1] and not mgr.hisparse_has_pending_work()
+    assert mgr.hisparse_take_residency_updates(["a"]) == [("a", [0, 1, 2], [[4, 5, 6]])]
+    assert mgr.hisparse_take_residency_updates(["a"]) == []
+    assert mgr.hisparse_hot("a") == (False, False)
+    mgr.free_request("a", False)
+    assert mgr.hisparse_request_state("a") is None
 
 
 def test_indexer_group_is_a_plain_full_attention_group() -> None:

@@ -93,6 +93,23 @@ def fresh_manager() -> kb.KVCacheManager:
     return mgr
 
 
+def hisparse_manager() -> kb.KVCacheManager:
+    """vLLM's HiSparse layout (source, indexer, resident, hot) holding request "r"."""
+    groups = [
+        kb.KVCacheGroupSpec(["source"], spec(), host_resident=True, role="hisparse_source"),
+        kb.KVCacheGroupSpec(["indexer"], spec(), role="hisparse_indexer"),
+        kb.KVCacheGroupSpec(["resident"], kb.HiSparseResidentSpec(block_size=BS, page_size=64)),
+        kb.KVCacheGroupSpec(
+            ["hot"], kb.HiSparseHotSpec(block_size=BS, page_size=64, blocks_per_request=2)
+        ),
+    ]
+    mgr = kb.KVCacheManager(kb.KVCacheConfig(32, [], groups, hisparse_host_num_blocks=16), 64, BS)
+    req = fresh_request()
+    assert mgr.allocate_slots(req, req.num_tokens) is not None
+    mgr.hisparse_advance_scheduled([("r", req.num_tokens)])
+    return mgr
+
+
 def fresh_sink() -> kb.EventSink:
     sink = kb.EventSink(max_queue_size=4)
     sink.publish([kb.AllBlocksCleared()])  # so that next_payload never waits
@@ -483,6 +500,32 @@ def calls() -> list[Call]:
     manager_calls: list[Call] = [
         (f"KVCacheManager.{name}", fresh_manager, getattr(kb.KVCacheManager, name), args)
         for name, args in manager_args
+    ]
+    manager_calls += [
+        (f"KVCacheManager.{name}", hisparse_manager, getattr(kb.KVCacheManager, name), args)
+        for name, args in (
+            ("free_request", ["r", True]),
+            ("hisparse_advance_scheduled", [[("r", 16)]]),
+            ("hisparse_build_offload_command", []),
+            ("hisparse_update_spills", [{0: 1}, {0: 1}]),
+            ("hisparse_take_residency_updates", [["r"]]),
+            ("hisparse_build_row_mirrors", [[("r", 0, 16)]]),
+            ("hisparse_all_context_pages_resident", [[("r", 0, 16)]]),
+            ("hisparse_has_pending_work", []),
+            ("hisparse_has_pending_reclamation", []),
+            ("hisparse_complete_host_import", ["r", 16]),
+            ("hisparse_require_hot", ["r"]),
+            ("hisparse_hot", ["r"]),
+            ("hisparse_request_state", ["r"]),
+        )
+    ]
+    manager_calls += [
+        (
+            "KVCacheManager.hisparse_finish_host_import",
+            hisparse_manager,
+            lambda m, r, f: m.hisparse_finish_host_import(r, failed=f),
+            ["r", False],
+        )
     ]
     manager_calls += [
         (f"KVCacheManager.{name}", pinned_manager, getattr(kb.KVCacheManager, name), args)

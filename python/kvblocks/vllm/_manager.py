@@ -488,6 +488,12 @@ class KVCacheManager(kb.KVCacheManager):
     ) -> KVCacheManager:
         release = rules()
         flagged = any(g.is_eagle_group for g in kv_cache_config.kv_cache_groups)
+        if any(getattr(g, "host_resident", False) for g in kv_cache_config.kv_cache_groups):
+            # The core carries HiSparse; vLLM's HiSparseCoordinator has no view over it yet.
+            raise UnsupportedConfigError(
+                "HiSparse host-resident groups: kvblocks.vllm has no HiSparseCoordinator "
+                "view over the core's yet"
+            )
         self = super().__new__(
             cls,
             convert_config(kv_cache_config),
