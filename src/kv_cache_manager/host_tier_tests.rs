@@ -5,7 +5,7 @@
 //! host holds them). vLLM's sentinel reads `coordinator.gpu_pool`, set there to the device
 //! pool as resident groups would.
 
-use super::tests::TestReq;
+use super::tests::{step, TestReq};
 use super::*;
 use crate::attention::{AttentionKind as K, ManagerParams};
 use crate::events::event::KvCacheEvent;
@@ -45,20 +45,12 @@ fn queues(m: &KvCacheManager) -> (Vec<BlockId>, Vec<BlockId>) {
     (host, m.pool().free_block_ids().collect())
 }
 
-fn allocate(m: &mut KvCacheManager, r: &mut TestReq, n: usize) -> Option<Vec<Vec<BlockId>>> {
-    let new = m.allocate_slots(r, &AllocateArgs::new(n)).unwrap();
-    if new.is_some() {
-        r.computed += n;
-    }
-    new
-}
-
 #[test]
 fn host_pool_allocation_events_hits_frees_and_reset() {
     let mut m = hisparse(12, Some(8)).unwrap();
     let mut a = req("a", 0, 40);
     assert_eq!(
-        allocate(&mut m, &mut a, 40),
+        step(&mut m, &mut a, 40),
         Some(vec![vec![1, 2, 3], vec![1, 2, 3]])
     );
     // The source caches nothing on its own; publishing stores its blocks as CPU.
@@ -70,7 +62,7 @@ fn host_pool_allocation_events_hits_frees_and_reset() {
 
     // 6 host blocks do not fit in 4, though the device has 8 free: the sentinel.
     let mut b = req("b", 1000, 90);
-    assert_eq!(allocate(&mut m, &mut b, 90), None);
+    assert_eq!(step(&mut m, &mut b, 90), None);
 
     m.free("a").unwrap();
     assert_eq!(
@@ -108,7 +100,7 @@ fn host_pool_allocation_events_hits_frees_and_reset() {
     // Host evictions report CPU, in call order among the device's events.
     let mut d = req("d", 5000, 60);
     assert_eq!(
-        allocate(&mut m, &mut d, 60),
+        step(&mut m, &mut d, 60),
         Some(vec![vec![6, 7, 2, 1], vec![6, 7, 8, 9]])
     );
     m.publish_host_blocks(&d, 60).unwrap();
@@ -133,7 +125,7 @@ fn host_pool_allocation_events_hits_frees_and_reset() {
     );
     let mut e = req("e", 7000, 50);
     assert_eq!(
-        allocate(&mut m, &mut e, 50),
+        step(&mut m, &mut e, 50),
         Some(vec![vec![1, 5, 4, 3], vec![9, 5, 10, 11]])
     );
     assert_eq!(events(&mut m), vec![('S', 1, "GPU", 3)]);
@@ -237,7 +229,7 @@ fn hisparse_layout() -> KvCacheManager {
 fn resident_and_hot_groups_allocate_and_free() {
     let mut m = hisparse_layout();
     let mut a = req("a", 0, 40);
-    let got = allocate(&mut m, &mut a, 40);
+    let got = step(&mut m, &mut a, 40);
     assert_eq!(
         got,
         Some(vec![vec![1, 2, 3], vec![1, 2, 3], vec![4, 5, 6], vec![]])
@@ -310,7 +302,7 @@ fn resident_and_hot_groups_allocate_and_free() {
     );
     let mut d = req("d", 5000, 100);
     assert_eq!(
-        allocate(&mut m, &mut d, 100),
+        step(&mut m, &mut d, 100),
         Some(vec![
             vec![9, 8, 7, 6, 5, 4, 3],
             vec![21, 20, 19, 18, 15, 17, 12],
@@ -329,7 +321,7 @@ fn write_back_transfers_publish_the_host_prefix() {
     let mut m = hisparse_layout();
     let mut a = req("a", 0, 40);
     assert_eq!(
-        allocate(&mut m, &mut a, 40),
+        step(&mut m, &mut a, 40),
         Some(vec![vec![1, 2, 3], vec![1, 2, 3], vec![4, 5, 6], vec![]])
     );
     m.hisparse_advance_scheduled(&[("a", 40)]).unwrap();
@@ -375,7 +367,7 @@ fn write_back_transfers_publish_the_host_prefix() {
         a.append(t);
     }
     assert_eq!(
-        allocate(&mut m, &mut a, 24),
+        step(&mut m, &mut a, 24),
         Some(vec![vec![4], vec![7], vec![8], vec![]])
     );
     m.hisparse_advance_scheduled(&[("a", 64)]).unwrap();
@@ -474,7 +466,7 @@ fn host_hit_adopts_gpu_copies() {
     let mut m = hisparse_layout();
     let mut a = req("a", 0, 64);
     assert_eq!(
-        allocate(&mut m, &mut a, 64),
+        step(&mut m, &mut a, 64),
         Some(vec![
             vec![1, 2, 3, 4],
             vec![1, 2, 3, 4],

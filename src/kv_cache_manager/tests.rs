@@ -128,7 +128,8 @@ fn admit(m: &mut KvCacheManager, r: &mut TestReq) -> (Tables, usize, Option<Tabl
     (hits.clone(), n, new)
 }
 
-fn step(m: &mut KvCacheManager, r: &mut TestReq, n: usize) -> Option<Vec<Vec<BlockId>>> {
+/// `allocate_slots` for `n` new tokens; on success the request has computed them.
+pub(crate) fn step(m: &mut KvCacheManager, r: &mut TestReq, n: usize) -> Option<Vec<Vec<BlockId>>> {
     let new = m.allocate_slots(r, &AllocateArgs::new(n)).unwrap();
     if new.is_some() {
         r.computed += n;
