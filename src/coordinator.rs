@@ -1015,9 +1015,19 @@ impl Coordinator {
         done
     }
 
-    /// HiSparse's host pool, to touch and free blocks in (calls that record no events).
-    pub(crate) fn host_pool_mut(&mut self) -> Option<&mut BlockPool> {
+    /// HiSparse's host pool, to change. Calls that record events must be followed by
+    /// [`forward_host_events`](Self::forward_host_events) before any other pool call, so
+    /// the events keep their order.
+    pub fn host_pool_mut(&mut self) -> Option<&mut BlockPool> {
         self.host.as_deref_mut().map(HostTier::pool_mut)
+    }
+
+    /// Moves the host pool's events to the device pool's queue (vLLM's host pool records
+    /// into the device pool's queue directly).
+    pub fn forward_host_events(&mut self) {
+        if let Some(host) = self.host.as_deref_mut() {
+            host.forward_events(&mut self.pool);
+        }
     }
 
     /// vLLM's `replay_boundaries`: where a later request replaying this prompt can

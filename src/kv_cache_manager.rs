@@ -877,6 +877,17 @@ impl KvCacheManager {
         self.coord.host_pool()
     }
 
+    /// HiSparse's host pool, to change (the binding's view of it). Follow every call
+    /// that may record events with [`forward_host_events`](Self::forward_host_events).
+    pub fn host_pool_mut(&mut self) -> Option<&mut BlockPool> {
+        self.coord.host_pool_mut()
+    }
+
+    /// Moves the host pool's pending events to the queue, after the device's so far.
+    pub fn forward_host_events(&mut self) {
+        self.coord.forward_host_events();
+    }
+
     /// Drops the host pool's cache entries of the given blocks; their events join the
     /// queue now. `Unsupported` without a host pool.
     pub fn evict_host_blocks(&mut self, blocks: &[BlockId]) -> Result<()> {

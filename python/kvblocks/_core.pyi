@@ -849,6 +849,10 @@ class KVCacheManager:
     @property
     def block_pool(self) -> BlockPool:
         """The manager's own pool, with the whole `BlockPool` API."""
+    @property
+    def hisparse_host_pool(self) -> BlockPool | None:
+        """HiSparse's host pool (`None` without a host-resident group); its events join
+        the manager's queue after each call."""
     def free_request(self, request_id: str, finished: bool) -> None:
         """`free`, saying whether the request finished (vLLM's `is_finished()`)."""
     def hisparse_advance_scheduled(self, requests: Sequence[tuple[str, int]]) -> None: ...

@@ -1147,6 +1147,15 @@ impl PyKVCacheManager {
         PyBlockPool::of_manager(slf)
     }
 
+    /// HiSparse's host pool, with the `BlockPool` API (vLLM's source manager's
+    /// `block_pool` once bound); `None` without a host-resident group. Its events join the
+    /// manager's queue after each call.
+    #[getter]
+    fn hisparse_host_pool(slf: Py<Self>, py: Python<'_>) -> Option<PyBlockPool> {
+        let has_host = slf.borrow(py).inner.host_pool().is_some();
+        has_host.then(|| PyBlockPool::of_manager_host(slf))
+    }
+
     /// Frees the request's blocks, saying whether it finished (vLLM's
     /// `request.is_finished()`; HiSparse keeps a finished request's host blocks for its
     /// publication).
@@ -1431,6 +1440,25 @@ impl PyKVCacheManager {
     /// The manager's pool, to change.
     pub(crate) fn core_pool_mut(&mut self) -> &mut crate::pool::BlockPool {
         self.inner.pool_mut()
+    }
+
+    /// HiSparse's host pool (checked to exist when its view was made).
+    pub(crate) fn core_host_pool(&self) -> &crate::pool::BlockPool {
+        self.inner
+            .host_pool()
+            .expect("a host pool view is made only with a host pool")
+    }
+
+    /// HiSparse's host pool, to change; [`Self::forward_host_events`] after.
+    pub(crate) fn core_host_pool_mut(&mut self) -> &mut crate::pool::BlockPool {
+        self.inner
+            .host_pool_mut()
+            .expect("a host pool view is made only with a host pool")
+    }
+
+    /// Moves the host pool's pending events to the manager's queue.
+    pub(crate) fn forward_host_events(&mut self) {
+        self.inner.forward_host_events();
     }
 
     /// The pending (annotated) events as core values, for the event publisher.

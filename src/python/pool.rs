@@ -24,12 +24,24 @@ use crate::types::{BlockHash, BlockId, GroupId};
 enum PoolOwner {
     Own(Box<BlockPool>),
     Manager(Py<PyKVCacheManager>),
+    /// A manager's HiSparse host pool.
+    ManagerHost(Py<PyKVCacheManager>),
 }
 
 /// The pool, borrowed from its owner for one call.
 enum BorrowedPool<'a, 'py> {
     Own(&'a mut BlockPool),
     Manager(PyRefMut<'py, PyKVCacheManager>),
+    /// A manager's host pool: its events join the manager's queue when the call ends.
+    ManagerHost(PyRefMut<'py, PyKVCacheManager>),
+}
+
+impl Drop for BorrowedPool<'_, '_> {
+    fn drop(&mut self) {
+        if let Self::ManagerHost(m) = self {
+            m.forward_host_events();
+        }
+    }
 }
 
 impl Deref for BorrowedPool<'_, '_> {
@@ -38,6 +50,7 @@ impl Deref for BorrowedPool<'_, '_> {
         match self {
             Self::Own(p) => p,
             Self::Manager(m) => m.core_pool(),
+            Self::ManagerHost(m) => m.core_host_pool(),
         }
     }
 }
@@ -47,6 +60,7 @@ impl DerefMut for BorrowedPool<'_, '_> {
         match self {
             Self::Own(p) => p,
             Self::Manager(m) => m.core_pool_mut(),
+            Self::ManagerHost(m) => m.core_host_pool_mut(),
         }
     }
 }
@@ -56,6 +70,7 @@ impl PoolOwner {
         Ok(match self {
             Self::Own(p) => BorrowedPool::Own(p),
             Self::Manager(m) => BorrowedPool::Manager(m.bind(py).try_borrow_mut()?),
+            Self::ManagerHost(m) => BorrowedPool::ManagerHost(m.bind(py).try_borrow_mut()?),
         })
     }
 }
@@ -466,8 +481,17 @@ impl PyBlockPool {
 
     /// The pool of `manager`, as a `BlockPool` object.
     pub(crate) fn of_manager(manager: Py<PyKVCacheManager>) -> Self {
+        Self::owned_by(PoolOwner::Manager(manager))
+    }
+
+    /// The HiSparse host pool of `manager` (which has one), as a `BlockPool` object.
+    pub(crate) fn of_manager_host(manager: Py<PyKVCacheManager>) -> Self {
+        Self::owned_by(PoolOwner::ManagerHost(manager))
+    }
+
+    fn owned_by(owner: PoolOwner) -> Self {
         Self {
-            owner: PoolOwner::Manager(manager),
+            owner,
             scratch: Vec::new(),
             id_objects: IdObjects::default(),
             on_reuse: FxHashMap::default(),

@@ -140,3 +140,29 @@ def test_indexer_group_is_a_plain_full_attention_group() -> None:
     config = kb.KVCacheConfig(32, [], _groups(source=False, resident=False, hot=False))
     mgr = kb.KVCacheManager(config, 128, BS)
     assert mgr.usage == 0.0
+
+
+def test_host_pool_view_events_join_the_managers_queue() -> None:
+    # vLLM 0.33.0's `test_hisparse_events_report_host_and_device_placement`: host pages
+    # are stored and removed as `CPU`, device pages as `GPU`, in one queue.
+    config = kb.KVCacheConfig(32, [], _groups(), hisparse_host_num_blocks=16)
+    mgr = kb.KVCacheManager(config, 128, BS, enable_kv_cache_events=True)
+    a = kb.Request("a", list(range(64)), kb.BlockHasher(BS))
+    assert mgr.allocate_slots(a, 64) is not None
+    a.num_computed_tokens = 64
+    mgr.hisparse_advance_scheduled([("a", 64)])
+    done = {t[0]: 1 for t in mgr.hisparse_build_offload_command() or []}
+    mgr.hisparse_update_spills(done, done)
+    stored = [e for e in mgr.take_events() if isinstance(e, kb.BlockStored)]
+    assert {(e.group_idx, e.medium) for e in stored} == {(0, "CPU"), (1, "GPU")}
+    host = mgr.hisparse_host_pool
+    assert host is not None and host.medium == "CPU"
+    host_block = mgr.get_block_ids("a")[0][0]
+    host.evict_blocks({host_block})
+    [removed] = mgr.take_events()
+    assert isinstance(removed, kb.BlockRemoved)
+    assert (removed.medium, removed.group_idx) == ("CPU", 0)
+    assert (
+        kb.KVCacheManager(kb.KVCacheConfig(32, [], [_groups()[1]]), 128, BS).hisparse_host_pool
+        is None
+    )
