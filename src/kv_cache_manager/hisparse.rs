@@ -932,6 +932,14 @@ impl KvCacheManager {
         (has && !hs.hot_groups.is_empty(), required)
     }
 
+    /// The GPU copies of published host pages: `(host hash, its group, one resident block
+    /// per resident group)` each, in no particular order (vLLM's `copies`).
+    pub fn hisparse_copies(&self) -> Vec<(crate::pool::HashKey, Vec<BlockId>)> {
+        self.hisparse.as_deref().map_or_else(Vec::new, |hs| {
+            hs.copies.iter().map(|(k, b)| (*k, b.to_vec())).collect()
+        })
+    }
+
     /// Marks the request as needing its hot regions (vLLM's `require_hot` on every hot
     /// group).
     pub fn hisparse_require_hot(&mut self, request_id: &str) -> Result<()> {

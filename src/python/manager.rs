@@ -1293,6 +1293,19 @@ impl PyKVCacheManager {
         self.inner.hisparse_hot(request_id)
     }
 
+    /// The GPU copies of published host pages, `(host block hash, group id, resident
+    /// block ids)` each, in no particular order (vLLM's `copies`).
+    fn hisparse_copies<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> Vec<(Bound<'py, PyBytes>, GroupId, Vec<BlockId>)> {
+        self.inner
+            .hisparse_copies()
+            .into_iter()
+            .map(|(k, b)| (PyBytes::new(py, k.hash.as_bytes()), k.group, b))
+            .collect()
+    }
+
     /// The request's residency state as a dict of vLLM's `_HiSparseRequestState` fields
     /// (`None` for a request HiSparse has no state for).
     fn hisparse_request_state<'py>(

@@ -153,6 +153,13 @@ def test_host_pool_view_events_join_the_managers_queue() -> None:
     mgr.hisparse_advance_scheduled([("a", 64)])
     done = {t[0]: 1 for t in mgr.hisparse_build_offload_command() or []}
     mgr.hisparse_update_spills(done, done)
+    # The published pages' GPU copies: the resident blocks 5..8 of pages 0..3.
+    assert sorted(blocks for _, group, blocks in mgr.hisparse_copies() if group == 0) == [
+        [5],
+        [6],
+        [7],
+        [8],
+    ]
     stored = [e for e in mgr.take_events() if isinstance(e, kb.BlockStored)]
     assert {(e.group_idx, e.medium) for e in stored} == {(0, "CPU"), (1, "GPU")}
     host = mgr.hisparse_host_pool

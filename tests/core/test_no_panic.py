@@ -517,6 +517,7 @@ def calls() -> list[Call]:
             ("hisparse_require_hot", ["r"]),
             ("hisparse_hot", ["r"]),
             ("hisparse_request_state", ["r"]),
+            ("hisparse_copies", []),
         )
     ]
     manager_calls += [
