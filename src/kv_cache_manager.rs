@@ -877,6 +877,11 @@ impl KvCacheManager {
         self.coord.host_pool()
     }
 
+    /// The group whose blocks come from the host pool, if any.
+    pub fn host_group(&self) -> Option<usize> {
+        self.coord.host_group()
+    }
+
     /// HiSparse's host pool, to change (the binding's view of it). Follow every call
     /// that may record events with [`forward_host_events`](Self::forward_host_events).
     pub fn host_pool_mut(&mut self) -> Option<&mut BlockPool> {

@@ -123,6 +123,44 @@ impl HiSparse {
         self.states.get_mut(request_id).expect("inserted above")
     }
 
+    /// The host-resident (source) group (vLLM's `host_group_id`).
+    pub fn host_group(&self) -> usize {
+        self.host_group
+    }
+
+    /// The resident groups, in group order.
+    pub fn resident_groups(&self) -> &[usize] {
+        &self.resident_groups
+    }
+
+    /// The hot groups, in group order, each with its region's size in blocks.
+    pub fn hot_groups(&self) -> &[(usize, usize)] {
+        &self.hot_groups
+    }
+
+    /// Transfers one step may plan, all requests together (vLLM's `max_spill_pages`).
+    pub fn max_spill_pages(&self) -> usize {
+        self.max_spill_pages
+    }
+
+    /// Free device blocks below which requests start reading from the host (vLLM's
+    /// `transition_watermark`).
+    pub fn transition_watermark(&self) -> usize {
+        self.transition_watermark
+    }
+
+    /// The requests with a residency state, in no particular order (vLLM's
+    /// `request_states` keys).
+    pub fn state_ids(&self) -> impl Iterator<Item = &str> + '_ {
+        self.states.keys().map(String::as_str)
+    }
+
+    /// The transfers in flight, by id (vLLM's `pending_spills`), and those planned and not
+    /// yet handed over (`spills_to_send`).
+    pub fn ledger(&self) -> &SpillLedger {
+        &self.ledger
+    }
+
     /// Whether HiSparse does residency work (it has resident groups).
     #[inline]
     pub(crate) fn has_residency(&self) -> bool {

@@ -137,6 +137,16 @@ impl SpillLedger {
         self.to_send.len()
     }
 
+    /// The transfers planned and not yet handed over, in plan order.
+    pub fn to_send(&self) -> &[PageTransfer] {
+        &self.to_send
+    }
+
+    /// The ids of the transfers in flight, in id order (vLLM's `pending_spills` keys).
+    pub fn pending_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.pending.keys().copied()
+    }
+
     /// Hands the planned transfers over, in plan order (vLLM's `build_offload_command`).
     pub fn take_to_send(&mut self) -> Vec<PageTransfer> {
         std::mem::take(&mut self.to_send)

@@ -26,24 +26,58 @@ impl KvCacheManager {
         if !hs.has_residency() {
             return Ok(());
         }
-        self.hisparse_drain_reused();
         for &(request_id, num_tokens) in requests {
             let computed =
                 num_tokens.saturating_sub(hs_ref(&self.hisparse).num_reprefillable_tokens);
-            plan_materialization(
-                hisparse_of(&mut self.hisparse)?,
-                &mut self.coord,
-                &self.slots,
-                request_id,
-                computed,
-            )?;
-            update_residency(
-                hisparse_of(&mut self.hisparse)?,
-                &mut self.coord,
-                &mut self.slots,
-                request_id,
-            )?;
+            self.hisparse_plan_prefix_materialization(request_id, computed)?;
+            self.hisparse_update_residency(request_id)?;
         }
+        Ok(())
+    }
+
+    /// Plans the write-back of the request's sealed pages within `num_computed_tokens`
+    /// and the step's transfer budget (vLLM's `plan_prefix_materialization`).
+    pub fn hisparse_plan_prefix_materialization(
+        &mut self,
+        request_id: &str,
+        num_computed_tokens: usize,
+    ) -> Result<()> {
+        if !hisparse_of(&mut self.hisparse)?.has_residency() {
+            return Ok(());
+        }
+        self.hisparse_drain_reused();
+        plan_materialization(
+            hisparse_of(&mut self.hisparse)?,
+            &mut self.coord,
+            &self.slots,
+            request_id,
+            num_computed_tokens,
+        )
+    }
+
+    /// The request's residency policy for this step: adopt copies of a host hit, then
+    /// unpin clean pages or ask for hot regions (vLLM's `update_residency`).
+    pub fn hisparse_update_residency(&mut self, request_id: &str) -> Result<()> {
+        if !hisparse_of(&mut self.hisparse)?.has_residency() {
+            return Ok(());
+        }
+        self.hisparse_drain_reused();
+        update_residency(
+            hisparse_of(&mut self.hisparse)?,
+            &mut self.coord,
+            &mut self.slots,
+            request_id,
+        )
+    }
+
+    /// HiSparse's groups, settings and state, to read (`None` without HiSparse groups).
+    pub fn hisparse(&self) -> Option<&HiSparse> {
+        self.hisparse.as_deref()
+    }
+
+    /// Sets the transfers one step may plan (vLLM's assignable `max_spill_pages`).
+    pub fn hisparse_set_max_spill_pages(&mut self, pages: usize) -> Result<()> {
+        hisparse_of(&mut self.hisparse)?.max_spill_pages = pages;
         Ok(())
     }
 
@@ -158,7 +192,8 @@ impl KvCacheManager {
 
     /// Applies the device pool's reuse of unpinned blocks (vLLM's `_on_block_reused`
     /// callbacks): each (request, page) still reading a reused block loses the page.
-    pub(super) fn hisparse_drain_reused(&mut self) {
+    /// Call it after each call made on the pool directly ([`pool_mut`](Self::pool_mut)).
+    pub fn hisparse_drain_reused(&mut self) {
         let Some(hs) = self.hisparse.as_deref_mut() else {
             return;
         };
@@ -938,6 +973,26 @@ impl KvCacheManager {
         self.hisparse.as_deref().map_or_else(Vec::new, |hs| {
             hs.copies.iter().map(|(k, b)| (*k, b.to_vec())).collect()
         })
+    }
+
+    /// The request's row of resident group `group` from page `start` on, with adopted
+    /// and dropped pages applied; host-only pages are the null block; empty for a request
+    /// without blocks (vLLM's `get_residency_row`).
+    pub fn hisparse_residency_row(
+        &self,
+        request_id: &str,
+        group: usize,
+        start: usize,
+    ) -> Result<Vec<BlockId>> {
+        let hs = self.hisparse.as_deref().ok_or_else(no_hisparse)?;
+        if !hs.resident_groups.contains(&group) {
+            return Err(KvError::InvalidArgument(format!(
+                "group {group} is not a HiSparse resident group"
+            )));
+        }
+        Ok(self.slots.tables_of(request_id).map_or_else(Vec::new, |t| {
+            residency_row(&t[group], start)
+        }))
     }
 
     /// Marks the request as needing its hot regions (vLLM's `require_hot` on every hot

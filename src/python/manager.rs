@@ -155,7 +155,11 @@ impl PyKVCacheBlocks {
         let lists = self
             .blocks
             .iter()
-            .map(|g| PyKVCacheManager::block_objects(owner, g))
+            .enumerate()
+            .map(|(group, g)| {
+                let on_host = owner.borrow().inner.host_group() == Some(group);
+                PyKVCacheManager::block_objects(owner, g, on_host)
+            })
             .collect::<PyResult<Vec<_>>>()?;
         PyTuple::new(py, lists)
     }
@@ -226,7 +230,26 @@ impl PyKVCacheBlocks {
 pub(crate) struct PyKVCacheBlock {
     #[pyo3(get)]
     block_id: BlockId,
+    /// A block of HiSparse's host pool (host and device ids overlap).
+    on_host: bool,
     owner: Py<PyKVCacheManager>,
+}
+
+impl PyKVCacheBlock {
+    /// `f` of the pool the block belongs to.
+    fn with_pool<T>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&crate::pool::BlockPool) -> crate::error::Result<T>,
+    ) -> PyResult<T> {
+        let owner = self.owner.borrow(py);
+        let pool = if self.on_host {
+            owner.core_host_pool()
+        } else {
+            owner.inner.pool()
+        };
+        Ok(f(pool)?)
+    }
 }
 
 #[pymethods]
@@ -234,19 +257,14 @@ impl PyKVCacheBlock {
     /// Requests holding the block (the null block: see `BlockPool::ref_cnt`).
     #[getter]
     fn ref_cnt(&self, py: Python<'_>) -> PyResult<i64> {
-        Ok(self.owner.borrow(py).inner.pool().ref_cnt(self.block_id)?)
+        self.with_pool(py, |p| p.ref_cnt(self.block_id))
     }
 
     /// vLLM's `BlockHashWithGroupId` (the hash, then the group id as 4 big-endian bytes),
     /// or `None` if the block is not cached.
     #[getter]
     fn block_hash<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let key = self
-            .owner
-            .borrow(py)
-            .inner
-            .pool()
-            .block_hash(self.block_id)?;
+        let key = self.with_pool(py, |p| p.block_hash(self.block_id))?;
         Ok(key.map(|k| {
             let mut bytes = k.hash.as_bytes().to_vec();
             bytes.extend_from_slice(&k.group.to_be_bytes());
@@ -257,12 +275,7 @@ impl PyKVCacheBlock {
     /// The tokens the block's cache key covers, or `None` if it is not cached.
     #[getter]
     fn block_hash_num_tokens(&self, py: Python<'_>) -> PyResult<Option<usize>> {
-        Ok(self
-            .owner
-            .borrow(py)
-            .inner
-            .pool()
-            .block_hash_num_tokens(self.block_id)?)
+        self.with_pool(py, |p| p.block_hash_num_tokens(self.block_id))
     }
 
     /// Whether this is the null block (id 0), which is never pooled.
@@ -300,8 +313,24 @@ pub(crate) struct PyKVCacheManager {
     no_new_blocks: Py<PyTuple>,
     /// The block objects handed out so far, by block id (made on first request).
     block_objects: Vec<Option<Py<PyKVCacheBlock>>>,
+    /// The same for HiSparse's host pool.
+    host_block_objects: Vec<Option<Py<PyKVCacheBlock>>>,
     /// See `stats_mirror`.
     stats_mirror: Option<Py<PyAny>>,
+}
+
+/// A HiSparse page transfer as `(transfer_id, host_block_id, resident_block_ids,
+/// after_forward, restore)`.
+fn transfer_tuple(
+    t: &crate::hisparse::spills::PageTransfer,
+) -> (u64, BlockId, Vec<BlockId>, bool, bool) {
+    (
+        t.transfer_id,
+        t.host_block_id,
+        t.resident_block_ids.clone(),
+        t.after_forward,
+        t.restore,
+    )
 }
 
 /// Block hashes given as bytes.
@@ -414,6 +443,7 @@ impl PyKVCacheManager {
             no_new_blocks,
             memos: RequestMemos::default(),
             block_objects: Vec::new(),
+            host_block_objects: Vec::new(),
             stats_mirror: None,
         })
     }
@@ -1039,13 +1069,17 @@ impl PyKVCacheManager {
     }
 
     /// The block objects (vLLM's `KVCacheBlock`) of the given ids: one object per block
-    /// id for the manager's lifetime.
-    #[pyo3(name = "block_objects")]
+    /// id for the manager's lifetime; with `host`, of HiSparse's host pool.
+    #[pyo3(name = "block_objects", signature = (block_ids, host = false))]
     fn py_block_objects<'py>(
         slf: &Bound<'py, Self>,
         block_ids: &Bound<'py, PyAny>,
+        host: bool,
     ) -> PyResult<Bound<'py, PyList>> {
-        Self::block_objects(slf, &extract_u32s(block_ids, "block ids")?)
+        if host && slf.borrow().inner.host_pool().is_none() {
+            return Err(invalid_argument("this manager has no HiSparse host pool"));
+        }
+        Self::block_objects(slf, &extract_u32s(block_ids, "block ids")?, host)
     }
 
     /// A `KVCacheBlocks` of this manager's blocks (ids per group), whose `.blocks` are
@@ -1126,7 +1160,7 @@ impl PyKVCacheManager {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for o in self.block_objects.iter().flatten() {
+        for o in self.block_objects.iter().chain(&self.host_block_objects).flatten() {
             visit.call(o)?;
         }
         if let Some(m) = &self.stats_mirror {
@@ -1137,6 +1171,7 @@ impl PyKVCacheManager {
 
     fn __clear__(&mut self) {
         self.block_objects.clear();
+        self.host_block_objects.clear();
         self.stats_mirror = None;
     }
 
@@ -1171,6 +1206,70 @@ impl PyKVCacheManager {
         Ok(self.inner.hisparse_advance_scheduled(&requests)?)
     }
 
+    /// Plans the write-back of the request's sealed pages (vLLM's
+    /// `plan_prefix_materialization`).
+    fn hisparse_plan_prefix_materialization(
+        &mut self,
+        request_id: &str,
+        num_computed_tokens: usize,
+    ) -> PyResult<()> {
+        Ok(self
+            .inner
+            .hisparse_plan_prefix_materialization(request_id, num_computed_tokens)?)
+    }
+
+    /// The request's residency policy for this step (vLLM's `update_residency`).
+    fn hisparse_update_residency(&mut self, request_id: &str) -> PyResult<()> {
+        Ok(self.inner.hisparse_update_residency(request_id)?)
+    }
+
+    /// HiSparse's layout and settings: `host_group`, `resident_groups`, `hot_groups`
+    /// (`(group, blocks_per_request)` each), `max_spill_pages`, `transition_watermark`;
+    /// `None` without HiSparse groups.
+    fn hisparse_layout<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(hs) = self.inner.hisparse() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("host_group", hs.host_group())?;
+        d.set_item("resident_groups", hs.resident_groups().to_vec())?;
+        d.set_item("hot_groups", hs.hot_groups().to_vec())?;
+        d.set_item("max_spill_pages", hs.max_spill_pages())?;
+        d.set_item("transition_watermark", hs.transition_watermark())?;
+        Ok(Some(d))
+    }
+
+    /// Sets the transfers one step may plan (vLLM's `max_spill_pages`).
+    fn hisparse_set_max_spill_pages(&mut self, pages: usize) -> PyResult<()> {
+        Ok(self.inner.hisparse_set_max_spill_pages(pages)?)
+    }
+
+    /// The requests with a residency state (vLLM's `request_states` keys), sorted.
+    fn hisparse_state_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .inner
+            .hisparse()
+            .map_or_else(Vec::new, |hs| hs.state_ids().map(str::to_owned).collect());
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The ids of the transfers in flight, in id order (vLLM's `pending_spills` keys).
+    fn hisparse_pending_spill_ids(&self) -> Vec<u64> {
+        self.inner
+            .hisparse()
+            .map_or_else(Vec::new, |hs| hs.ledger().pending_ids().collect())
+    }
+
+    /// The transfers planned and not yet handed over, as `build_offload_command` returns
+    /// them (vLLM's `spills_to_send`).
+    #[allow(clippy::type_complexity)]
+    fn hisparse_spills_to_send(&self) -> Vec<(u64, BlockId, Vec<BlockId>, bool, bool)> {
+        self.inner.hisparse().map_or_else(Vec::new, |hs| {
+            hs.ledger().to_send().iter().map(transfer_tuple).collect()
+        })
+    }
+
     /// The transfers planned since the last call, `(transfer_id, host_block_id,
     /// resident_block_ids, after_forward, restore)` each (vLLM's `build_offload_command`);
     /// `None` without resident groups.
@@ -1178,19 +1277,10 @@ impl PyKVCacheManager {
     fn hisparse_build_offload_command(
         &mut self,
     ) -> PyResult<Option<Vec<(u64, BlockId, Vec<BlockId>, bool, bool)>>> {
-        Ok(self.inner.hisparse_build_offload_command()?.map(|ts| {
-            ts.into_iter()
-                .map(|t| {
-                    (
-                        t.transfer_id,
-                        t.host_block_id,
-                        t.resident_block_ids,
-                        t.after_forward,
-                        t.restore,
-                    )
-                })
-                .collect()
-        }))
+        Ok(self
+            .inner
+            .hisparse_build_offload_command()?
+            .map(|ts| ts.iter().map(transfer_tuple).collect()))
     }
 
     /// Workers' transfer reports, transfer id -> count (vLLM's `update_spills`).
@@ -1280,6 +1370,20 @@ impl PyKVCacheManager {
         Ok(self
             .inner
             .hisparse_complete_host_import(request_id, num_computed_tokens)?)
+    }
+
+    /// The request's row of resident group `group` from page `start`, host-only pages as
+    /// the null block (vLLM's `get_residency_row`).
+    #[pyo3(signature = (request_id, group, start = 0))]
+    fn hisparse_residency_row(
+        &self,
+        request_id: &str,
+        group: usize,
+        start: usize,
+    ) -> PyResult<Vec<BlockId>> {
+        Ok(self
+            .inner
+            .hisparse_residency_row(request_id, group, start)?)
     }
 
     /// Marks the request as needing its hot regions (vLLM's `require_hot`).
@@ -1397,21 +1501,32 @@ impl PyKVCacheManager {
         )
     }
 
-    /// The block objects of `ids`, made on first request and kept for the manager's
-    /// lifetime.
+    /// The block objects of `ids` in the device pool, or with `on_host` in the host pool
+    /// (which the caller checked exists), made on first request and kept for the
+    /// manager's lifetime.
     pub(crate) fn block_objects<'py>(
         slf: &Bound<'py, Self>,
         ids: &[BlockId],
+        on_host: bool,
     ) -> PyResult<Bound<'py, PyList>> {
         let py = slf.py();
         let mut this = slf.borrow_mut();
-        let n = this.inner.pool().num_blocks();
-        if this.block_objects.len() < n {
-            this.block_objects.resize_with(n, || None);
+        let n = if on_host {
+            this.core_host_pool().num_blocks()
+        } else {
+            this.inner.pool().num_blocks()
+        };
+        let objects = if on_host {
+            &mut this.host_block_objects
+        } else {
+            &mut this.block_objects
+        };
+        if objects.len() < n {
+            objects.resize_with(n, || None);
         }
         let mut out = Vec::with_capacity(ids.len());
         for &id in ids {
-            let Some(entry) = this.block_objects.get_mut(id as usize) else {
+            let Some(entry) = objects.get_mut(id as usize) else {
                 return Err(crate::error::KvError::BlockOutOfRange {
                     block_id: id.into(),
                     num_blocks: n,
@@ -1425,6 +1540,7 @@ impl PyKVCacheManager {
                         py,
                         PyKVCacheBlock {
                             block_id: id,
+                            on_host,
                             owner: slf.clone().unbind(),
                         },
                     )?;
@@ -1472,6 +1588,11 @@ impl PyKVCacheManager {
     /// Moves the host pool's pending events to the manager's queue.
     pub(crate) fn forward_host_events(&mut self) {
         self.inner.forward_host_events();
+    }
+
+    /// HiSparse's reaction to the pool's reuse of unpinned blocks, after a pool call.
+    pub(crate) fn drain_reused(&mut self) {
+        self.inner.hisparse_drain_reused();
     }
 
     /// The pending (annotated) events as core values, for the event publisher.

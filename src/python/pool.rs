@@ -38,8 +38,11 @@ enum BorrowedPool<'a, 'py> {
 
 impl Drop for BorrowedPool<'_, '_> {
     fn drop(&mut self) {
-        if let Self::ManagerHost(m) = self {
-            m.forward_host_events();
+        match self {
+            Self::ManagerHost(m) => m.forward_host_events(),
+            // HiSparse loses the pages of unpinned blocks the call handed out.
+            Self::Manager(m) => m.drain_reused(),
+            Self::Own(_) => {}
         }
     }
 }

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import kvblocks as kb
 from kvblocks._core import KVCacheBlock
+from kvblocks.vllm import _hisparse
 from kvblocks.vllm._config import UnsupportedConfigError, convert_config
 from kvblocks.vllm._metrics import attach as attach_metrics_collector
 from kvblocks.vllm._version_rules import rules
@@ -38,9 +39,9 @@ class AssertedInputError(kb.InvalidArgumentError, AssertionError):
 class _FreeQueueView:
     """vLLM's `free_block_queue`, as far as its callers read it."""
 
-    def __init__(self, manager: KVCacheManager, pool: kb.BlockPool) -> None:
-        self._manager = manager
-        self._pool = pool
+    def __init__(self, pool: BlockPool) -> None:
+        self._view = pool
+        self._pool = pool.core
 
     @property
     def num_free_blocks(self) -> int:
@@ -48,22 +49,26 @@ class _FreeQueueView:
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """The free blocks, head (allocated next) to tail."""
-        return self._manager.block_objects(self._pool.get_free_block_ids())
+        return self._view.objects(self._pool.get_free_block_ids())
 
 
 class BlockPool:
     """vLLM's `BlockPool` surface over the manager's pool, taking and returning block
-    objects (`KVCacheBlock`) as vLLM's does; ids are accepted wherever blocks are."""
+    objects (`KVCacheBlock`) as vLLM's does; ids are accepted wherever blocks are. With
+    `host`, over HiSparse's host pool (vLLM's `SharedEventQueueBlockPool`: its events
+    join the manager's queue, which its `take_events` drains)."""
 
-    def __init__(self, manager: KVCacheManager) -> None:
+    def __init__(self, manager: KVCacheManager, *, host: bool = False) -> None:
         self._manager = manager
-        self._pool: kb.BlockPool = kb.KVCacheManager.block_pool.__get__(manager)
+        self._host = host
+        pool = manager.hisparse_host_pool if host else None
+        self._pool: kb.BlockPool = pool or kb.KVCacheManager.block_pool.__get__(manager)
         self.num_gpu_blocks: int = self._pool.num_gpu_blocks
         self.enable_caching: bool = self._pool.enable_caching
         self.hash_block_size: int = self._pool.hash_block_size
         self.enable_kv_cache_events: bool = self._pool.enable_kv_cache_events
         self.medium: str = self._pool.medium
-        self.free_block_queue = _FreeQueueView(manager, self._pool)
+        self.free_block_queue = _FreeQueueView(self)
         #: vLLM's `KVCacheMetricsCollector`, if the manager was given one (`_metrics.py`).
         self.metrics_collector: Any = None
 
@@ -73,14 +78,18 @@ class BlockPool:
         clock, per-tenant counts, `check_invariants` (docs/retention.md)."""
         return self._pool
 
+    def objects(self, block_ids: Sequence[int]) -> list[KVCacheBlock]:
+        """The block objects of this pool's `block_ids`."""
+        return self._manager.block_objects(block_ids, host=self._host)
+
     @property
     def blocks(self) -> list[KVCacheBlock]:
         """Every block of the pool, the null block first."""
-        return self._manager.block_objects(list(range(self.num_gpu_blocks)))
+        return self.objects(list(range(self.num_gpu_blocks)))
 
     @property
     def null_block(self) -> KVCacheBlock:
-        return self._manager.block_objects([0])[0]
+        return self.objects([0])[0]
 
     def get_num_free_blocks(self) -> int:
         return self._pool.get_num_free_blocks()
@@ -89,7 +98,7 @@ class BlockPool:
         return self._pool.get_usage()
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        return self._manager.block_objects(self._pool.get_new_blocks(num_blocks))
+        return self.objects(self._pool.get_new_blocks(num_blocks))
 
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
         self._pool.free_blocks(_block_ids(ordered_blocks))
@@ -161,15 +170,19 @@ class BlockPool:
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
     ) -> list[KVCacheBlock] | None:
         ids = self._pool.get_cached_block(block_hash, list(kv_cache_group_ids))
-        return None if ids is None else self._manager.block_objects(ids)
+        return None if ids is None else self.objects(ids)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         self._pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
+        if self._host:
+            return self._pool.reset_prefix_cache()
         return self._manager.reset_prefix_cache()
 
     def take_events(self) -> list[Any]:
+        if self._host:
+            return self._manager.take_events()
         return _to_vllm_events(self._pool.take_events())
 
 
@@ -195,7 +208,8 @@ class _LiveBlocks(Sequence[KVCacheBlock]):
     def _blocks(self) -> list[KVCacheBlock]:
         tables = kb.KVCacheManager.get_block_ids(self._manager, self._request_id)
         if any(tables):
-            self._last = self._manager.block_objects(tables[self._group_id])
+            on_host = self._group_id == self._manager.hisparse_host_group_id
+            self._last = self._manager.block_objects(tables[self._group_id], host=on_host)
         return self._last
 
     def __getitem__(self, index: Any) -> Any:
@@ -298,27 +312,42 @@ class SingleTypeManagerView:
         return []
 
 
-def _registered_view(base: type, vllm_class: type) -> type:
-    """A subclass of `base` named as vLLM's `vllm_class` (an ABC), which counts it as its
-    own, so callers' `isinstance` checks and class-name checks hold; it inherits none of
-    vLLM's code."""
-    key = (base, vllm_class)
+def _registered_view(bases: tuple[type, ...], vllm_class: type) -> type:
+    """A subclass of `bases` named as vLLM's `vllm_class` (an ABC), which counts it as
+    its own, so callers' `isinstance` checks and class-name checks hold; it inherits none
+    of vLLM's code."""
+    key = (bases, vllm_class)
     view = _VIEW_CLASSES.get(key)
     if view is None:
-        view = type(vllm_class.__name__, (base,), {"__module__": __name__})
+        view = type(vllm_class.__name__, bases, {"__module__": __name__})
         vllm_class.register(view)  # type: ignore[attr-defined]
         _VIEW_CLASSES[key] = view
     return view
 
 
-_VIEW_CLASSES: dict[tuple[type, type], type] = {}
+_VIEW_CLASSES: dict[tuple[tuple[type, ...], type], type] = {}
+
+#: vLLM's HiSparse manager classes, by name, and what their views add.
+_HISPARSE_VIEWS = {
+    "HiSparseSourceManager": _hisparse.HiSparseSourceView,
+    "HiSparseResidentManager": _hisparse.HiSparseResidentView,
+    "HiSparseHotManager": _hisparse.HiSparseHotView,
+}
 
 
-def _manager_view(manager: KVCacheManager, group_id: int, spec: Any, block_size: int) -> Any:
+def _manager_view(manager: KVCacheManager, group_id: int, group: Any, block_size: int) -> Any:
     from vllm.v1.core.single_type_kv_cache_manager import KVCacheSpecRegistry
 
-    cls = _registered_view(SingleTypeManagerView, KVCacheSpecRegistry.get_manager_class(spec, None))
-    return cls(manager, group_id, spec, block_size)
+    spec = group.kv_cache_spec
+    vllm_class = KVCacheSpecRegistry.get_manager_class(spec, getattr(group, "role", None))
+    extra = _HISPARSE_VIEWS.get(vllm_class.__name__)
+    bases = (SingleTypeManagerView,) if extra is None else (extra, SingleTypeManagerView)
+    view = _registered_view(bases, vllm_class)(manager, group_id, spec, block_size)
+    if isinstance(view, _hisparse.HiSparseSourceView):
+        view.block_pool = manager.hisparse_block_pool
+    if isinstance(view, _hisparse.HiSparseHotView):
+        view.blocks_per_request = spec.blocks_per_request
+    return view
 
 
 def _coordinator_view(manager: KVCacheManager, config: Any) -> CoordinatorView:
@@ -327,7 +356,7 @@ def _coordinator_view(manager: KVCacheManager, config: Any) -> CoordinatorView:
     from vllm.v1.core import kv_cache_coordinator as kc
 
     vllm_class: type = getattr(kc, manager.coordinator_kind)
-    view: CoordinatorView = _registered_view(CoordinatorView, vllm_class)(manager, config)
+    view: CoordinatorView = _registered_view((CoordinatorView,), vllm_class)(manager, config)
     return view
 
 
@@ -342,7 +371,7 @@ class CoordinatorView:
         self._config = config
         self.block_pool = manager.block_pool
         self.single_type_managers = [
-            _manager_view(manager, i, g.kv_cache_spec, block_size)
+            _manager_view(manager, i, g, block_size)
             for i, (g, block_size) in enumerate(
                 zip(config.kv_cache_groups, manager.group_block_sizes, strict=True)
             )
@@ -458,6 +487,9 @@ class KVCacheManager(kb.KVCacheManager):
     log_stats: bool
     metrics_collector: Any
     mamba_shared_prefix_checkpoint: bool
+    #: HiSparse's host-resident group and its host pool (None without HiSparse groups).
+    hisparse_host_group_id: int | None
+    hisparse_block_pool: BlockPool | None
     retained_hit_group_ids: tuple[int, ...]
     empty_kv_cache_blocks: kb.KVCacheBlocks
     coordinator: CoordinatorView
@@ -488,12 +520,6 @@ class KVCacheManager(kb.KVCacheManager):
     ) -> KVCacheManager:
         release = rules()
         flagged = any(g.is_eagle_group for g in kv_cache_config.kv_cache_groups)
-        if any(getattr(g, "host_resident", False) for g in kv_cache_config.kv_cache_groups):
-            # The core carries HiSparse; vLLM's HiSparseCoordinator has no view over it yet.
-            raise UnsupportedConfigError(
-                "HiSparse host-resident groups: kvblocks.vllm has no HiSparseCoordinator "
-                "view over the core's yet"
-            )
         self = super().__new__(
             cls,
             convert_config(kv_cache_config),
@@ -530,7 +556,13 @@ class KVCacheManager(kb.KVCacheManager):
         self.retained_hit_group_ids = ()
         self.empty_kv_cache_blocks = self.get_blocks("")
         self._vllm_block_pool = BlockPool(self)
+        layout = self.hisparse_layout()
+        self.hisparse_host_group_id = None if layout is None else layout["host_group"]
+        self.hisparse_block_pool = None if layout is None else BlockPool(self, host=True)
         self.coordinator = _coordinator_view(self, kv_cache_config)
+        if layout is not None:
+            _hisparse.coordinator_class()(self, self.coordinator.single_type_managers)
+            self.free = self._free_with_hisparse  # type: ignore[method-assign]
         from vllm.v1.metrics.stats import PrefixCacheStats
 
         self._stats_class = PrefixCacheStats
@@ -574,6 +606,11 @@ class KVCacheManager(kb.KVCacheManager):
     #: `(blocks, num_hit_tokens, shared_prefix_boundary)`, as vLLM 0.32 and 0.33 (0.32's
     #: scheduler passes no `max_cache_hit_length`).
     get_computed_blocks = kb.KVCacheManager.find_cache_hit  # type: ignore[assignment]
+
+    def _free_with_hisparse(self, request: Any) -> None:
+        """`free`, telling HiSparse whether the request finished (its publication
+        survives a finished request's free, not a preemption)."""
+        self.free_request(request.request_id, request.is_finished())
 
     def pop_blocks_for_free(self, request: Any) -> list[KVCacheBlock]:  # type: ignore[override]
         return self.block_objects(super().pop_blocks_for_free(request))
