@@ -698,43 +698,106 @@ impl Coordinator {
                 .sum();
         }
         let prefill_end = self.prefill_end(prefill_end);
-        self.managers
-            .iter()
+        (0..self.managers.len())
             .zip(rbs)
-            .enumerate()
-            .map(|(i, (m, rb))| {
-                // A table of encoder tokens counts only those: no hit, nothing computed.
-                let (n, main, end, h, total, local) = if m.params().kind.counts_encoder_tokens() {
-                    (num_encoder_tokens, num_encoder_tokens, 0, &[][..], 0, 0)
-                } else {
-                    (
-                        num_tokens,
-                        num_tokens_main_model,
-                        prefill_end,
-                        hits.map_or(&[][..], |h| &h[i][..]),
-                        total_computed_tokens,
-                        num_local_computed_tokens,
-                    )
-                };
-                let on_host = self.host.as_deref().filter(|host| host.group() == i);
-                let h = match on_host {
-                    Some(_) => host_tier::retained(h, m.block_size(), hit_tokens),
-                    None => h,
-                };
-                let count = m.get_num_blocks_to_allocate(
+            .map(|(i, rb)| {
+                let hit = hits.map_or(&[][..], |h| &h[i][..]);
+                self.group_blocks_to_allocate(
+                    i,
                     rb,
-                    n,
-                    main,
-                    end,
-                    h,
-                    total,
-                    local,
+                    num_tokens,
+                    num_tokens_main_model,
+                    hit,
+                    hit_tokens,
+                    num_encoder_tokens,
+                    total_computed_tokens,
+                    num_local_computed_tokens,
                     apply_admission_cap,
-                    on_host.map_or(&self.pool, HostTier::pool),
-                );
-                on_host.map_or(count, |host| host.admission(count, &self.pool))
+                    prefill_end,
+                )
             })
             .sum()
+    }
+
+    /// Group `i`'s share of [`get_num_blocks_to_allocate`](Self::get_num_blocks_to_allocate)
+    /// off the common path (vLLM's manager's own `get_num_blocks_to_allocate`);
+    /// `prefill_end` as [`prefill_end`](Self::prefill_end) returns it.
+    #[allow(clippy::too_many_arguments)]
+    fn group_blocks_to_allocate(
+        &self,
+        i: usize,
+        rb: &RequestBlocks,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        hit: &[BlockId],
+        hit_tokens: usize,
+        num_encoder_tokens: usize,
+        total_computed_tokens: usize,
+        num_local_computed_tokens: usize,
+        apply_admission_cap: bool,
+        prefill_end: usize,
+    ) -> isize {
+        let m = &self.managers[i];
+        // A table of encoder tokens counts only those: no hit, nothing computed.
+        let (n, main, end, h, total, local) = if m.params().kind.counts_encoder_tokens() {
+            (num_encoder_tokens, num_encoder_tokens, 0, &[][..], 0, 0)
+        } else {
+            (
+                num_tokens,
+                num_tokens_main_model,
+                prefill_end,
+                hit,
+                total_computed_tokens,
+                num_local_computed_tokens,
+            )
+        };
+        let on_host = self.host.as_deref().filter(|host| host.group() == i);
+        let h = match on_host {
+            Some(_) => host_tier::retained(h, m.block_size(), hit_tokens),
+            None => h,
+        };
+        let count = m.get_num_blocks_to_allocate(
+            rb,
+            n,
+            main,
+            end,
+            h,
+            total,
+            local,
+            apply_admission_cap,
+            on_host.map_or(&self.pool, HostTier::pool),
+        );
+        on_host.map_or(count, |host| host.admission(count, &self.pool))
+    }
+
+    /// One group's dry-run count, as vLLM's manager of the group answers it (its
+    /// coordinator's share of the request's allocation).
+    #[allow(clippy::too_many_arguments)]
+    pub fn get_group_num_blocks_to_allocate(
+        &self,
+        group: usize,
+        rb: &RequestBlocks,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        hit: &[BlockId],
+        total_computed_tokens: usize,
+        num_local_computed_tokens: usize,
+        apply_admission_cap: bool,
+        prefill_end: usize,
+    ) -> isize {
+        self.group_blocks_to_allocate(
+            group,
+            rb,
+            num_tokens,
+            num_tokens_main_model,
+            hit,
+            usize::MAX,
+            num_tokens,
+            total_computed_tokens,
+            num_local_computed_tokens,
+            apply_admission_cap,
+            self.prefill_end(prefill_end),
+        )
     }
 
     /// Adds a new request's hits to its tables (all groups touch first), then allocates
@@ -1093,6 +1156,19 @@ impl Coordinator {
             m.pop_blocks_for_free(rb, self.pool_of_group(g), &mut out);
         }
         out
+    }
+
+    /// [`pop_blocks_for_free`](Self::pop_blocks_for_free) with each group's blocks apart
+    /// (the host-resident group's come from the host pool).
+    pub fn pop_blocks_for_free_by_group(&mut self, rbs: &mut [RequestBlocks]) -> Vec<Vec<BlockId>> {
+        (0..self.managers.len())
+            .zip(rbs.iter_mut())
+            .map(|(g, rb)| {
+                let mut out = Vec::new();
+                self.managers[g].pop_blocks_for_free(rb, self.pool_of_group(g), &mut out);
+                out
+            })
+            .collect()
     }
 
     /// Frees the blocks outside the attention window of `request`'s next token in every

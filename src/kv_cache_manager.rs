@@ -676,6 +676,24 @@ impl KvCacheManager {
         self.coord.pop_blocks_for_free(self.slots.tables_mut(s))
     }
 
+    /// [`pop_blocks_for_free`](Self::pop_blocks_for_free) for a request that may hold
+    /// host blocks: each group's blocks apart, HiSparse told first whether the request
+    /// finished (as [`free_request`](Self::free_request)).
+    pub fn pop_blocks_for_free_by_group(
+        &mut self,
+        request_id: &str,
+        finished: bool,
+    ) -> Result<Vec<Vec<BlockId>>> {
+        if self.hisparse.is_some() {
+            self.hisparse_free(request_id, finished)?;
+        }
+        let Some(s) = self.slots.release(request_id) else {
+            return Ok(vec![Vec::new(); self.num_groups()]);
+        };
+        self.coord.forget_boundary_offloads(request_id);
+        Ok(self.coord.pop_blocks_for_free_by_group(self.slots.tables_mut(s)))
+    }
+
     /// The request's block table per group (empty lists for an unknown request).
     pub fn get_block_ids(&self, request_id: &str) -> Vec<Vec<BlockId>> {
         match self.slots.tables_of(request_id) {
@@ -992,6 +1010,42 @@ impl KvCacheManager {
             // vLLM's coordinator counts the hit as given (its caller already cut it).
             usize::MAX,
             num_encoder_tokens,
+            total_computed_tokens,
+            num_local_computed_tokens,
+            apply_admission_cap,
+            prefill_end,
+        ))
+    }
+
+    /// One group's share of [`get_num_blocks_to_allocate`](Self::get_num_blocks_to_allocate)
+    /// (vLLM's `get_num_blocks_to_allocate` of the group's manager): `hit` is the group's
+    /// hit, in the pool the group draws from. A dry run: nothing changes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn get_group_num_blocks_to_allocate(
+        &self,
+        group: usize,
+        request_id: &str,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        hit: &[BlockId],
+        total_computed_tokens: usize,
+        num_local_computed_tokens: usize,
+        apply_admission_cap: bool,
+        prefill_end: usize,
+    ) -> Result<isize> {
+        if group >= self.num_groups() {
+            return Err(KvError::InvalidArgument(format!(
+                "group {group} out of range: the manager has {} groups",
+                self.num_groups()
+            )));
+        }
+        let slot = self.slots.get(request_id);
+        Ok(self.coord.get_group_num_blocks_to_allocate(
+            group,
+            &self.slots.tables_or_empty(slot)[group],
+            num_tokens,
+            num_tokens_main_model,
+            hit,
             total_computed_tokens,
             num_local_computed_tokens,
             apply_admission_cap,

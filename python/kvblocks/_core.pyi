@@ -604,6 +604,9 @@ class KVCacheBlock:
         """Requests holding the block; the null block's is 0, or with
         `count_null_block_refs` vLLM 0.32's count, which may be negative."""
     @property
+    def on_host(self) -> bool:
+        """Whether the block is one of HiSparse's host pool."""
+    @property
     def block_hash(self) -> bytes | None:
         """The hash followed by the group id (4 bytes, big-endian), or None."""
     @property
@@ -819,9 +822,23 @@ class KVCacheManager:
     @stats_mirror.setter
     def stats_mirror(self, value: object | None) -> None: ...
     def block_objects(self, block_ids: Sequence[int], host: bool = False) -> list[KVCacheBlock]: ...
+    def pop_blocks_for_free_by_group(self, request_id: str, finished: bool) -> list[list[int]]: ...
     def kv_cache_blocks(self, blocks: Sequence[Sequence[int]]) -> KVCacheBlocks: ...
     def request_ids(self) -> list[str]: ...
     def num_cached_blocks(self, request_id: str, group_id: int) -> int | None: ...
+    def get_group_num_blocks_to_allocate(
+        self,
+        group: int,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[int],
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """One group's share of `get_num_blocks_to_allocate` (vLLM's manager's own)."""
     def get_num_blocks_to_allocate(
         self,
         request_id: str,

@@ -278,6 +278,12 @@ impl PyKVCacheBlock {
         self.with_pool(py, |p| p.block_hash_num_tokens(self.block_id))
     }
 
+    /// Whether the block is one of HiSparse's host pool (ids overlap the device pool's).
+    #[getter]
+    fn on_host(&self) -> bool {
+        self.on_host
+    }
+
     /// Whether this is the null block (id 0), which is never pooled.
     #[getter]
     fn is_null(&self) -> bool {
@@ -837,6 +843,17 @@ impl PyKVCacheManager {
         Ok(self.inner.pop_blocks_for_free(&id))
     }
 
+    /// `pop_blocks_for_free` with each group's block ids apart, saying whether the request
+    /// finished (HiSparse keeps a finished request's publication).
+    fn pop_blocks_for_free_by_group(
+        &mut self,
+        request_id: &str,
+        finished: bool,
+    ) -> PyResult<Vec<Vec<BlockId>>> {
+        self.memos.forget(request_id);
+        Ok(self.inner.pop_blocks_for_free_by_group(request_id, finished)?)
+    }
+
     /// The prefix tokens the request's cached blocks cover (vLLM's
     /// `estimate_cached_tokens`).
     fn estimate_cached_tokens(&self, request: &Bound<'_, PyAny>) -> PyResult<usize> {
@@ -1128,6 +1145,37 @@ impl PyKVCacheManager {
             num_tokens_main_model,
             hits,
             num_encoder_tokens,
+            total_computed_tokens,
+            num_local_computed_tokens,
+            apply_admission_cap,
+            prefill_end,
+        )?)
+    }
+
+    /// One group's share of `get_num_blocks_to_allocate` (vLLM's manager of the group):
+    /// `new_computed_blocks` is that group's hit.
+    #[pyo3(signature = (group, request_id, num_tokens, new_computed_blocks,
+                        total_computed_tokens, num_local_computed_tokens, num_tokens_main_model,
+                        apply_admission_cap=false, prefill_end=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn get_group_num_blocks_to_allocate(
+        &self,
+        group: usize,
+        request_id: &str,
+        num_tokens: usize,
+        new_computed_blocks: Vec<BlockId>,
+        total_computed_tokens: usize,
+        num_local_computed_tokens: usize,
+        num_tokens_main_model: usize,
+        apply_admission_cap: bool,
+        prefill_end: usize,
+    ) -> PyResult<isize> {
+        Ok(self.inner.get_group_num_blocks_to_allocate(
+            group,
+            request_id,
+            num_tokens,
+            num_tokens_main_model,
+            &new_computed_blocks,
             total_computed_tokens,
             num_local_computed_tokens,
             apply_admission_cap,

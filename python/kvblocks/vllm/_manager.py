@@ -101,7 +101,23 @@ class BlockPool:
         return self.objects(self._pool.get_new_blocks(num_blocks))
 
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
-        self._pool.free_blocks(_block_ids(ordered_blocks))
+        """Frees the blocks; with HiSparse, blocks of the other pool (the host's, or the
+        device's for the host pool) are freed there, after this pool's, as vLLM routes
+        each block to its own pool."""
+        if self._manager.hisparse_host_group_id is None:
+            self._pool.free_blocks(_block_ids(ordered_blocks))
+            return
+        own: list[Any] = []
+        other: list[Any] = []
+        for block in ordered_blocks:
+            on_host = getattr(block, "on_host", self._host)
+            (own if on_host == self._host else other).append(block)
+        self._pool.free_blocks(_block_ids(own))
+        if other:
+            pools = (self._manager.block_pool, self._manager.hisparse_block_pool)
+            pool = pools[not self._host]
+            assert pool is not None
+            pool.free_blocks(other)
 
     def touch(self, blocks: Iterable[Any]) -> None:
         self._pool.touch(_block_ids(blocks))
@@ -310,6 +326,30 @@ class SingleTypeManagerView:
 
     def take_new_block_ids(self) -> list[int]:
         return []
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[Any],
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """The blocks this group would take for the allocation (a dry run)."""
+        return self._manager.get_group_num_blocks_to_allocate(
+            self.kv_cache_group_id,
+            request_id,
+            num_tokens,
+            _block_ids(new_computed_blocks),
+            total_computed_tokens,
+            num_local_computed_tokens,
+            num_tokens_main_model,
+            apply_admission_cap,
+            prefill_end,
+        )
 
 
 def _registered_view(bases: tuple[type, ...], vllm_class: type) -> type:
@@ -563,6 +603,7 @@ class KVCacheManager(kb.KVCacheManager):
         if layout is not None:
             _hisparse.coordinator_class()(self, self.coordinator.single_type_managers)
             self.free = self._free_with_hisparse  # type: ignore[method-assign]
+            self.pop_blocks_for_free = self._pop_with_hisparse  # type: ignore[method-assign]
         from vllm.v1.metrics.stats import PrefixCacheStats
 
         self._stats_class = PrefixCacheStats
@@ -611,6 +652,15 @@ class KVCacheManager(kb.KVCacheManager):
         """`free`, telling HiSparse whether the request finished (its publication
         survives a finished request's free, not a preemption)."""
         self.free_request(request.request_id, request.is_finished())
+
+    def _pop_with_hisparse(self, request: Any) -> list[KVCacheBlock]:
+        """`pop_blocks_for_free`, telling HiSparse whether the request finished; the
+        host-resident group's blocks are the host pool's objects."""
+        groups = self.pop_blocks_for_free_by_group(request.request_id, request.is_finished())
+        out: list[KVCacheBlock] = []
+        for group_id, ids in enumerate(groups):
+            out += self.block_objects(ids, host=group_id == self.hisparse_host_group_id)
+        return out
 
     def pop_blocks_for_free(self, request: Any) -> list[KVCacheBlock]:  # type: ignore[override]
         return self.block_objects(super().pop_blocks_for_free(request))
