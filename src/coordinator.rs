@@ -931,10 +931,25 @@ impl Coordinator {
 
     /// The partial-hit copies queued since the last call, `(source, destination)`,
     /// group after group (vLLM's `take_pending_cow_copies` of every manager).
+    /// The host-resident group's copies are not among them: they are host blocks
+    /// ([`take_host_block_copies`](Self::take_host_block_copies)).
     pub fn take_block_copies(&mut self) -> Vec<(BlockId, BlockId)> {
+        let host = self.host_group();
         let mut out = Vec::new();
-        for m in &mut self.managers {
-            m.take_block_copies(&mut out);
+        for (g, m) in self.managers.iter_mut().enumerate() {
+            if host != Some(g) {
+                m.take_block_copies(&mut out);
+            }
+        }
+        out
+    }
+
+    /// The host-resident group's partial-hit copies queued since the last call, `(source,
+    /// destination)` host blocks (vLLM's `HiSparseSourceManager.take_host_cow_copies`).
+    pub fn take_host_block_copies(&mut self) -> Vec<(BlockId, BlockId)> {
+        let mut out = Vec::new();
+        if let Some(g) = self.host_group() {
+            self.managers[g].take_block_copies(&mut out);
         }
         out
     }

@@ -846,6 +846,10 @@ impl KvCacheManager {
                 Ok(())
             };
         };
+        if self.hisparse.is_some() {
+            // The host-resident group is group 0: it publishes before the others cache.
+            self.hisparse_cache_host_blocks(request, num_computed_tokens)?;
+        }
         self.coord
             .cache_blocks(self.slots.tables_mut(s), request, num_computed_tokens)
     }

@@ -53,6 +53,9 @@ pub struct HiSparse {
     pub(crate) owners: FxHashMap<BlockId, Vec<(String, usize)>>,
     /// GPU copies of published host pages.
     pub(crate) copies: CopyIndex,
+    /// Host copy-on-write pairs handed to the worker, `(destination, source)` in hand-over
+    /// order, until it reports them run (vLLM's `_retained_copies`).
+    pub(crate) retained_copies: Vec<(BlockId, BlockId)>,
 }
 
 /// ACTIVE_TAIL_PAGES of vLLM: the last pages of a row a step may still write, never
@@ -107,6 +110,7 @@ impl HiSparse {
             resident_requests: FxHashSet::default(),
             owners: FxHashMap::default(),
             copies: CopyIndex::default(),
+            retained_copies: Vec::new(),
         }))
     }
 

@@ -104,8 +104,11 @@ impl KvCacheManager {
         let update = hisparse_of(&mut self.hisparse)?
             .ledger
             .update(enqueued, completed);
-        for blocks in &update.enqueue_done {
-            self.coord.pool_mut().free_blocks(blocks.iter().copied())?;
+        // One block at a time, as vLLM frees each resident group's block with its own call
+        // (two unhashed blocks freed together keep their order at the queue's head; one
+        // by one, the second goes ahead of the first).
+        for &block in update.enqueue_done.iter().flatten() {
+            self.coord.pool_mut().free_blocks([block])?;
         }
         let mut completed_requests: Vec<String> = Vec::new();
         for done in update.completed {
@@ -159,6 +162,18 @@ impl KvCacheManager {
             publish_if_ready(hs, &mut self.coord, &mut self.slots, &request_id)?;
         }
         Ok(())
+    }
+
+    /// The host-resident group's `cache_blocks` for `num_computed_tokens` (its share of
+    /// them): vLLM's `publish_when_ready`.
+    pub(super) fn hisparse_cache_host_blocks<R: RequestView>(
+        &mut self,
+        request: &R,
+        num_computed_tokens: usize,
+    ) -> Result<()> {
+        let host_group = hs_ref(&self.hisparse).host_group;
+        let n = self.coord.num_cacheable_tokens(num_computed_tokens, host_group);
+        self.hisparse_publish_when_ready(request, n)
     }
 
     /// vLLM's `publish_when_ready`, from the host-resident group's `cache_blocks`: the
@@ -615,7 +630,8 @@ impl KvCacheManager {
     ) -> Result<()> {
         let external_computed = args.num_external_computed_tokens;
         let adopted = took_hit || external_computed > 0;
-        let cache_tokens = (!args.delay_cache_blocks)
+        // The host group publishes from its `cache_blocks`, which runs only with caching.
+        let cache_tokens = (self.enable_caching && !args.delay_cache_blocks)
             .then(|| (total_computed + args.num_new_tokens).min(request.num_tokens()));
         let Some(hs) = self.hisparse.as_deref_mut() else {
             return Ok(());
@@ -632,9 +648,7 @@ impl KvCacheManager {
         }
         self.hisparse_drain_reused();
         if let Some(n) = cache_tokens {
-            let host_group = hs_ref(&self.hisparse).host_group;
-            let n = self.coord.num_cacheable_tokens(n, host_group);
-            self.hisparse_publish_when_ready(request, n)?;
+            self.hisparse_cache_host_blocks(request, n)?;
         }
         Ok(())
     }
@@ -895,7 +909,55 @@ impl KvCacheManager {
     pub fn hisparse_has_pending_work(&self) -> bool {
         self.hisparse
             .as_deref()
-            .is_some_and(|hs| hs.ledger.has_work())
+            .is_some_and(|hs| hs.ledger.has_work() || !hs.retained_copies.is_empty())
+    }
+
+    /// The host copy-on-write work of partial host hits since the last call, `(source,
+    /// destination)` host blocks; both keep their reference until
+    /// [`hisparse_release_completed_host_copies`](Self::hisparse_release_completed_host_copies)
+    /// (vLLM's `take_host_block_copies`).
+    pub fn hisparse_take_host_block_copies(&mut self) -> Result<Vec<(BlockId, BlockId)>> {
+        hisparse_of(&mut self.hisparse)?;
+        let pairs = self.coord.take_host_block_copies();
+        let hs = hisparse_of(&mut self.hisparse)?;
+        for &(src, dst) in &pairs {
+            // A destination handed over again keeps its place (a Python dict's update).
+            match hs.retained_copies.iter_mut().find(|(d, _)| *d == dst) {
+                Some(entry) => entry.1 = src,
+                None => hs.retained_copies.push((dst, src)),
+            }
+        }
+        Ok(pairs)
+    }
+
+    /// Drops the references of the host copies the worker ran, by destination; unknown
+    /// ids are skipped (vLLM's `release_completed_host_copies`).
+    pub fn hisparse_release_completed_host_copies(&mut self, dst_block_ids: &[BlockId]) -> Result<()> {
+        let hs = hisparse_of(&mut self.hisparse)?;
+        let mut taken: Vec<usize> = Vec::new();
+        let mut blocks = Vec::new();
+        for dst in dst_block_ids {
+            if taken.iter().any(|&i| hs.retained_copies[i].0 == *dst) {
+                continue;
+            }
+            if let Some(i) = hs.retained_copies.iter().position(|(d, _)| d == dst) {
+                taken.push(i);
+                blocks.extend([hs.retained_copies[i].1, *dst]);
+            }
+        }
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        blocks.reverse();
+        let pool = self.coord.host_pool_mut().expect("HiSparse has a host pool");
+        pool.free_blocks(blocks.iter().copied())?;
+        self.coord.forward_host_events();
+        let hs = hisparse_of(&mut self.hisparse)?;
+        taken.sort_unstable();
+        for i in taken.into_iter().rev() {
+            hs.retained_copies.remove(i);
+        }
+        Ok(())
     }
 
     /// An external load into the request's host pages finished (vLLM's
@@ -993,6 +1055,28 @@ impl KvCacheManager {
         Ok(self.slots.tables_of(request_id).map_or_else(Vec::new, |t| {
             residency_row(&t[group], start)
         }))
+    }
+
+    /// Fills the request's region in hot group `group` if it needs one, returning the new
+    /// blocks (vLLM's `HiSparseHotManager.allocate_new_blocks`, called on the group
+    /// directly).
+    pub fn hisparse_allocate_hot(&mut self, request_id: &str, group: usize) -> Result<Vec<BlockId>> {
+        let hs = hisparse_of(&mut self.hisparse)?;
+        let Some(&(_, blocks_per_request)) = hs.hot_groups.iter().find(|&&(g, _)| g == group)
+        else {
+            return Err(KvError::InvalidArgument(format!(
+                "group {group} is not a HiSparse hot group"
+            )));
+        };
+        let Some(s) = self.slots.get(request_id) else {
+            return Err(KvError::UnknownRequest(request_id.to_owned()));
+        };
+        let rb = &mut self.slots.tables_mut(s)[group];
+        let start = rb.table.len();
+        crate::attention::hisparse_hot::allocate(rb, blocks_per_request, self.coord.pool_mut())?;
+        let new = rb.table[start..].to_vec();
+        self.hisparse_drain_reused();
+        Ok(new)
     }
 
     /// Marks the request as needing its hot regions (vLLM's `require_hot` on every hot

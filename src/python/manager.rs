@@ -1434,6 +1434,26 @@ impl PyKVCacheManager {
             .hisparse_residency_row(request_id, group, start)?)
     }
 
+    /// Fills the request's region in hot group `group` if it needs one; the new block ids
+    /// (vLLM's `HiSparseHotManager.allocate_new_blocks`).
+    fn hisparse_allocate_hot(&mut self, request_id: &str, group: usize) -> PyResult<Vec<BlockId>> {
+        Ok(self.inner.hisparse_allocate_hot(request_id, group)?)
+    }
+
+    /// Host copy-on-write pairs `(source, destination)` since the last call, held until
+    /// released (vLLM's `take_host_block_copies`).
+    fn hisparse_take_host_block_copies(&mut self) -> PyResult<Vec<(BlockId, BlockId)>> {
+        Ok(self.inner.hisparse_take_host_block_copies()?)
+    }
+
+    /// Releases the host copies the worker ran, by destination id (vLLM's
+    /// `release_completed_host_copies`).
+    fn hisparse_release_completed_host_copies(&mut self, dst_block_ids: Vec<BlockId>) -> PyResult<()> {
+        Ok(self
+            .inner
+            .hisparse_release_completed_host_copies(&dst_block_ids)?)
+    }
+
     /// Marks the request as needing its hot regions (vLLM's `require_hot`).
     fn hisparse_require_hot(&mut self, request_id: &str) -> PyResult<()> {
         Ok(self.inner.hisparse_require_hot(request_id)?)

@@ -212,12 +212,17 @@ class HiSparseCoordinatorView:
         raise self._inside_manager("free")
 
     def take_host_block_copies(self) -> tuple[Any, ...]:
-        """Host copy-on-write work: kvblocks' source group takes no partial hits, so
-        there is none."""
-        return ()
+        """The host copy-on-write work of partial host hits, as vLLM's
+        `KVCacheBlockCopy`; both endpoints stay held until released."""
+        from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+
+        return tuple(
+            KVCacheBlockCopy(src_block_id=src, dst_block_id=dst)
+            for src, dst in self._manager.hisparse_take_host_block_copies()
+        )
 
     def release_completed_host_copies(self, dst_block_ids: Iterable[int]) -> None:
-        """Nothing to release: see `take_host_block_copies`."""
+        self._manager.hisparse_release_completed_host_copies(list(dst_block_ids))
 
     def get_host_block_pool(self) -> Any:
         return self.host_manager.block_pool
@@ -320,6 +325,14 @@ class HiSparseHotView(HiSparseManagerMixin):
 
     def has_hot(self, request_id: str) -> bool:
         return self._manager.hisparse_hot(request_id)[0]
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        """Fills the request's region if it needs one (the token counts do not matter to
+        a hot group); the new blocks."""
+        ids = self._manager.hisparse_allocate_hot(request_id, self.kv_cache_group_id)
+        return self._manager.block_objects(ids)
 
     @property
     def hot_required(self) -> set[str]:
