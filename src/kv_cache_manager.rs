@@ -511,10 +511,14 @@ impl KvCacheManager {
             prefill_end,
             &mut copies,
         )?;
-        if self.hisparse.is_some() {
+        // HiSparse's hooks run between the allocation and caching; without HiSparse the
+        // tables stay borrowed (a second lookup costs the decode path).
+        let rbs = if self.hisparse.is_some() {
             self.hisparse_after_allocation(request, args, hits.is_some(), local, total)?;
-        }
-        let rbs = self.slots.tables_mut(s);
+            self.slots.tables_mut(s)
+        } else {
+            rbs
+        };
         if !args.delay_cache_blocks {
             let n = (total + args.num_new_tokens).min(request.num_tokens());
             self.coord.cache_blocks(rbs, request, n)?;
@@ -691,7 +695,9 @@ impl KvCacheManager {
             return Ok(vec![Vec::new(); self.num_groups()]);
         };
         self.coord.forget_boundary_offloads(request_id);
-        Ok(self.coord.pop_blocks_for_free_by_group(self.slots.tables_mut(s)))
+        Ok(self
+            .coord
+            .pop_blocks_for_free_by_group(self.slots.tables_mut(s)))
     }
 
     /// The request's block table per group (empty lists for an unknown request).

@@ -172,7 +172,9 @@ impl KvCacheManager {
         num_computed_tokens: usize,
     ) -> Result<()> {
         let host_group = hs_ref(&self.hisparse).host_group;
-        let n = self.coord.num_cacheable_tokens(num_computed_tokens, host_group);
+        let n = self
+            .coord
+            .num_cacheable_tokens(num_computed_tokens, host_group);
         self.hisparse_publish_when_ready(request, n)
     }
 
@@ -932,7 +934,10 @@ impl KvCacheManager {
 
     /// Drops the references of the host copies the worker ran, by destination; unknown
     /// ids are skipped (vLLM's `release_completed_host_copies`).
-    pub fn hisparse_release_completed_host_copies(&mut self, dst_block_ids: &[BlockId]) -> Result<()> {
+    pub fn hisparse_release_completed_host_copies(
+        &mut self,
+        dst_block_ids: &[BlockId],
+    ) -> Result<()> {
         let hs = hisparse_of(&mut self.hisparse)?;
         let mut taken: Vec<usize> = Vec::new();
         let mut blocks = Vec::new();
@@ -949,7 +954,10 @@ impl KvCacheManager {
             return Ok(());
         }
         blocks.reverse();
-        let pool = self.coord.host_pool_mut().expect("HiSparse has a host pool");
+        let pool = self
+            .coord
+            .host_pool_mut()
+            .expect("HiSparse has a host pool");
         pool.free_blocks(blocks.iter().copied())?;
         self.coord.forward_host_events();
         let hs = hisparse_of(&mut self.hisparse)?;
@@ -1052,15 +1060,20 @@ impl KvCacheManager {
                 "group {group} is not a HiSparse resident group"
             )));
         }
-        Ok(self.slots.tables_of(request_id).map_or_else(Vec::new, |t| {
-            residency_row(&t[group], start)
-        }))
+        Ok(self
+            .slots
+            .tables_of(request_id)
+            .map_or_else(Vec::new, |t| residency_row(&t[group], start)))
     }
 
     /// Fills the request's region in hot group `group` if it needs one, returning the new
     /// blocks (vLLM's `HiSparseHotManager.allocate_new_blocks`, called on the group
     /// directly).
-    pub fn hisparse_allocate_hot(&mut self, request_id: &str, group: usize) -> Result<Vec<BlockId>> {
+    pub fn hisparse_allocate_hot(
+        &mut self,
+        request_id: &str,
+        group: usize,
+    ) -> Result<Vec<BlockId>> {
         let hs = hisparse_of(&mut self.hisparse)?;
         let Some(&(_, blocks_per_request)) = hs.hot_groups.iter().find(|&&(g, _)| g == group)
         else {

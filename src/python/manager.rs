@@ -851,7 +851,9 @@ impl PyKVCacheManager {
         finished: bool,
     ) -> PyResult<Vec<Vec<BlockId>>> {
         self.memos.forget(request_id);
-        Ok(self.inner.pop_blocks_for_free_by_group(request_id, finished)?)
+        Ok(self
+            .inner
+            .pop_blocks_for_free_by_group(request_id, finished)?)
     }
 
     /// The prefix tokens the request's cached blocks cover (vLLM's
@@ -1208,7 +1210,12 @@ impl PyKVCacheManager {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for o in self.block_objects.iter().chain(&self.host_block_objects).flatten() {
+        for o in self
+            .block_objects
+            .iter()
+            .chain(&self.host_block_objects)
+            .flatten()
+        {
             visit.call(o)?;
         }
         if let Some(m) = &self.stats_mirror {
@@ -1448,7 +1455,10 @@ impl PyKVCacheManager {
 
     /// Releases the host copies the worker ran, by destination id (vLLM's
     /// `release_completed_host_copies`).
-    fn hisparse_release_completed_host_copies(&mut self, dst_block_ids: Vec<BlockId>) -> PyResult<()> {
+    fn hisparse_release_completed_host_copies(
+        &mut self,
+        dst_block_ids: Vec<BlockId>,
+    ) -> PyResult<()> {
         Ok(self
             .inner
             .hisparse_release_completed_host_copies(&dst_block_ids)?)
