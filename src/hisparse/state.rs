@@ -58,7 +58,8 @@ pub fn pages_to_materialize(
     let first = state
         .ready_prefix_pages
         .max(importing_tokens.div_ceil(block_size));
-    (first..num_computed / block_size)
+    // Pages past the host row have no host block: the range stops there.
+    (first..(num_computed / block_size).min(host_table.len()))
         .filter(|page| !state.pending.contains_key(page) && !state.valid.contains(page))
         .filter(|&page| {
             resident_rows

@@ -518,6 +518,20 @@ def calls() -> list[Call]:
             ("hisparse_hot", ["r"]),
             ("hisparse_request_state", ["r"]),
             ("hisparse_copies", []),
+            ("hisparse_residency_row", ["r", 2, 0]),
+            ("hisparse_plan_prefix_materialization", ["r", 16]),
+            ("hisparse_update_residency", ["r"]),
+            ("hisparse_layout", []),
+            ("hisparse_set_max_spill_pages", [3]),
+            ("hisparse_state_ids", []),
+            ("hisparse_pending_spill_ids", []),
+            ("hisparse_spills_to_send", []),
+            ("hisparse_allocate_hot", ["r", 3]),
+            ("hisparse_take_host_block_copies", []),
+            ("hisparse_release_completed_host_copies", [[1, 2]]),
+            ("pop_blocks_for_free_by_group", ["r", True]),
+            ("get_group_num_blocks_to_allocate", [0, "r", 32, [1], 16, 16, 32]),
+            ("block_objects", [[1, 2], True]),
         )
     ]
     manager_calls += [
