@@ -20,7 +20,6 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
-import kvblocks as kb  # noqa: E402
 from kvblocks.vllm._config import convert_config, convert_spec  # noqa: E402
 from vllm.v1 import kv_cache_interface as vi  # noqa: E402
 
@@ -180,8 +179,16 @@ class _Side:
 class _Driver:
     """Random scheduler and connector calls on both sides, compared after each."""
 
-    def __init__(self, seed: int, *, caching: bool, num_blocks: int, host_blocks: int,
-                 resident_groups: int, prefill_lookahead: int) -> None:
+    def __init__(
+        self,
+        seed: int,
+        *,
+        caching: bool,
+        num_blocks: int,
+        host_blocks: int,
+        resident_groups: int,
+        prefill_lookahead: int,
+    ) -> None:
         from kvblocks.vllm import KVCacheManager
         from vllm.utils.hashing import sha256_cbor
         from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
@@ -203,7 +210,10 @@ class _Driver:
         def config() -> Any:
             return _hisparse_config(host_blocks, num_blocks, resident_groups)
 
-        self.sides = (_Side(VllmManager(config(), **kwargs)), _Side(KVCacheManager(config(), **kwargs)))
+        self.sides = (
+            _Side(VllmManager(config(), **kwargs)),
+            _Side(KVCacheManager(config(), **kwargs)),
+        )
         self.prefixes = [[self.rng.randrange(1000) for _ in range(5 * BS)] for _ in range(3)]
         self.next_id = 0
         #: Preempted requests, to admit again: (id, prompt).
@@ -218,7 +228,7 @@ class _Driver:
         for side in self.sides:
             try:
                 out.append(("ok", call(side)))
-            except Exception as error:  # noqa: BLE001 - compared across sides
+            except Exception as error:
                 out.append(("raised", type(error).__name__))
         assert out[0] == out[1], (out, self.trace[-6:])
         assert out[0][0] == "ok", (out[0], self.trace[-6:])
@@ -240,8 +250,12 @@ class _Driver:
                     [_event_view(e) for e in m.take_events()],
                 )
             )
-        for a, b, what in zip(views[0], views[1], ("device pool", "host pool", "tables",
-                                                   "coordinator", "events"), strict=True):
+        for a, b, what in zip(
+            views[0],
+            views[1],
+            ("device pool", "host pool", "tables", "coordinator", "events"),
+            strict=True,
+        ):
             assert b == a, (what, self.trace[-6:])
 
     def admit(self) -> None:
@@ -263,16 +277,22 @@ class _Driver:
         external = self.rng.choice([0, 0, 0, BS - 1, BS, 2 * BS + 5])
 
         def run(side: _Side) -> Any:
-            request = Request(rid, list(prompt), SamplingParams(max_tokens=64), None,
-                              block_hasher=self.hasher)
+            request = Request(
+                rid, list(prompt), SamplingParams(max_tokens=64), None, block_hasher=self.hasher
+            )
             m = side.manager
             computed, hit, _ = m.get_computed_blocks(request)
             ext = min(external, len(prompt) - 1 - hit)
             if ext > 0:
-                blocks = m.allocate_slots(request, 0, num_new_computed_tokens=hit,
-                                          new_computed_blocks=computed,
-                                          num_external_computed_tokens=ext,
-                                          delay_cache_blocks=True, full_sequence_must_fit=True)
+                blocks = m.allocate_slots(
+                    request,
+                    0,
+                    num_new_computed_tokens=hit,
+                    new_computed_blocks=computed,
+                    num_external_computed_tokens=ext,
+                    delay_cache_blocks=True,
+                    full_sequence_must_fit=True,
+                )
                 if blocks is None:
                     return (hit, ext, None)
                 side.requests[rid] = request
@@ -281,8 +301,9 @@ class _Driver:
             new = min(len(prompt) - hit, chunk)
             if new <= 0:
                 return (hit, None)
-            blocks = m.allocate_slots(request, new, num_new_computed_tokens=hit,
-                                      new_computed_blocks=computed)
+            blocks = m.allocate_slots(
+                request, new, num_new_computed_tokens=hit, new_computed_blocks=computed
+            )
             if blocks is None:
                 return (hit, None)
             side.requests[rid] = request
@@ -352,11 +373,20 @@ class _Driver:
     def offload(self) -> None:
         def run(side: _Side) -> Any:
             command = side.coordinator.build_offload_command()
-            return None if command is None else [
-                (t.transfer_id, t.host_block_id, tuple(t.resident_block_ids), t.after_forward,
-                 t.restore)
-                for t in command.page_transfers
-            ]
+            return (
+                None
+                if command is None
+                else [
+                    (
+                        t.transfer_id,
+                        t.host_block_id,
+                        tuple(t.resident_block_ids),
+                        t.after_forward,
+                        t.restore,
+                    )
+                    for t in command.page_transfers
+                ]
+            )
 
         for transfer in self.both(run) or []:
             self.in_flight.append(transfer[0])
@@ -435,13 +465,25 @@ class _Driver:
                 pool.free_blocks(side.held.pop(0))
             return None
 
-        self.rng_n = self.rng.randrange(0, max(1, self.sides[0].manager.block_pool
-                                                .get_num_free_blocks() // 2))
+        self.rng_n = self.rng.randrange(
+            0, max(1, self.sides[0].manager.block_pool.get_num_free_blocks() // 2)
+        )
         self.both(run)
 
     def run(self, steps: int) -> None:
-        ops = [self.admit, self.step, self.step, self.step, self.offload, self.report,
-               self.report, self.worker_views, self.finish, self.pressure, self.land]
+        ops = [
+            self.admit,
+            self.step,
+            self.step,
+            self.step,
+            self.offload,
+            self.report,
+            self.report,
+            self.worker_views,
+            self.finish,
+            self.pressure,
+            self.land,
+        ]
         for _ in range(steps):
             op = self.rng.choice(ops)
             if op in (self.step, self.finish) and not self.running():
@@ -467,9 +509,19 @@ class _Driver:
     ],
 )
 def test_random_calls_match_vllms_coordinator(
-    seed: int, caching: bool, num_blocks: int, host_blocks: int, resident_groups: int,
+    seed: int,
+    caching: bool,
+    num_blocks: int,
+    host_blocks: int,
+    resident_groups: int,
     lookahead: int,
 ) -> None:
-    driver = _Driver(seed, caching=caching, num_blocks=num_blocks, host_blocks=host_blocks,
-                     resident_groups=resident_groups, prefill_lookahead=lookahead)
+    driver = _Driver(
+        seed,
+        caching=caching,
+        num_blocks=num_blocks,
+        host_blocks=host_blocks,
+        resident_groups=resident_groups,
+        prefill_lookahead=lookahead,
+    )
     driver.run(800)

@@ -248,9 +248,7 @@ class HiSparseCoordinatorView:
         from vllm.v1.hisparse.types import SparseKVRowMirror
 
         return tuple(
-            SparseKVRowMirror(
-                source_starts=tuple(starts), destination_start=dest, num_rows=rows
-            )
+            SparseKVRowMirror(source_starts=tuple(starts), destination_start=dest, num_rows=rows)
             for starts, dest, rows in self._manager.hisparse_build_row_mirrors(list(requests))
         )
 
@@ -299,6 +297,7 @@ class HiSparseSourceView(HiSparseManagerMixin):
     """The source group's additions: its pool is the host pool."""
 
     retains_longer_hit = True
+    block_pool: Any
 
 
 class HiSparseResidentView(HiSparseManagerMixin):
