@@ -156,7 +156,7 @@ class HiSparseCoordinatorView:
         self.request_states = _RequestStates(manager)
         self.pending_spills = _PendingSpills(manager)
         for view in self.managers:
-            if hasattr(view, "coordinator"):
+            if isinstance(view, HiSparseManagerMixin):
                 view.coordinator = self
 
     @property
@@ -174,13 +174,6 @@ class HiSparseCoordinatorView:
     def spills_to_send(self) -> list[Any]:
         """The transfers planned and not yet handed over by `build_offload_command`."""
         return [_transfer(t) for t in self._manager.hisparse_spills_to_send()]
-
-    @property
-    def next_spill_id(self) -> int:
-        """The next transfer's id."""
-        ids = [*self._manager.hisparse_pending_spill_ids()]
-        ids += [t[0] for t in self._manager.hisparse_spills_to_send()]
-        return max(ids, default=-1) + 1
 
     @property
     def copies(self) -> dict[bytes, tuple[KVCacheBlock, ...]]:
