@@ -67,6 +67,16 @@ CONFIGS = {  # name -> replay.py flags
     # MLA + a compressed MLA indexer + a tail ring.
     "deepseek-v4": ["--config", "deepseek-v4", "--sliding-window", "128"],
     "glm5-next": ["--config", "glm5-next"],
+    # HiSparse: the MLA source in a host pool, its indexer, resident pages and hot region,
+    # with the connector's calls each step; the host pool as large as the GPU's, and a
+    # quarter of it (host evictions).
+    "hisparse": ["--config", "hisparse"],
+    "hisparse/host-quarter": [
+        "--config",
+        "hisparse",
+        "--hisparse-host-blocks",
+        "{quarter_blocks}",
+    ],
 }
 
 
@@ -93,8 +103,9 @@ def main() -> int:
                     check=True,
                 )  # fmt: skip
                 for name in a.configs:
+                    flags = [f.format(quarter_blocks=num_blocks // 4) for f in CONFIGS[name]]
                     cmd = [sys.executable, str(REPLAY_PY), str(trace), "--compare",
-                           "--num-blocks", str(num_blocks), *CONFIGS[name]]  # fmt: skip
+                           "--num-blocks", str(num_blocks), *flags]  # fmt: skip
                     out = subprocess.run(cmd, capture_output=True, text=True)
                     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
                     if out.returncode != 0 or not lines:

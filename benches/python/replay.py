@@ -99,6 +99,7 @@ def summary(
             else None,
             "chunk_size": args.chunk_size if args.config == "chunked" else None,
             "dcp_world_size": args.dcp_world_size,
+            "hisparse_host_blocks": layout.hisparse_host_num_blocks,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "max_num_seqs": args.max_num_seqs,
             "max_model_len": args.max_model_len,
@@ -200,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sliding-window", type=int, default=1024)
     ap.add_argument("--chunk-size", type=int, default=8192, help="chunked local attention chunk")
     ap.add_argument("--dcp-world-size", type=int, default=1, help="decode context parallel ranks")
+    ap.add_argument(
+        "--hisparse-host-blocks",
+        type=int,
+        default=None,
+        help="--config hisparse: blocks of the host pool (default: --num-blocks)",
+    )
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=262144)
@@ -241,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be positive")
+    if args.hisparse_host_blocks is not None and args.hisparse_host_blocks < 1:
+        ap.error("--hisparse-host-blocks must be positive")
     if args.retention_interval is not None and args.retention_interval < 0:
         ap.error("--retention-interval must be non-negative")
     if (args.compare or args.impl == "vllm") and vllm_available() is None:
@@ -263,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         max_in_flight_tokens=args.max_num_batched_tokens,
         dcp_world_size=args.dcp_world_size,
         retention_interval=args.retention_interval,
+        hisparse_host_blocks=args.hisparse_host_blocks,
     )
     args.timer_overhead = timer_overhead_ns()
     args.timer_window = timer_window_ns()

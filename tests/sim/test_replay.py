@@ -263,6 +263,9 @@ class _ReferenceBatch:
         self.layout = self.inner.layout
         self.partial_hash_hits = self.inner.partial_hash_hits
         self.append_batch = None
+        self.hisparse = self.inner.hisparse
+        self.free_finished = self.inner.free_finished
+        self.free_preempted = self.inner.free_preempted
 
     def batch(self, reqs: list[object], ns: list[int]) -> list[object]:
         out: list[object] = []

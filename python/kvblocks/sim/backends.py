@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from kvblocks._core import InvalidArgumentError
+from kvblocks.sim.hisparse import HiSparseConnector, hisparse_connector
 from kvblocks.sim.presets import KVLayout, build_kvblocks_manager, build_vllm_manager
 
 __all__ = ["Backend", "KvblocksBackend", "VllmBackend", "make_backend", "vllm_available"]
@@ -37,6 +38,12 @@ class Backend(Protocol):
     """The layout the manager was built from."""
     partial_hash_hits: bool
     """The manager's ``enable_partial_hash_hits`` (prefix hits inside a block)."""
+    hisparse: HiSparseConnector | None
+    """HiSparse's connector, for a layout with a host pool (else None)."""
+    free_finished: Callable[[Any], None]
+    """Frees a finished request (``manager.free``, or HiSparse's)."""
+    free_preempted: Callable[[Any], None]
+    """Frees a preempted request (``manager.free``, or HiSparse's)."""
 
     def make_request(
         self,
@@ -63,6 +70,9 @@ class KvblocksBackend:
     step); ``retention`` is a ``kvblocks.RetentionPolicy`` (None: vLLM's LRU order)."""
 
     name = "kvblocks"
+    hisparse: HiSparseConnector | None
+    free_finished: Callable[[Any], None]
+    free_preempted: Callable[[Any], None]
 
     def __init__(
         self,
@@ -85,6 +95,7 @@ class KvblocksBackend:
         )
         self.batch = self.manager.allocate_slots_batch if batch else None
         self.append_batch = k.append_token_ids_batch if batch else None
+        _connect(self, "kvblocks")
 
     def release_block_copies(self) -> int:
         """See :class:`Backend`."""
@@ -121,6 +132,9 @@ class VllmBackend:
     """vLLM 0.33's ``KVCacheManager`` and ``Request`` (imports vLLM)."""
 
     name = "vllm"
+    hisparse: HiSparseConnector | None
+    free_finished: Callable[[Any], None]
+    free_preempted: Callable[[Any], None]
 
     def __init__(self, layout: KVLayout, hash_algo: str = "sha256_cbor"):
         # importlib keeps vLLM (an optional, untyped dependency) out of the type check.
@@ -142,6 +156,7 @@ class VllmBackend:
         # vLLM 0.32's hasher takes no lookahead: passed only when set.
         lookahead = [layout.num_hash_lookahead_tokens] if layout.num_hash_lookahead_tokens else []
         self._hasher = utils.get_request_block_hasher(layout.hash_block_size, hash_fn, *lookahead)
+        _connect(self, "vllm")
 
     def release_block_copies(self) -> int:
         """See :class:`Backend`."""
@@ -174,6 +189,15 @@ class VllmBackend:
             block_hasher=self._hasher,
         )
         return req, pc() - t0
+
+
+def _connect(backend: KvblocksBackend | VllmBackend, impl: str) -> None:
+    """Sets ``backend``'s ``hisparse`` connector and free calls."""
+    m = backend.manager
+    hs = None if backend.layout.hisparse_host_num_blocks is None else hisparse_connector(impl, m)
+    backend.hisparse = hs
+    backend.free_finished = m.free if hs is None else hs.free_finished
+    backend.free_preempted = m.free if hs is None else hs.free_preempted
 
 
 def vllm_available() -> str | None:

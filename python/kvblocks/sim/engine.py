@@ -108,6 +108,7 @@ CALL_TYPES = (
     "new_step_starts",
     "alloc_batch",
     "advance_time",
+    "hisparse_connector",
 )
 
 
@@ -629,6 +630,14 @@ class Engine:
                 f"{self.num_blocks} blocks; raise the number of blocks"
             )
         res.block_copies += self.backend.release_block_copies()
+        hisparse = self.backend.hisparse
+        if hisparse is not None:
+            sent = hisparse.schedule(
+                [(s.rid, s.num_computed, n, s.num_tokens) for s, n in scheduled],
+                res.samples["hisparse_connector"],
+            )
+            if self._digest_on:
+                self._ev(f"H {self.step_number} {sent}\n")
         host = self.host
         if host is not None:
             for slot, n in scheduled:
@@ -646,6 +655,11 @@ class Engine:
         if host is not None:
             host.end_step()
         free_blocks = self._num_free()
+        if hisparse is not None:
+            hisparse.complete(res.samples["hisparse_connector"])
+            free_blocks = self._num_free()
+            if self._digest_on:
+                self._ev(f"h {hisparse.host_pool.get_num_free_blocks()}\n")
         if self._digest_on:
             self._ev(f"S {self.step_number} {free_blocks}\n")
         series = self._series
@@ -679,7 +693,7 @@ class Engine:
         """Step 2; returns the budget left."""
         res, running = self.result, self.running
         km = self.backend.manager
-        alloc, free, get_ids = km.allocate_slots, km.free, km.get_block_ids
+        alloc, free, get_ids = km.allocate_slots, self.backend.free_preempted, km.get_block_ids
         S = res.samples
         s_dec, s_chunk, s_fail, s_free = (
             S["alloc_decode"], S["alloc_prefill_chunk"], S["alloc_failed"], S["free"]
@@ -864,7 +878,7 @@ class Engine:
         """Step 4; returns the number of requests that finished."""
         res = self.result
         km = self.backend.manager
-        free, get_ids = km.free, km.get_block_ids
+        free, get_ids = self.backend.free_finished, km.get_block_ids
         s_free = res.samples["free"]
         digest_on, ev = self._digest_on, self._ev
         append_batch = self.backend.append_batch
@@ -963,6 +977,13 @@ class Engine:
             raise ReplayError(
                 f"{res.final_free_blocks} free blocks at the end, expected {self.num_blocks - 1}"
             )
+        hisparse = self.backend.hisparse
+        if hisparse is not None:
+            host_free = hisparse.host_pool.get_num_free_blocks()
+            if host_free != hisparse.host_blocks - 1:
+                raise ReplayError(
+                    f"{host_free} free host blocks at the end, expected {hisparse.host_blocks - 1}"
+                )
         if self.ceilings is not None:
             res.ceilings = self.ceilings.result()  # after wall_s: not the loop's time
         if self.host is not None:

@@ -52,6 +52,8 @@ GroupKind = Literal[
     "chunked_local",
     "circular_buffer",
     "mamba",
+    "hisparse_resident",
+    "hisparse_hot",
 ]
 
 #: Per attention kind: the spec class (one name in kvblocks and in vLLM) and the
@@ -65,6 +67,13 @@ _ATTENTION_SPECS: dict[str, tuple[str, str | None]] = {
     "sliding_window_mla": ("SlidingWindowMLASpec", "sliding_window"),
     "chunked_local": ("ChunkedLocalAttentionSpec", "attention_chunk_size"),
     "circular_buffer": ("CircularBufferSpec", None),
+}
+
+#: HiSparse's device groups (vLLM 0.33): the spec class (one name in kvblocks and in
+#: vLLM) and whether it takes ``blocks_per_request``. Their pages are ``page_size`` bytes.
+_HISPARSE_SPECS: dict[str, tuple[str, bool]] = {
+    "hisparse_resident": ("HiSparseResidentSpec", False),
+    "hisparse_hot": ("HiSparseHotSpec", True),
 }
 
 
@@ -90,6 +99,11 @@ class GroupDesc:
             prefill-checkpoint block, exported at multiples of this many tokens.
         layer_offset: Index of the group's first layer in the model's layer names.
         tokens_per_state: Tokens one stored state covers (compressed MLA indexers).
+        page_size: Bytes of one page of a HiSparse resident or hot group.
+        blocks_per_request: Blocks of a HiSparse hot group's region per request.
+        host_resident: The group's blocks live in HiSparse's host pool (its source group).
+        role: vLLM 0.33's ``KVCacheGroupRole`` value (``default``, ``hisparse_source``,
+            ``hisparse_indexer``).
     """
 
     kind: GroupKind
@@ -107,6 +121,10 @@ class GroupDesc:
     mamba_checkpoint_alignment: int | None = None
     layer_offset: int = 0
     tokens_per_state: int = 1
+    page_size: int = 0
+    blocks_per_request: int = 0
+    host_resident: bool = False
+    role: str = "default"
 
     @property
     def layer_names(self) -> list[str]:
@@ -135,9 +153,15 @@ class GroupDesc:
         return self.attention_spec(k, self.dtype)
 
     def attention_spec(self, module: Any, dtype: Any) -> Any:
-        """The group's attention spec from ``module`` (``kvblocks`` or vLLM's
+        """The group's attention (or HiSparse) spec from ``module`` (``kvblocks`` or vLLM's
         ``kv_cache_interface``, whose classes share names and keywords), with ``dtype``
         as that module takes it."""
+        if self.kind in _HISPARSE_SPECS:
+            name, per_request = _HISPARSE_SPECS[self.kind]
+            extra = {"blocks_per_request": self.blocks_per_request} if per_request else {}
+            return getattr(module, name)(
+                block_size=self.block_size, page_size=self.page_size, **extra
+            )
         cls, field = _ATTENTION_SPECS[self.kind]
         kwargs: dict[str, Any] = {
             "block_size": self.block_size,
@@ -190,6 +214,8 @@ class KVLayout:
     retention_interval: int | None = None
     """vLLM 0.33's ``prefix_cache_retention_interval`` (sparse caching of sliding-window
     and Mamba states; None: dense)."""
+    hisparse_host_num_blocks: int | None = None
+    """Blocks of HiSparse's host pool (the host-resident group's); None without one."""
 
     @property
     def bytes_per_block(self) -> int:
@@ -204,20 +230,34 @@ class KVLayout:
 
 # ------------------------------------------------------------------ builders
 def _kvblocks_config(
-    groups: tuple[GroupDesc, ...], num_blocks: int, retention_interval: int | None = None
+    groups: tuple[GroupDesc, ...],
+    num_blocks: int,
+    retention_interval: int | None = None,
+    host_num_blocks: int | None = None,
 ) -> Any:
     import kvblocks as kb
 
     k: Any = kb
-    specs = [k.KVCacheGroupSpec(g.layer_names, g.kvblocks_spec()) for g in groups]
+    specs = [
+        k.KVCacheGroupSpec(
+            g.layer_names, g.kvblocks_spec(), host_resident=g.host_resident, role=g.role
+        )
+        for g in groups
+    ]
     return k.KVCacheConfig(
-        num_blocks, [], specs, prefix_cache_retention_interval=retention_interval
+        num_blocks,
+        [],
+        specs,
+        prefix_cache_retention_interval=retention_interval,
+        hisparse_host_num_blocks=host_num_blocks,
     )
 
 
 def build_kvblocks_config(layout: KVLayout) -> Any:
     """``kvblocks.KVCacheConfig`` for ``layout`` (no tensors: the manager needs none)."""
-    return _kvblocks_config(layout.groups, layout.num_blocks, layout.retention_interval)
+    return _kvblocks_config(
+        layout.groups, layout.num_blocks, layout.retention_interval, layout.hisparse_host_num_blocks
+    )
 
 
 def resolve_block_sizes(
@@ -261,7 +301,7 @@ def build_kvblocks_manager(layout: KVLayout, events: bool = False, retention: An
 
 
 def build_vllm_manager(layout: KVLayout) -> Any:
-    """vLLM 0.33's ``KVCacheManager`` for ``layout`` (imports vLLM and torch)."""
+    """vLLM's ``KVCacheManager`` (0.33 or 0.32) for ``layout`` (imports vLLM and torch)."""
     # importlib keeps vLLM and torch (optional, untyped here) out of the type check.
     torch = importlib.import_module("torch")
     iface = importlib.import_module("vllm.v1.kv_cache_interface")
@@ -284,12 +324,16 @@ def build_vllm_manager(layout: KVLayout) -> Any:
             )
         else:
             spec = g.attention_spec(iface, getattr(torch, g.dtype))
-        groups.append(KVCacheGroupSpec(g.layer_names, spec))
+        role = iface.KVCacheGroupRole(g.role)
+        groups.append(
+            KVCacheGroupSpec(g.layer_names, spec, host_resident=g.host_resident, role=role)
+        )
     cfg = KVCacheConfig(
         num_blocks=layout.num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=groups,
         prefix_cache_retention_interval=layout.retention_interval,
+        hisparse_host_num_blocks=layout.hisparse_host_num_blocks,
     )
     # vLLM 0.32's manager has no `num_hash_lookahead_tokens`: passed only when set.
     n_hash = layout.num_hash_lookahead_tokens
@@ -324,6 +368,7 @@ REPLAY_CONFIGS = (
     "spec-lookahead",
     "deepseek-v4",
     "glm5-next",
+    "hisparse",
 )
 
 # Speculative configs as vLLM 0.33's scheduler builds the manager for them, with prefix
@@ -335,6 +380,10 @@ _SPEC_LOOKAHEAD = {"mtp": (3, 3), "spec-lookahead": (1, 1)}
 # A small Mamba2-like state: conv (3, 2048) bf16 and SSM (32, 64, 128) fp32.
 _MAMBA_SHAPES = ((3, 2048), (32, 64, 128))
 _MAMBA_DTYPES = ("bfloat16", "float32")
+
+#: HiSparse's hot region: the tokens a DeepSeek-V3.2-like sparse indexer selects (its
+#: ``index_topk``), which vLLM 0.33 sizes the region from.
+_HISPARSE_TOPK = 2048
 
 
 def _mamba_group(
@@ -372,6 +421,7 @@ def replay_layout(
     max_in_flight_tokens: int | None = None,
     dcp_world_size: int = 1,
     retention_interval: int | None = None,
+    hisparse_host_blocks: int | None = None,
 ) -> KVLayout:
     """The layout of one of :data:`REPLAY_CONFIGS` (one layer per group, 8 heads x 128, bf16).
 
@@ -392,6 +442,10 @@ def replay_layout(
     many decode context parallel ranks (its blocks then hold ``block_size * dcp_world_size``
     tokens). ``retention_interval`` is vLLM 0.33's ``prefix_cache_retention_interval``
     (sparse caching of the sliding-window and Mamba groups' states; None: dense).
+    ``hisparse``: a DeepSeek-V3.2-like HiSparse stack as vLLM 0.33 lays it out
+    (``vllm/v1/hisparse/layout.py``): the MLA source group resident in a host pool of
+    ``hisparse_host_blocks`` blocks (default ``num_blocks``), its indexer (an MLA group of
+    128-wide keys), and the source's GPU resident pages and hot region (2,048 tokens).
     """
     if config not in REPLAY_CONFIGS:
         raise InvalidArgumentError(
@@ -445,6 +499,20 @@ def replay_layout(
             ),
             GroupDesc("circular_buffer", 1, 4, num_kv_heads=2, head_size=128, layer_offset=2),
         )
+    elif config == "hisparse":
+        source = GroupDesc(
+            "mla", 1, block_size, num_kv_heads=1, head_size=576, host_resident=True,
+            role="hisparse_source",
+        )  # fmt: skip
+        page = source.page_size_bytes
+        groups = (
+            source,
+            replace(source, head_size=128, host_resident=False, role="hisparse_indexer",
+                    layer_offset=1),
+            GroupDesc("hisparse_resident", 1, block_size, page_size=page, layer_offset=2),
+            GroupDesc("hisparse_hot", 1, block_size, page_size=page, layer_offset=3,
+                      blocks_per_request=-(-_HISPARSE_TOPK // block_size)),
+        )  # fmt: skip
     elif config == "bs32":
         # vLLM 0.33's unitary coordinator asserts hash_block_size == block_size, so blocks
         # coarser than the hash need the hybrid coordinator: a second full-attention group.
@@ -464,6 +532,9 @@ def replay_layout(
         num_hash_lookahead_tokens=hash_lookahead if enable_caching else 0,
         dcp_world_size=dcp_world_size,
         retention_interval=retention_interval,
+        hisparse_host_num_blocks=(hisparse_host_blocks or num_blocks)
+        if config == "hisparse"
+        else None,
     )
 
 

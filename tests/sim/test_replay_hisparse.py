@@ -1,0 +1,96 @@
+"""The replay loop with HiSparse's connector (kvblocks.sim.hisparse): the ``hisparse``
+layout keeps its source group in a host pool, and only the connector's transfers make
+host pages valid, publish them for prefix hits and release the GPU pages they pinned.
+On vLLM 0.33 the same trace must give the same digest, which covers the connector's
+answers (``H`` lines) and the host pool's free count (``h`` lines) each step."""
+
+from __future__ import annotations
+
+import ast
+import io
+
+import kvblocks
+import pytest
+from kvblocks.sim.backends import make_backend
+from kvblocks.sim.engine import ReplayError, ReplayOptions, replay
+from kvblocks.sim.presets import replay_layout
+from kvblocks.sim.workloads import Trace, WorkloadParams, generate
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(kvblocks, "KVCacheManager"), reason="kvblocks manager not built"
+)
+
+
+def _trace() -> Trace:
+    return generate("shared-prefix", 3, WorkloadParams(num_requests=40, rate=0.5))
+
+
+def _layout(host_blocks: int):  # type: ignore[no-untyped-def]
+    return replay_layout("hisparse", num_blocks=1200, hisparse_host_blocks=host_blocks)
+
+
+def _connector_lines(lines: list[str]) -> list[list[object]]:
+    """Each ``H`` line's transfers, host copies, row mirrors, all-resident flag and
+    residency updates."""
+    out = []
+    for line in lines:
+        if line.startswith("H "):
+            text = line.split(" ", 2)[2]
+            transfers, rest = text.split("] ", 1)
+            out.append([ast.literal_eval(transfers + "]"), rest])
+    return out
+
+
+def test_connector_moves_pages_to_the_host_and_hits_come_from_there() -> None:
+    host_blocks = 400
+    out = io.StringIO()
+    backend = make_backend("kvblocks", _layout(host_blocks))
+    res = replay(_trace(), backend, ReplayOptions(events_out=out))
+    lines = out.getvalue().splitlines()
+    steps = _connector_lines(lines)
+    assert len(steps) == res.steps
+    transfers = [t for transfers, _ in steps for t in transfers]
+    assert transfers
+    # every transfer writes a host block of the pool, from one resident page per group
+    assert all(0 < t[1] < host_blocks and len(t[2]) == 1 for t in transfers)
+    assert len({t[0] for t in transfers}) == len(transfers)  # ids are never reused
+    host_free = [int(line.split()[1]) for line in lines if line.startswith("h ")]
+    assert min(host_free) == 0  # the host pool fills and evicts
+    assert res.hit_tokens > 0  # prefixes published from the host pool are hit
+    assert len(res.samples["hisparse_connector"]) >= 6 * res.steps
+    # replay's end check: every device and host block is back in its pool
+    assert backend.hisparse is not None
+    assert backend.hisparse.host_pool.get_num_free_blocks() == host_blocks - 1
+
+
+def test_without_completions_the_pinned_pages_never_come_back() -> None:
+    """A worker that never reports its transfers leaves their resident pages pinned: the
+    GPU pool drains until even an idle cache cannot admit the next request."""
+    backend = make_backend("kvblocks", _layout(1200))
+    assert backend.hisparse is not None
+    backend.hisparse.complete = lambda out: None  # type: ignore[method-assign]
+    with pytest.raises(ReplayError, match="into an idle cache"):
+        replay(_trace(), backend)
+
+
+def test_layouts_without_a_host_pool_have_no_connector() -> None:
+    backend = make_backend("kvblocks", replay_layout("full", num_blocks=64))
+    assert backend.hisparse is None
+    assert backend.free_finished == backend.manager.free
+    assert backend.free_preempted == backend.manager.free
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("host_blocks", [1200, 400])
+def test_kvblocks_matches_vllm(host_blocks: int) -> None:
+    pytest.importorskip("vllm")
+    iface = pytest.importorskip("vllm.v1.kv_cache_interface")
+    if not hasattr(iface, "HiSparseHotSpec"):
+        pytest.skip("this vLLM has no HiSparse")
+    trace = _trace()
+    layout = _layout(host_blocks)
+    theirs = replay(trace, make_backend("vllm", layout))
+    for batch in (False, True):
+        ours = replay(trace, make_backend("kvblocks", layout, batch=batch))
+        assert ours.digest == theirs.digest
+        assert ours.hit_tokens == theirs.hit_tokens
