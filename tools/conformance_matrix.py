@@ -68,15 +68,10 @@ CONFIGS = {  # name -> replay.py flags
     "deepseek-v4": ["--config", "deepseek-v4", "--sliding-window", "128"],
     "glm5-next": ["--config", "glm5-next"],
     # HiSparse: the MLA source in a host pool, its indexer, resident pages and hot region,
-    # with the connector's calls each step; the host pool as large as the GPU's, and a
-    # quarter of it (host evictions).
+    # with the connector's calls each step; the host pool as large as the GPU's, and the
+    # smallest vLLM lays out for the trace's longest sequence (host evictions).
     "hisparse": ["--config", "hisparse"],
-    "hisparse/host-quarter": [
-        "--config",
-        "hisparse",
-        "--hisparse-host-blocks",
-        "{quarter_blocks}",
-    ],
+    "hisparse/host-min": ["--config", "hisparse", "--hisparse-host-blocks", "min"],
 }
 
 
@@ -103,9 +98,8 @@ def main() -> int:
                     check=True,
                 )  # fmt: skip
                 for name in a.configs:
-                    flags = [f.format(quarter_blocks=num_blocks // 4) for f in CONFIGS[name]]
                     cmd = [sys.executable, str(REPLAY_PY), str(trace), "--compare",
-                           "--num-blocks", str(num_blocks), *flags]  # fmt: skip
+                           "--num-blocks", str(num_blocks), *CONFIGS[name]]  # fmt: skip
                     out = subprocess.run(cmd, capture_output=True, text=True)
                     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
                     if out.returncode != 0 or not lines:

@@ -39,7 +39,12 @@ from typing import Any
 
 from kvblocks.sim.backends import make_backend, vllm_available
 from kvblocks.sim.engine import ReplayError, ReplayOptions, ReplayResult, replay
-from kvblocks.sim.presets import REPLAY_CONFIGS, KVLayout, replay_layout
+from kvblocks.sim.presets import (
+    REPLAY_CONFIGS,
+    KVLayout,
+    hisparse_min_host_blocks,
+    replay_layout,
+)
 from kvblocks.sim.workloads import Trace, TraceError, read_trace
 
 
@@ -203,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dcp-world-size", type=int, default=1, help="decode context parallel ranks")
     ap.add_argument(
         "--hisparse-host-blocks",
-        type=int,
         default=None,
-        help="--config hisparse: blocks of the host pool (default: --num-blocks)",
+        help="--config hisparse: blocks of the host pool (default: --num-blocks), or 'min': "
+        "the fewest vLLM lays out for the trace's longest sequence",
     )
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--max-num-seqs", type=int, default=256)
@@ -248,8 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be positive")
-    if args.hisparse_host_blocks is not None and args.hisparse_host_blocks < 1:
-        ap.error("--hisparse-host-blocks must be positive")
     if args.retention_interval is not None and args.retention_interval < 0:
         ap.error("--retention-interval must be non-negative")
     if (args.compare or args.impl == "vllm") and vllm_available() is None:
@@ -261,6 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     trace = trace.truncated(args.max_requests)
     if trace.max_seq_len > args.max_model_len:
         ap.error(f"trace has a {trace.max_seq_len}-token sequence > --max-model-len")
+    host_blocks: int | None = None
+    if args.hisparse_host_blocks == "min":
+        host_blocks = hisparse_min_host_blocks(trace.max_seq_len, args.block_size)
+    elif args.hisparse_host_blocks is not None:
+        if not args.hisparse_host_blocks.isdigit() or int(args.hisparse_host_blocks) < 1:
+            ap.error("--hisparse-host-blocks must be a positive number or 'min'")
+        host_blocks = int(args.hisparse_host_blocks)
     layout = replay_layout(
         args.config,
         num_blocks=args.num_blocks,
@@ -272,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         max_in_flight_tokens=args.max_num_batched_tokens,
         dcp_world_size=args.dcp_world_size,
         retention_interval=args.retention_interval,
-        hisparse_host_blocks=args.hisparse_host_blocks,
+        hisparse_host_blocks=host_blocks,
     )
     args.timer_overhead = timer_overhead_ns()
     args.timer_window = timer_window_ns()

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::publication::Publication;
+use super::publication::{Publication, RequestCopy};
 use crate::attention::hisparse_resident::resident_page;
 use crate::attention::RequestBlocks;
 use crate::types::{BlockId, NULL_BLOCK_ID};
@@ -39,6 +39,10 @@ pub struct RequestResidency {
     pub stale: BTreeSet<usize>,
     /// The host publication waiting for transfers, if any.
     pub publication: Option<Publication>,
+    /// The copy of the request that the last publication finished with: the next one
+    /// extends it instead of copying the request again (a decode step publishes every
+    /// call).
+    pub spare_copy: Option<RequestCopy>,
 }
 
 /// The pages of a request with `num_computed` computed tokens that a step writes back

@@ -195,7 +195,9 @@ impl KvCacheManager {
         let mut copy = state
             .publication
             .take()
-            .map_or_else(|| RequestCopy::new(request, page_size), |p| p.request);
+            .map(|p| p.request)
+            .or_else(|| state.spare_copy.take())
+            .unwrap_or_else(|| RequestCopy::new(request, page_size));
         copy.extend(request, num_pages);
         state.publication = Some(Publication {
             request: copy,
@@ -470,7 +472,7 @@ fn publish_if_ready(
         coord.publish_host_blocks(slots.tables_mut(s), &publication.request, num_tokens)?;
     }
     if state.ready_prefix_pages >= publication.num_pages {
-        state.publication = None;
+        state.spare_copy = state.publication.take().map(|p| p.request);
     }
     record_copies(hs, coord, slots, request_id, num_tokens);
     Ok(())

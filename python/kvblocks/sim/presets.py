@@ -38,6 +38,7 @@ __all__ = [
     "build_kvblocks_config",
     "build_kvblocks_manager",
     "build_vllm_manager",
+    "hisparse_min_host_blocks",
     "model_layout",
     "parse_memory",
     "replay_layout",
@@ -407,6 +408,13 @@ def _mamba_group(
         mamba_cache_mode=mode,
         layer_offset=offset,
     )
+
+
+def hisparse_min_host_blocks(max_model_len: int, block_size: int) -> int:
+    """The smallest host pool vLLM 0.33 lays out for HiSparse (``create_hisparse_layout``):
+    every computed page needs a host block, so one sequence of ``max_model_len`` tokens
+    must fit beside the pool's null block and a copy-on-write tail."""
+    return -(-max_model_len // block_size) + 2
 
 
 def replay_layout(
