@@ -72,6 +72,7 @@ CONFIGS = {  # name -> replay.py flags
     # smallest vLLM lays out for the trace's longest sequence (host evictions).
     "hisparse": ["--config", "hisparse"],
     "hisparse/host-min": ["--config", "hisparse", "--hisparse-host-blocks", "min"],
+    "hisparse-mamba": ["--config", "hisparse-mamba"],
 }
 
 

@@ -25,8 +25,8 @@ def _trace() -> Trace:
     return generate("shared-prefix", 3, WorkloadParams(num_requests=40, rate=0.5))
 
 
-def _layout(host_blocks: int):  # type: ignore[no-untyped-def]
-    return replay_layout("hisparse", num_blocks=1200, hisparse_host_blocks=host_blocks)
+def _layout(host_blocks: int, config: str = "hisparse"):  # type: ignore[no-untyped-def]
+    return replay_layout(config, num_blocks=1200, hisparse_host_blocks=host_blocks)
 
 
 def _connector_lines(lines: list[str]) -> list[list[object]]:
@@ -81,14 +81,17 @@ def test_layouts_without_a_host_pool_have_no_connector() -> None:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("host_blocks", [1200, 400])
-def test_kvblocks_matches_vllm(host_blocks: int) -> None:
+@pytest.mark.parametrize(
+    ("config", "host_blocks"),
+    [("hisparse", 1200), ("hisparse", 400), ("hisparse-mamba", 1200)],
+)
+def test_kvblocks_matches_vllm(config: str, host_blocks: int) -> None:
     pytest.importorskip("vllm")
     iface = pytest.importorskip("vllm.v1.kv_cache_interface")
     if not hasattr(iface, "HiSparseHotSpec"):
         pytest.skip("this vLLM has no HiSparse")
     trace = _trace()
-    layout = _layout(host_blocks)
+    layout = _layout(host_blocks, config)
     theirs = replay(trace, make_backend("vllm", layout))
     for batch in (False, True):
         ours = replay(trace, make_backend("kvblocks", layout, batch=batch))

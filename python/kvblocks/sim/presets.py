@@ -370,6 +370,7 @@ REPLAY_CONFIGS = (
     "deepseek-v4",
     "glm5-next",
     "hisparse",
+    "hisparse-mamba",
 )
 
 # Speculative configs as vLLM 0.33's scheduler builds the manager for them, with prefix
@@ -453,7 +454,9 @@ def replay_layout(
     ``hisparse``: a DeepSeek-V3.2-like HiSparse stack as vLLM 0.33 lays it out
     (``vllm/v1/hisparse/layout.py``): the MLA source group resident in a host pool of
     ``hisparse_host_blocks`` blocks (default ``num_blocks``), its indexer (an MLA group of
-    128-wide keys), and the source's GPU resident pages and hot region (2,048 tokens).
+    128-wide keys), and the source's GPU resident pages and hot region (2,048 tokens);
+    ``hisparse-mamba``: the same with pages of two blocks, beside a full-attention group
+    and a Mamba "align" group of four blocks (partial prefix hits, copied on write).
     """
     if config not in REPLAY_CONFIGS:
         raise InvalidArgumentError(
@@ -507,9 +510,13 @@ def replay_layout(
             ),
             GroupDesc("circular_buffer", 1, 4, num_kv_heads=2, head_size=128, layer_offset=2),
         )
-    elif config == "hisparse":
+    elif config in ("hisparse", "hisparse-mamba"):
+        # hisparse-mamba: HiSparse pages of two hash blocks beside a full-attention group of
+        # one and a Mamba group of four, so partial hits end inside host pages (host copy
+        # on write)
+        bs = block_size * (2 if config == "hisparse-mamba" else 1)
         source = GroupDesc(
-            "mla", 1, block_size, num_kv_heads=1, head_size=576, host_resident=True,
+            "mla", 1, bs, num_kv_heads=1, head_size=576, host_resident=True,
             role="hisparse_source",
         )  # fmt: skip
         page = source.page_size_bytes
@@ -517,10 +524,15 @@ def replay_layout(
             source,
             replace(source, head_size=128, host_resident=False, role="hisparse_indexer",
                     layer_offset=1),
-            GroupDesc("hisparse_resident", 1, block_size, page_size=page, layer_offset=2),
-            GroupDesc("hisparse_hot", 1, block_size, page_size=page, layer_offset=3,
-                      blocks_per_request=-(-_HISPARSE_TOPK // block_size)),
+            GroupDesc("hisparse_resident", 1, bs, page_size=page, layer_offset=2),
+            GroupDesc("hisparse_hot", 1, bs, page_size=page, layer_offset=3,
+                      blocks_per_request=-(-_HISPARSE_TOPK // bs)),
         )  # fmt: skip
+        if config == "hisparse-mamba":
+            mamba = _mamba_group(block_size, enable_caching, max_model_len, 1, 5)
+            if enable_caching:
+                mamba = replace(mamba, block_size=4 * block_size)
+            groups += (replace(full, layer_offset=4), mamba)
     elif config == "bs32":
         # vLLM 0.33's unitary coordinator asserts hash_block_size == block_size, so blocks
         # coarser than the hash need the hybrid coordinator: a second full-attention group.
@@ -541,7 +553,7 @@ def replay_layout(
         dcp_world_size=dcp_world_size,
         retention_interval=retention_interval,
         hisparse_host_num_blocks=(hisparse_host_blocks or num_blocks)
-        if config == "hisparse"
+        if config in ("hisparse", "hisparse-mamba")
         else None,
     )
 
