@@ -654,12 +654,11 @@ class Engine:
         finished = self._model_step(scheduled)
         if host is not None:
             host.end_step()
-        free_blocks = self._num_free()
         if hisparse is not None:
             hisparse.complete(res.samples["hisparse_connector"])
-            free_blocks = self._num_free()
             if self._digest_on:
                 self._ev(f"h {hisparse.host_pool.get_num_free_blocks()}\n")
+        free_blocks = self._num_free()
         if self._digest_on:
             self._ev(f"S {self.step_number} {free_blocks}\n")
         series = self._series
