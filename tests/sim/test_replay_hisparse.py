@@ -14,7 +14,7 @@ import pytest
 from kvblocks.sim.backends import make_backend
 from kvblocks.sim.engine import ReplayError, ReplayOptions, replay
 from kvblocks.sim.presets import replay_layout
-from kvblocks.sim.workloads import Trace, WorkloadParams, generate
+from kvblocks.sim.workloads import Trace, TraceRequest, WorkloadParams, generate
 
 pytestmark = pytest.mark.skipif(
     not hasattr(kvblocks, "KVCacheManager"), reason="kvblocks manager not built"
@@ -23,6 +23,35 @@ pytestmark = pytest.mark.skipif(
 
 def _trace() -> Trace:
     return generate("shared-prefix", 3, WorkloadParams(num_requests=40, rate=0.5))
+
+
+def _quoting_trace() -> Trace:
+    """Prompts of 216, 248 and 180 tokens (13.5, 15.5 and 11.25 hash blocks of 16), each
+    quoted by a later request that adds 50 tokens of its own.
+
+    In ``hisparse-mamba`` the source's host pages hold 32 tokens and the Mamba group
+    keeps its state at the prompt's last hash block (208, 240, 176 tokens): an odd
+    number of hash blocks, so the quoting request's hit ends halfway into a host page
+    that the first request filled with its output and the connector published. The
+    source group then copies that page on write, in the host pool.
+    """
+    requests = []
+    for k, prompt in enumerate((216, 248, 180)):
+        first = TraceRequest(f"a{k}", 40 * k, ((1000 + k, prompt),), 2000 + k, 40)
+        quote = TraceRequest(
+            f"b{k}", 40 * k + 30, ((1000 + k, prompt), (3000 + k, 50)), 4000 + k, 10
+        )
+        requests += [first, quote]
+    return Trace(requests, "quoting")
+
+
+def _host_copies(lines: list[str]) -> list[tuple[int, int]]:
+    """The host copy-on-write pairs of the ``H`` lines."""
+    return [
+        pair
+        for _, rest in _connector_lines(lines)
+        for pair in ast.literal_eval(rest.split("] ", 1)[0] + "]")
+    ]
 
 
 def _layout(host_blocks: int, config: str = "hisparse"):  # type: ignore[no-untyped-def]
@@ -63,6 +92,18 @@ def test_connector_moves_pages_to_the_host_and_hits_come_from_there() -> None:
     assert backend.hisparse.host_pool.get_num_free_blocks() == host_blocks - 1
 
 
+def test_partial_hits_inside_a_host_page_copy_it_on_write() -> None:
+    out = io.StringIO()
+    backend = make_backend("kvblocks", _layout(1200, "hisparse-mamba"))
+    replay(_quoting_trace(), backend, ReplayOptions(events_out=out))
+    copies = _host_copies(out.getvalue().splitlines())
+    assert len(copies) == 3  # one per quoting request
+    # each copy reads a published host block into a fresh one of the same pool
+    assert all(0 < src < 1200 and 0 < dst < 1200 and src != dst for src, dst in copies)
+    assert backend.hisparse is not None
+    assert backend.hisparse.host_pool.get_num_free_blocks() == 1200 - 1
+
+
 def test_without_completions_the_pinned_pages_never_come_back() -> None:
     """A worker that never reports its transfers leaves their resident pages pinned: the
     GPU pool drains until even an idle cache cannot admit the next request."""
@@ -82,15 +123,16 @@ def test_layouts_without_a_host_pool_have_no_connector() -> None:
 
 @pytest.mark.vllm
 @pytest.mark.parametrize(
-    ("config", "host_blocks"),
-    [("hisparse", 1200), ("hisparse", 400), ("hisparse-mamba", 1200)],
-)
-def test_kvblocks_matches_vllm(config: str, host_blocks: int) -> None:
+    ("config", "host_blocks", "quoting"),
+    [("hisparse", 1200, False), ("hisparse", 400, False), ("hisparse-mamba", 1200, False),
+     ("hisparse-mamba", 1200, True)],
+)  # fmt: skip
+def test_kvblocks_matches_vllm(config: str, host_blocks: int, quoting: bool) -> None:
     pytest.importorskip("vllm")
     iface = pytest.importorskip("vllm.v1.kv_cache_interface")
     if not hasattr(iface, "HiSparseHotSpec"):
         pytest.skip("this vLLM has no HiSparse")
-    trace = _trace()
+    trace = _quoting_trace() if quoting else _trace()
     layout = _layout(host_blocks, config)
     theirs = replay(trace, make_backend("vllm", layout))
     for batch in (False, True):
