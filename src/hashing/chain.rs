@@ -276,7 +276,7 @@ mod tests {
     fn any_int_tokens_hash_as_python_ints() {
         // The i64 path writes what the u32 fast path writes for u32 tokens...
         let tokens: Vec<u32> = (0..40)
-            .map(|i| i * 104_729 % (1 << 31) + (i % 3) * (1 << 31))
+            .map(|i| (i * 104_729 % (1 << 31)) | ((i % 2) << 31))
             .collect();
         let wide: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
         let lora = LoraRequest::new("L".into(), "/p".into(), 1).unwrap();
