@@ -63,15 +63,11 @@ pub(crate) fn find_longest_cache_hit(
     let mut n = 0;
     if let [single] = out {
         // One group (the common case): no all-groups bookkeeping per block.
-        let (view, g) = (q.view(bs), q.groups[0]);
+        let g = q.groups[0];
         single.reserve(max_blocks);
-        while n < max_blocks {
-            match pool.cached_block(view.at(n), g) {
-                Some(b) => single.push(b),
-                None => break,
-            }
-            n += 1;
-        }
+        let hashes = q.view(bs).iter().take(max_blocks);
+        single.extend(hashes.map_while(|h| pool.cached_block(h, g)));
+        n = single.len();
     } else {
         while n < max_blocks && q.push_hit(pool, bs, n, out) {
             n += 1;

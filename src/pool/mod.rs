@@ -388,15 +388,15 @@ impl BlockPool {
         I: IntoIterator<Item = BlockId> + Clone,
     {
         let n = self.num_blocks();
-        let mut front = std::mem::take(&mut self.to_front);
-        let mut back = std::mem::take(&mut self.to_back);
-        front.clear();
-        back.clear();
         let mut failure = None;
         let mut done = 0usize;
         let mut nulls = 0i64;
-        // Slices and flags read once: the loop's stores then cannot alias them.
+        // Fields borrowed apart and flags read once: the loop's stores then cannot alias
+        // them, and the two scratch lists stay in place.
         let (ref_cnt, hash_of) = (&mut self.ref_cnt[..], &self.hash_of[..]);
+        let (front, back) = (&mut self.to_front, &mut self.to_back);
+        front.clear();
+        back.clear();
         let caching = self.enable_caching;
         for b in blocks.clone() {
             if b as usize >= n {
@@ -430,19 +430,17 @@ impl BlockPool {
                     self.ref_cnt[b as usize] += 1;
                 }
             }
-            self.to_front = front;
-            self.to_back = back;
             return Err(err);
         }
         self.null_refs.add(-nulls);
-        self.queue.prepend_n(&front);
+        self.queue.prepend_n(&self.to_front);
         if self.retention.is_none() {
-            self.queue.append_n(&back);
+            self.queue.append_n(&self.to_back);
         } else {
+            let back = std::mem::take(&mut self.to_back);
             self.link_cached(&back);
+            self.to_back = back;
         }
-        self.to_front = front;
-        self.to_back = back;
         Ok(())
     }
 
