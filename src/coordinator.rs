@@ -1017,9 +1017,22 @@ impl Coordinator {
         request: &R,
         num_tokens: usize,
     ) -> Result<()> {
+        self.cache_blocks_from(0, rbs, request, num_tokens)
+    }
+
+    /// [`cache_blocks`](Self::cache_blocks) for the groups from `first` on whose
+    /// tables `rbs` holds, in order.
+    #[inline(always)]
+    pub fn cache_blocks_from<R: RequestView>(
+        &mut self,
+        first: usize,
+        rbs: &mut [RequestBlocks],
+        request: &R,
+        num_tokens: usize,
+    ) -> Result<()> {
         let mut boundaries = [0usize; 2];
         let nb = self.replay_boundaries(request.num_prompt_tokens(), &mut boundaries);
-        for (i, rb) in rbs.iter_mut().enumerate() {
+        for (i, rb) in (first..).zip(rbs.iter_mut()) {
             let n = self.num_cacheable_tokens(num_tokens, i);
             let m = &mut self.managers[i];
             if m.caches_when_computed() {
@@ -1157,7 +1170,14 @@ impl Coordinator {
 
     /// Frees the request in every group (each table tail first), in group order.
     pub fn free(&mut self, rbs: &mut [RequestBlocks]) -> Result<()> {
-        for (g, (m, rb)) in self.managers.iter().zip(rbs.iter_mut()).enumerate() {
+        self.free_from(0, rbs)
+    }
+
+    /// [`free`](Self::free) for the groups from `first` on whose tables `rbs` holds,
+    /// in order.
+    pub fn free_from(&mut self, first: usize, rbs: &mut [RequestBlocks]) -> Result<()> {
+        for (g, rb) in (first..).zip(rbs.iter_mut()) {
+            let m = &self.managers[g];
             let pool = host_tier::pool_for(&mut self.pool, &mut self.host, g);
             let done = m.free(rb, pool);
             host_tier::after_call(&mut self.pool, &mut self.host, g);

@@ -511,18 +511,19 @@ impl KvCacheManager {
             prefill_end,
             &mut copies,
         )?;
-        // HiSparse's hooks run between the allocation and caching; without HiSparse the
-        // tables stay borrowed (a second lookup costs the decode path).
+        // HiSparse's hooks run between the allocation and caching, and its publication
+        // among the groups' caching; without HiSparse the tables stay borrowed (a second
+        // lookup costs the decode path).
         let rbs = if self.hisparse.is_some() {
-            self.hisparse_after_allocation(request, args, hits.is_some(), local, total)?;
+            self.hisparse_after_allocation(s, request, args, hits.is_some(), local, total)?;
             self.slots.tables_mut(s)
         } else {
+            if !args.delay_cache_blocks {
+                let n = (total + args.num_new_tokens).min(request.num_tokens());
+                self.coord.cache_blocks(rbs, request, n)?;
+            }
             rbs
         };
-        if !args.delay_cache_blocks {
-            let n = (total + args.num_new_tokens).min(request.num_tokens());
-            self.coord.cache_blocks(rbs, request, n)?;
-        }
         for (group, (rb, &st)) in rbs.iter().zip(starts.iter()).enumerate() {
             match copies.iter().find(|&&(g, _)| g == group) {
                 // A partial hit's copy replaced a table entry: it comes first.
@@ -657,7 +658,18 @@ impl KvCacheManager {
     /// `request.is_finished()`; a preempted one did not): HiSparse keeps a finished
     /// request's host blocks while transfers of its publication are in flight.
     pub fn free_request(&mut self, request_id: &str, finished: bool) -> Result<()> {
+        let first = match self.hisparse.as_deref() {
+            Some(hs) => hs.first_group(),
+            None => 0,
+        };
         if self.hisparse.is_some() {
+            // vLLM frees the groups before HiSparse's first group, then HiSparse's hook
+            // runs from that group's free.
+            if let Some(s) = self.slots.get(request_id).filter(|_| first > 0) {
+                self.set_free_tag_of_slot(s);
+                self.coord
+                    .free_from(0, &mut self.slots.tables_mut(s)[..first])?;
+            }
             self.hisparse_free(request_id, finished)?;
         }
         let Some(s) = self.slots.release(request_id) else {
@@ -665,7 +677,8 @@ impl KvCacheManager {
         };
         self.set_free_tag_of_slot(s);
         self.coord.forget_boundary_offloads(request_id);
-        self.coord.free(self.slots.tables_mut(s))
+        self.coord
+            .free_from(first, &mut self.slots.tables_mut(s)[first..])
     }
 
     /// Forgets the request and returns its blocks without freeing them: group after
@@ -852,12 +865,7 @@ impl KvCacheManager {
                 Ok(())
             };
         };
-        if self.hisparse.is_some() {
-            // The host-resident group is group 0: it publishes before the others cache.
-            self.hisparse_cache_host_blocks(request, num_computed_tokens)?;
-        }
-        self.coord
-            .cache_blocks(self.slots.tables_mut(s), request, num_computed_tokens)
+        self.cache_blocks_with_publication(s, request, num_computed_tokens)
     }
 
     /// The blocks allocated since the last call that the worker must zero (vLLM's

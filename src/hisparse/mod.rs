@@ -63,6 +63,15 @@ pub struct HiSparse {
 pub(crate) const ACTIVE_TAIL_PAGES: usize = 2;
 
 impl HiSparse {
+    /// The first of HiSparse's own groups (source, resident, hot): vLLM's coordinator
+    /// reaches `HiSparseCoordinator.free` from that group's `pop_blocks_for_free`, after
+    /// the groups before it freed their blocks.
+    pub(crate) fn first_group(&self) -> usize {
+        let resident = self.resident_groups.iter().copied();
+        let hot = self.hot_groups.iter().map(|&(g, _)| g);
+        resident.chain(hot).fold(self.host_group, usize::min)
+    }
+
     /// The HiSparse state of `coord`'s groups, if it has a host tier (vLLM's
     /// `get_hisparse_coordinator`, built with the manager). `num_blocks` is the device
     /// pool's size.

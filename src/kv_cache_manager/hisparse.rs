@@ -618,14 +618,17 @@ fn publish_detached(hs: &mut HiSparse, coord: &mut Coordinator, generation: u64)
 }
 
 impl KvCacheManager {
-    /// HiSparse's part of an allocation (`args`), after the groups allocated (vLLM runs
-    /// these inside the groups' calls; none of them allocates): an adopted host prefix of
-    /// `local_computed` tokens commits its pages, an import records the prefix it fills
-    /// in, the device pool's reuse of unpinned blocks is applied, and unless caching is
-    /// delayed the request's host pages are published as far as they are durable.
+    /// HiSparse's part of an allocation (`args`) of the request in slot `s`, after the
+    /// groups allocated (vLLM runs these inside the groups' calls; none of them
+    /// allocates): an adopted host prefix of `local_computed` tokens commits its pages,
+    /// an import records the prefix it fills in, and the device pool's reuse of unpinned
+    /// blocks is applied. Then, unless caching is delayed, every group caches up to
+    /// `total_computed` tokens and the new ones, with HiSparse's publication in its
+    /// group's place.
     #[inline(never)]
     pub(super) fn hisparse_after_allocation<R: RequestView>(
         &mut self,
+        s: usize,
         request: &R,
         args: &AllocateArgs<'_>,
         took_hit: bool,
@@ -634,27 +637,50 @@ impl KvCacheManager {
     ) -> Result<()> {
         let external_computed = args.num_external_computed_tokens;
         let adopted = took_hit || external_computed > 0;
-        // The host group publishes from its `cache_blocks`, which runs only with caching.
-        let cache_tokens = (self.enable_caching && !args.delay_cache_blocks)
-            .then(|| (total_computed + args.num_new_tokens).min(request.num_tokens()));
-        let Some(hs) = self.hisparse.as_deref_mut() else {
-            return Ok(());
-        };
-        let request_id = request.request_id();
-        if adopted && hs.has_residency() {
-            hs.resident_requests.remove(request_id);
-            commit_computed_blocks(hs, &self.slots, request_id, local_computed);
-        }
-        if external_computed > 0 {
-            hs.resident_requests.remove(request_id);
-            hs.pending_imports
-                .insert(request_id.to_owned(), local_computed + external_computed);
+        if let Some(hs) = self.hisparse.as_deref_mut() {
+            let request_id = request.request_id();
+            if adopted && hs.has_residency() {
+                hs.resident_requests.remove(request_id);
+                commit_computed_blocks(hs, &self.slots, request_id, local_computed);
+            }
+            if external_computed > 0 {
+                hs.resident_requests.remove(request_id);
+                hs.pending_imports
+                    .insert(request_id.to_owned(), local_computed + external_computed);
+            }
         }
         self.hisparse_drain_reused();
-        if let Some(n) = cache_tokens {
-            self.hisparse_cache_host_blocks(request, n)?;
+        if args.delay_cache_blocks {
+            return Ok(());
         }
-        Ok(())
+        let n = (total_computed + args.num_new_tokens).min(request.num_tokens());
+        self.cache_blocks_with_publication(s, request, n)
+    }
+
+    /// Every group's `cache_blocks` of the request in slot `s` for `num_computed_tokens`,
+    /// in group order, as vLLM's coordinator calls them: the host-resident group's is
+    /// HiSparse's publication (`publish_when_ready`), which runs only with caching on.
+    /// Events of the groups before the host group come before the host pool's.
+    pub(super) fn cache_blocks_with_publication<R: RequestView>(
+        &mut self,
+        s: usize,
+        request: &R,
+        num_computed_tokens: usize,
+    ) -> Result<()> {
+        let host_group = match self.hisparse.as_deref() {
+            Some(hs) if self.enable_caching => hs.host_group,
+            _ => {
+                let rbs = self.slots.tables_mut(s);
+                return self.coord.cache_blocks(rbs, request, num_computed_tokens);
+            }
+        };
+        let before = &mut self.slots.tables_mut(s)[..host_group];
+        self.coord
+            .cache_blocks_from(0, before, request, num_computed_tokens)?;
+        self.hisparse_cache_host_blocks(request, num_computed_tokens)?;
+        let rest = &mut self.slots.tables_mut(s)[host_group..];
+        self.coord
+            .cache_blocks_from(host_group, rest, request, num_computed_tokens)
     }
 
     /// vLLM's `HiSparseCoordinator.free`, before the request's blocks go: a finished

@@ -38,10 +38,16 @@ def _vllm_config(max_model_len: int, max_in_flight_tokens: int) -> SimpleNamespa
 
 
 def _hisparse_config(
-    host_num_blocks: int = 16, num_blocks: int = 32, num_resident_groups: int = 1
+    host_num_blocks: int = 16,
+    num_blocks: int = 32,
+    num_resident_groups: int = 1,
+    order: str = "source-first",
 ) -> Any:
     """vLLM's HiSparse layout: host-resident source, indexer, then resident pages and a
-    hot region per resident group (as vLLM's tests build it)."""
+    hot region per resident group (as vLLM's tests build it). A hand-built layout may
+    order the groups otherwise (vLLM requires only the source before the resident
+    groups): ``indexer-first`` swaps the first two, ``hot-first`` moves the last hot
+    group to the front."""
     source = vi.FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
     role = vi.KVCacheGroupRole
     groups = [
@@ -61,6 +67,10 @@ def _hisparse_config(
                 enable_kv_transfer=False,
             ),
         ]
+    if order == "indexer-first":
+        groups[:2] = groups[1::-1]
+    elif order == "hot-first":
+        groups.insert(0, groups.pop())
     return vi.KVCacheConfig(
         num_blocks=num_blocks,
         hisparse_host_num_blocks=host_num_blocks,
@@ -188,6 +198,7 @@ class _Driver:
         host_blocks: int,
         resident_groups: int,
         prefill_lookahead: int,
+        order: str = "source-first",
     ) -> None:
         from kvblocks.vllm import KVCacheManager
         from vllm.utils.hashing import sha256_cbor
@@ -208,7 +219,7 @@ class _Driver:
         )
 
         def config() -> Any:
-            return _hisparse_config(host_blocks, num_blocks, resident_groups)
+            return _hisparse_config(host_blocks, num_blocks, resident_groups, order)
 
         self.sides = (
             _Side(VllmManager(config(), **kwargs)),
@@ -508,6 +519,7 @@ class _Driver:
         (8, True, 40, 40, 1, 0),
     ],
 )
+@pytest.mark.parametrize("order", ["source-first", "indexer-first", "hot-first"])
 def test_random_calls_match_vllms_coordinator(
     seed: int,
     caching: bool,
@@ -515,6 +527,7 @@ def test_random_calls_match_vllms_coordinator(
     host_blocks: int,
     resident_groups: int,
     lookahead: int,
+    order: str,
 ) -> None:
     driver = _Driver(
         seed,
@@ -523,5 +536,6 @@ def test_random_calls_match_vllms_coordinator(
         host_blocks=host_blocks,
         resident_groups=resident_groups,
         prefill_lookahead=lookahead,
+        order=order,
     )
     driver.run(800)
