@@ -658,20 +658,11 @@ impl KvCacheManager {
     /// `request.is_finished()`; a preempted one did not): HiSparse keeps a finished
     /// request's host blocks while transfers of its publication are in flight.
     pub fn free_request(&mut self, request_id: &str, finished: bool) -> Result<()> {
-        let first = match self.hisparse.as_deref() {
-            Some(hs) => hs.first_group(),
-            None => 0,
+        let first = if self.hisparse.is_some() {
+            self.hisparse_free_through_hook(request_id, finished)?
+        } else {
+            0
         };
-        if self.hisparse.is_some() {
-            // vLLM frees the groups before HiSparse's first group, then HiSparse's hook
-            // runs from that group's free.
-            if let Some(s) = self.slots.get(request_id).filter(|_| first > 0) {
-                self.set_free_tag_of_slot(s);
-                self.coord
-                    .free_from(0, &mut self.slots.tables_mut(s)[..first])?;
-            }
-            self.hisparse_free(request_id, finished)?;
-        }
         let Some(s) = self.slots.release(request_id) else {
             return Ok(());
         };

@@ -683,6 +683,25 @@ impl KvCacheManager {
             .cache_blocks_from(host_group, rest, request, num_computed_tokens)
     }
 
+    /// The part of freeing a request up to HiSparse's hook: the groups before
+    /// HiSparse's first group free their blocks, then HiSparse's free runs (vLLM reaches
+    /// `HiSparseCoordinator.free` from that group's `pop_blocks_for_free`). Returns that
+    /// group; the caller frees the groups from it on.
+    pub(super) fn hisparse_free_through_hook(
+        &mut self,
+        request_id: &str,
+        finished: bool,
+    ) -> Result<usize> {
+        let first = hs_ref(&self.hisparse).first_group();
+        if let Some(s) = self.slots.get(request_id).filter(|_| first > 0) {
+            self.set_free_tag_of_slot(s);
+            self.coord
+                .free_from(0, &mut self.slots.tables_mut(s)[..first])?;
+        }
+        self.hisparse_free(request_id, finished)?;
+        Ok(first)
+    }
+
     /// vLLM's `HiSparseCoordinator.free`, before the request's blocks go: a finished
     /// request with transfers in flight keeps its host blocks for the publication; each
     /// resident page with a durable host copy is unpinned (the others are freed with the
