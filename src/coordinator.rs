@@ -8,8 +8,8 @@
 
 use crate::arith::cdiv;
 use crate::attention::{
-    mamba, BoundaryOffload, HitQuery, ManagerParams, RequestBlocks, RequestView, SingleTypeManager,
-    SparseCaching,
+    mamba, BoundaryOffload, CachedBlocks, HitQuery, ManagerParams, RequestBlocks, RequestView,
+    SingleTypeManager, SparseCaching,
 };
 use crate::error::{KvError, Result};
 use crate::host_tier::{self, HostTier};
@@ -467,10 +467,7 @@ impl Coordinator {
     /// The pool a spec group's lookup reads.
     #[inline]
     fn lookup_pool(&self, sg: &SpecGroup) -> &BlockPool {
-        match &self.host {
-            Some(h) if sg.host_resident => h.pool(),
-            _ => &self.pool,
-        }
+        lookup_source(sg, &self.pool, self.host_pool())
     }
 
     /// The longest prefix hit of `hashes` no longer than `max_length` tokens: one block
@@ -488,6 +485,19 @@ impl Coordinator {
     /// common prefix: how far the longest single spec group's hit reached past the
     /// reconciled one (hybrid only; vLLM's `num_uncached_common_prefix_tokens`).
     pub fn find_cache_hit(&self, hashes: &[BlockHash], max_length: usize) -> Result<CacheHit> {
+        self.find_cache_hit_in(&self.pool, self.host_pool(), hashes, max_length)
+    }
+
+    /// [`find_cache_hit`](Self::find_cache_hit) with the cached blocks read from `gpu`
+    /// (and `host` for a host-resident group) instead of this coordinator's pools: the
+    /// same rules over another view of what is cached (the router's engines).
+    pub fn find_cache_hit_in<P: CachedBlocks + ?Sized>(
+        &self,
+        gpu: &P,
+        host: Option<&P>,
+        hashes: &[BlockHash],
+        max_length: usize,
+    ) -> Result<CacheHit> {
         let n = self.managers.len();
         let (blocks, hit_length) = match self.kind {
             CoordinatorKind::NoPrefixCache => (vec![Vec::new(); n], 0),
@@ -502,10 +512,10 @@ impl Coordinator {
                     alignment: m.block_size(),
                 };
                 let mut out = vec![Vec::new()];
-                let hit = m.find_longest_cache_hit(&query, &self.pool, &mut out)?;
+                let hit = m.find_longest_cache_hit(&query, gpu, &mut out)?;
                 (out, hit)
             }
-            CoordinatorKind::Hybrid => return self.find_hybrid(hashes, max_length),
+            CoordinatorKind::Hybrid => return self.find_hybrid(gpu, host, hashes, max_length),
         };
         Ok(CacheHit {
             blocks,
@@ -586,7 +596,13 @@ impl Coordinator {
 
     /// The hybrid fixed point: every spec group either accepts the candidate length or
     /// lowers it; repeat until nothing lowers it (one pass for full + one other).
-    fn find_hybrid(&self, hashes: &[BlockHash], max_length: usize) -> Result<CacheHit> {
+    fn find_hybrid<P: CachedBlocks + ?Sized>(
+        &self,
+        gpu: &P,
+        host: Option<&P>,
+        hashes: &[BlockHash],
+        max_length: usize,
+    ) -> Result<CacheHit> {
         let n = self.managers.len();
         let mut blocks: Vec<Option<Vec<BlockId>>> = vec![None; n];
         let mut lengths = vec![0usize; n];
@@ -618,7 +634,8 @@ impl Coordinator {
                     alignment: self.hit_alignment(),
                 };
                 let mut out = vec![Vec::new(); sg.group_ids.len()];
-                let found = m.find_longest_cache_hit(&query, self.lookup_pool(sg), &mut out)?;
+                let found =
+                    m.find_longest_cache_hit(&query, lookup_source(sg, gpu, host), &mut out)?;
                 if drop {
                     verified[idx] = true;
                 } else if found < curr {
@@ -1365,4 +1382,18 @@ fn validate_sparse_caching(
         )));
     }
     Ok(SparseCaching::Interval(n))
+}
+
+/// The cached blocks a spec group's lookup reads: the host's for a host-resident group
+/// (HiSparse's source), the GPU's otherwise.
+#[inline]
+fn lookup_source<'a, P: CachedBlocks + ?Sized>(
+    sg: &SpecGroup,
+    gpu: &'a P,
+    host: Option<&'a P>,
+) -> &'a P {
+    match host {
+        Some(h) if sg.host_resident => h,
+        _ => gpu,
+    }
 }

@@ -44,6 +44,16 @@ pub enum KvError {
     /// Unpinning a prefix key that is not pinned.
     #[error("not pinned: {0}")]
     NotPinned(String),
+    /// A KV event payload that cannot be decoded or applied (truncated, garbled,
+    /// oversized, or naming a group or block size the engine was not registered with).
+    #[error("invalid KV event payload: {0}")]
+    InvalidEvent(String),
+    /// An engine id the router index does not know.
+    #[error("unknown engine {0:?}")]
+    UnknownEngine(String),
+    /// An engine's events hash blocks otherwise than its registration says.
+    #[error("hash mismatch: {0}")]
+    HashMismatch(String),
     /// A feature of vLLM 0.33 that kvblocks does not implement.
     #[error("not supported: {0}")]
     Unsupported(String),

@@ -24,6 +24,7 @@ mod partial_hits;
 pub mod pool;
 pub mod request;
 pub mod request_fields;
+pub mod router;
 pub mod spec;
 pub mod stats;
 pub mod types;

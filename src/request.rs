@@ -261,6 +261,22 @@ impl Request {
         }
     }
 
+    /// The hashes of every full block of a prompt of `tokens` with `options`' extra keys,
+    /// chained from `root`: what the request hasher of an engine whose NONE_HASH is `root`
+    /// computes (the router hashes for engines of other processes). Fails on invalid
+    /// multimodal features, as [`Request::new`].
+    pub fn hash_prompt(
+        hasher: &BlockHasher,
+        root: BlockHash,
+        tokens: &[u32],
+        options: &RequestOptions,
+    ) -> Result<Vec<BlockHash>> {
+        MmFeature::validate_all(&options.mm_features)?;
+        let mut out = Vec::new();
+        hasher.hash_new_blocks(root, 0, tokens, &Self::key_sources(options), &mut out);
+        Ok(out)
+    }
+
     /// vLLM's `request_block_hasher`: hashes every newly completed full block.
     fn update_block_hashes(&mut self) {
         let Some(hasher) = self.hasher else { return };

@@ -29,12 +29,15 @@ __all__ = [
     "CircularBufferSpec",
     "CrossAttentionSpec",
     "DoubleFreeError",
+    "EngineHit",
     "EventSink",
     "FullAttentionSpec",
+    "HashMismatchError",
     "HiSparseHotSpec",
     "HiSparseResidentSpec",
     "IntOverflowError",
     "InvalidArgumentError",
+    "InvalidEventError",
     "InvalidSpecError",
     "InvalidTypeError",
     "KVBlocksError",
@@ -45,6 +48,7 @@ __all__ = [
     "KVCacheManager",
     "KVCacheSpec",
     "KVCacheTensor",
+    "KVIndex",
     "MLAAttentionSpec",
     "MambaSpec",
     "NotPinnedError",
@@ -62,6 +66,7 @@ __all__ = [
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
     "UnknownAlgorithmError",
+    "UnknownEngineError",
     "UnknownLayerError",
     "UnknownRequestError",
     "UnsupportedError",
@@ -136,6 +141,15 @@ class BlockIndexError(KVBlocksError, IndexError):
 
 class UnknownLayerError(KVBlocksError, KeyError):
     """A layer name the KV cache pages do not hold (kvblocks.device)."""
+
+class InvalidEventError(KVBlocksError, ValueError):
+    """A KV event payload that cannot be decoded or applied; the router index is unchanged."""
+
+class UnknownEngineError(KVBlocksError, KeyError):
+    """An engine id the router index does not know."""
+
+class HashMismatchError(KVBlocksError, ValueError):
+    """An engine's events hash blocks otherwise than its registration says."""
 
 # --- Retention (src/python/retention.rs; docs/retention.md) ---------------------------
 
@@ -1447,3 +1461,78 @@ class OffloadPolicy:
         """ARC's adaptive target size of T1 (None for other policies)."""
     @target_t1_size.setter
     def target_t1_size(self, target: float) -> None: ...
+
+# --- the router index (src/python/router.rs) -----------------------------------------
+
+@final
+class EngineHit:
+    """One engine's hit for a request: GPU tokens (its `get_computed_blocks` now), host
+    tokens past them (CPU offloading), blocks of `block_size` tokens, and freshness
+    (`"exact"`, `"catching_up"`, `"stale"` or `"mismatched"`)."""
+
+    @property
+    def engine(self) -> str: ...
+    @property
+    def gpu_tokens(self) -> int: ...
+    @property
+    def gpu_blocks(self) -> int: ...
+    @property
+    def host_tokens(self) -> int: ...
+    @property
+    def host_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def freshness(self) -> str: ...
+
+@final
+class KVIndex:
+    """What every engine of a fleet caches, from their KV event streams (docs/router.md)."""
+
+    def __new__(cls) -> KVIndex: ...
+    def add_engine(
+        self,
+        engine_id: str,
+        kv_cache_config: KVCacheConfig,
+        *,
+        max_model_len: int,
+        hash_block_size: int,
+        hash_algo: str = "sha256_cbor",
+        python_hash_seed: str | None = None,
+        data_parallel_rank: int | None = None,
+        host_tier: bool = False,
+        scheduler_block_size: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        mamba_none_prefix_caching: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+    ) -> None: ...
+    def remove_engine(self, engine_id: str) -> None: ...
+    def engines(self) -> list[str]: ...
+    def ingest(self, engine_id: str, payload: bytes, seq: int | None = None) -> tuple[int, str]:
+        """Applies one payload (`seq`: its sequence number, `None`: the next); returns
+        the batches applied and the engine's freshness."""
+    def skip_gap(self, engine_id: str) -> str: ...
+    def reset_engine(self, engine_id: str) -> str: ...
+    def status(self, engine_id: str) -> dict[str, Any]: ...
+    def memory(self) -> tuple[int, int]:
+        """Bytes of residency tables (both copies) and the residencies they hold."""
+    def hits(
+        self,
+        tokens: Sequence[int],
+        *,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        lora_path: str | None = None,
+        mm_features: Sequence[tuple[str, int, int]] | None = None,
+        engines: Sequence[str] | None = None,
+    ) -> dict[str, EngineHit]: ...
+    def hits_from_hashes(
+        self,
+        block_hashes: Sequence[bytes],
+        num_tokens: int,
+        *,
+        engines: Sequence[str] | None = None,
+    ) -> dict[str, EngineHit]: ...

@@ -1,10 +1,9 @@
 //! Chunked local attention: only the current chunk is attended; blocks
 //! of earlier chunks are nulled, and count as hits without a lookup.
 
-use super::{AttentionKind, HitQuery};
+use super::{AttentionKind, CachedBlocks, HitQuery};
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
-use crate::pool::BlockPool;
 use crate::spec::ChunkedLocalAttentionSpec;
 use crate::types::{BlockId, NULL_BLOCK_ID};
 
@@ -38,11 +37,11 @@ pub(crate) fn max_admission_blocks(
 
 /// Nulls for every block before the last chunk boundary at or below `max_length`, then
 /// the cached run from there.
-pub(crate) fn find_longest_cache_hit(
+pub(crate) fn find_longest_cache_hit<P: CachedBlocks + ?Sized>(
     q: &HitQuery<'_>,
     bs: usize,
     chunk: usize,
-    pool: &BlockPool,
+    pool: &P,
     out: &mut [Vec<BlockId>],
 ) -> Result<usize> {
     if q.drop_eagle || bs != q.alignment {

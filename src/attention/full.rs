@@ -1,7 +1,7 @@
 //! Full attention (also MLA and sink): every block stays until the request ends, hits
 //! are the longest run of cached blocks from the start.
 
-use super::{AttentionKind, HitQuery, RequestBlocks, RequestView, SingleTypeManager};
+use super::{AttentionKind, CachedBlocks, HitQuery, RequestBlocks, RequestView, SingleTypeManager};
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
 use crate::pool::BlockPool;
@@ -53,10 +53,10 @@ pub(crate) fn max_blocks_per_request(
 /// cached prefixes downward-closed; with fine-grained hits, then probes the hash
 /// boundaries inside the next block. EAGLE drops one block (fine-grained: one hash
 /// block); the result is aligned down.
-pub(crate) fn find_longest_cache_hit(
+pub(crate) fn find_longest_cache_hit<P: CachedBlocks + ?Sized>(
     q: &HitQuery<'_>,
     bs: usize,
-    pool: &BlockPool,
+    pool: &P,
     out: &mut [Vec<BlockId>],
 ) -> usize {
     let max_blocks = q.max_blocks(bs);

@@ -5,8 +5,20 @@
 use super::SingleTypeManager;
 use crate::error::Result;
 use crate::hashing::BlockHashView;
-use crate::pool::BlockPool;
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
+
+/// What a hit search reads: which block, if any, caches a hash in a group. The block
+/// pool answers for a manager; `router::EngineView` answers for an engine known only
+/// through its events, so both run the same per-type rules (one copy of each).
+pub trait CachedBlocks {
+    /// The cached block for `hash` in `group`, if any (first-inserted wins).
+    fn cached_block(&self, hash: &BlockHash, group: GroupId) -> Option<BlockId>;
+
+    /// vLLM's `get_cached_block`: one block per group id, or `None` if any group misses.
+    fn get_cached_block(&self, hash: &BlockHash, groups: &[GroupId]) -> Option<Vec<BlockId>> {
+        groups.iter().map(|&g| self.cached_block(hash, g)).collect()
+    }
+}
 
 /// A prefix-cache lookup, shared by every attention type's `find_longest_cache_hit`.
 #[derive(Debug, Clone, Copy)]
@@ -59,16 +71,16 @@ impl<'a> HitQuery<'a> {
     }
 
     /// The hash-block entry `unit` (0-based) cached in every group: one block per group.
-    fn cached_unit(&self, pool: &BlockPool, unit: usize) -> Option<Vec<BlockId>> {
+    fn cached_unit<P: CachedBlocks + ?Sized>(&self, pool: &P, unit: usize) -> Option<Vec<BlockId>> {
         pool.get_cached_block(&self.hashes[unit], self.groups)
     }
 
     /// Fine-grained phase 2 of a left-to-right search that hit `num_blocks` whole
     /// blocks: the highest hash boundary inside the next block that is cached in every
     /// group appends its block to `out`; returns the hit length, if any.
-    pub(crate) fn extend_into_partial_block(
+    pub(crate) fn extend_into_partial_block<P: CachedBlocks + ?Sized>(
         &self,
-        pool: &BlockPool,
+        pool: &P,
         num_blocks: usize,
         bs: usize,
         out: &mut [Vec<BlockId>],
@@ -90,9 +102,9 @@ impl<'a> HitQuery<'a> {
     /// Fine-grained right-to-left search of a position-indexed table (align-mode
     /// Mamba): the highest cached hash boundary gives nulls up to its block and the
     /// block; returns the hit length (0 if none).
-    pub(crate) fn last_cached_unit(
+    pub(crate) fn last_cached_unit<P: CachedBlocks + ?Sized>(
         &self,
-        pool: &BlockPool,
+        pool: &P,
         bs: usize,
         out: &mut [Vec<BlockId>],
     ) -> usize {
@@ -113,9 +125,9 @@ impl<'a> HitQuery<'a> {
     /// Looks block `i` up in every group; on a full hit appends one block per group to
     /// `out` and returns true; otherwise leaves `out` as it was.
     #[inline]
-    pub(crate) fn push_hit(
+    pub(crate) fn push_hit<P: CachedBlocks + ?Sized>(
         &self,
-        pool: &BlockPool,
+        pool: &P,
         bs: usize,
         i: usize,
         out: &mut [Vec<BlockId>],
@@ -139,10 +151,10 @@ impl<'a> HitQuery<'a> {
 impl SingleTypeManager {
     /// The longest prefix hit of `query` for this manager's attention type; fills one
     /// list per group of `query.groups` into `out` and returns the hit length in tokens.
-    pub fn find_longest_cache_hit(
+    pub fn find_longest_cache_hit<P: CachedBlocks + ?Sized>(
         &self,
         query: &HitQuery<'_>,
-        pool: &BlockPool,
+        pool: &P,
         out: &mut [Vec<BlockId>],
     ) -> Result<usize> {
         for o in out.iter_mut() {

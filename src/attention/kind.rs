@@ -10,7 +10,7 @@ use super::{
     chunked_local, circular_buffer, cross_attention, full, hisparse_hot, hisparse_resident, mamba,
     rswa, sliding_window,
 };
-use super::{HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching};
+use super::{CachedBlocks, HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching};
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
 use crate::pool::BlockPool;
@@ -426,11 +426,11 @@ impl AttentionKind {
     }
 
     /// The longest prefix hit of `query` by the type's own search, for blocks of `bs`.
-    pub(super) fn find_longest_cache_hit(
+    pub(super) fn find_longest_cache_hit<P: CachedBlocks + ?Sized>(
         &self,
         query: &HitQuery<'_>,
         bs: usize,
-        pool: &BlockPool,
+        pool: &P,
         out: &mut [Vec<BlockId>],
     ) -> Result<usize> {
         match *self {

@@ -16,7 +16,8 @@ use std::ops::Range;
 
 use super::caching::reachable_boundaries;
 use super::{
-    AttentionKind, HitQuery, RequestBlocks, RequestView, SingleTypeManager, SparseCaching,
+    AttentionKind, CachedBlocks, HitQuery, RequestBlocks, RequestView, SingleTypeManager,
+    SparseCaching,
 };
 use crate::arith::cdiv;
 use crate::error::{KvError, Result};
@@ -194,10 +195,10 @@ pub(crate) fn unsupported(what: &str) -> KvError {
 /// Align mode: the rightmost cached state at or below `max_length` (on an aligned
 /// boundary; with fine-grained hits, at any hash boundary) is the hit; positions
 /// before it are nulls.
-pub(crate) fn find_longest_cache_hit(
+pub(crate) fn find_longest_cache_hit<P: CachedBlocks + ?Sized>(
     q: &HitQuery<'_>,
     bs: usize,
-    pool: &BlockPool,
+    pool: &P,
     out: &mut [Vec<BlockId>],
 ) -> usize {
     if q.fine_grained(bs) {

@@ -38,7 +38,7 @@ mod request_view;
 
 pub use caching::SparseCaching;
 pub use context_parallel::ContextParallel;
-pub use hit_query::HitQuery;
+pub use hit_query::{CachedBlocks, HitQuery};
 pub(crate) use kind::UNKNOWN_SPEC_KIND;
 pub use kind::{AttentionKind, SPEC_KINDS};
 pub use mamba::BoundaryOffload;

@@ -2,9 +2,8 @@
 //! freed, and a hit needs `cdiv(sw - 1, bs)` contiguous cached blocks ending at the hit.
 
 use super::caching::reachable_boundaries;
-use super::{AttentionKind, HitQuery, RequestView, SingleTypeManager, SparseCaching};
+use super::{AttentionKind, CachedBlocks, HitQuery, RequestView, SingleTypeManager, SparseCaching};
 use crate::arith::cdiv;
-use crate::pool::BlockPool;
 use crate::spec::SlidingWindowSpec;
 use crate::types::{BlockId, NULL_BLOCK_ID};
 
@@ -54,11 +53,11 @@ fn contiguous_blocks_for_hit(sliding_window: usize, bs: usize, use_eagle: bool) 
 
 /// Scans right to left for the last run of `need` contiguous hits; positions before the
 /// run are nulls. Without such a run, a run starting at block 0 still counts.
-pub(crate) fn find_longest_cache_hit(
+pub(crate) fn find_longest_cache_hit<P: CachedBlocks + ?Sized>(
     q: &HitQuery<'_>,
     bs: usize,
     sliding_window: usize,
-    pool: &BlockPool,
+    pool: &P,
     out: &mut [Vec<BlockId>],
 ) -> usize {
     let need = contiguous_blocks_for_hit(sliding_window, bs, q.drop_eagle);

@@ -243,6 +243,19 @@ pub fn none_hash(algo: HashAlgo) -> BlockHash {
     })
 }
 
+/// NONE_HASH of `algo` in an engine whose `PYTHONHASHSEED` is `seed` (`None`: unset), for
+/// a process other than that engine (the router). Unset, the SHA-256 kinds use vLLM's
+/// fixed seed; the xxhash kinds draw a random one in each process, which no other process
+/// can know: `None` for them.
+pub fn none_hash_for_seed(algo: HashAlgo, seed: Option<&str>) -> Option<BlockHash> {
+    let seed = match seed {
+        Some(s) => s.to_owned(),
+        None if algo.is_cryptographic() => none_hash_seed(algo, None),
+        None => return None,
+    };
+    Some(with_scratch(|s| s.hash_str(algo, &seed)))
+}
+
 /// vLLM 0.33's `resolve_none_hash_seed`.
 fn none_hash_seed(algo: HashAlgo, env: Option<std::ffi::OsString>) -> String {
     if let Some(v) = env {

@@ -2,7 +2,7 @@
 //! the KV-connector lookup, per-group hits and the cached-token estimate.
 
 use super::KvCacheManager;
-use crate::attention::RequestView;
+use crate::attention::{CachedBlocks, RequestView};
 use crate::error::Result;
 use crate::types::{BlockHash, BlockId};
 
@@ -71,8 +71,29 @@ impl KvCacheManager {
         if !self.lookup_enabled(request) {
             return Ok(Lookup::none(self.num_groups()));
         }
-        let max = max_cache_hit_length.unwrap_or(request.num_tokens().saturating_sub(1));
-        let hit = self.coord.find_cache_hit(request.block_hashes(), max)?;
+        let (gpu, host) = (self.coord.pool(), self.coord.host_pool());
+        let (hashes, num_tokens) = (request.block_hashes(), request.num_tokens());
+        self.lookup_in(gpu, host, hashes, num_tokens, max_cache_hit_length)
+    }
+
+    /// [`lookup`](Self::lookup) of a request of `num_tokens` tokens hashed as `hashes`
+    /// (at the hash block size), with the cached blocks read from `gpu` and `host`
+    /// instead of this manager's pools: the router asks an engine it knows only through
+    /// its events what this manager would answer. The caller checks the hashes' block
+    /// size and whether the request reads the prefix cache.
+    pub fn lookup_in<P: CachedBlocks + ?Sized>(
+        &self,
+        gpu: &P,
+        host: Option<&P>,
+        hashes: &[BlockHash],
+        num_tokens: usize,
+        max_cache_hit_length: Option<usize>,
+    ) -> Result<Lookup> {
+        if !self.lookup_enabled_for(false) {
+            return Ok(Lookup::none(self.num_groups()));
+        }
+        let max = max_cache_hit_length.unwrap_or(num_tokens.saturating_sub(1));
+        let hit = self.coord.find_cache_hit_in(gpu, host, hashes, max)?;
         let boundary = if hit.num_uncached > 0 {
             hit.hit_length + hit.num_uncached
         } else {

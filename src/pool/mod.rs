@@ -25,6 +25,7 @@ mod unhashed;
 
 use rustc_hash::FxHashMap;
 
+use crate::attention::CachedBlocks;
 use crate::error::{KvError, Result};
 use crate::events::event::{
     BlockRemoved, BlockStored, KvCacheEvent, StoredBlockSource, MEDIA, MEDIUM_GPU,
@@ -654,7 +655,7 @@ impl BlockPool {
 
     /// vLLM's `get_cached_block`: one block per group id, or `None` if any group misses.
     pub fn get_cached_block(&self, hash: &BlockHash, groups: &[GroupId]) -> Option<Vec<BlockId>> {
-        groups.iter().map(|&g| self.cached_block(hash, g)).collect()
+        CachedBlocks::get_cached_block(self, hash, groups)
     }
 
     /// Drops the cache entries of the given blocks (in the given order), emitting
@@ -857,6 +858,14 @@ fn out_of_range(block_id: u64, num_blocks: usize) -> KvError {
     KvError::BlockOutOfRange {
         block_id,
         num_blocks,
+    }
+}
+
+/// The manager's hit searches read the pool's prefix map.
+impl CachedBlocks for BlockPool {
+    #[inline]
+    fn cached_block(&self, hash: &BlockHash, group: GroupId) -> Option<BlockId> {
+        BlockPool::cached_block(self, hash, group)
     }
 }
 

@@ -56,7 +56,7 @@ struct Class {
 
 /// The subclasses: one per `KvError` variant, indexed by [`class_of`], then the binding
 /// layer's own ([`INVALID_TYPE`], [`INT_OVERFLOW`], and two that only Python raises).
-const CLASSES: [Class; 13] = [
+const CLASSES: [Class; 16] = [
     Class {
         name: "InvalidArgumentError",
         builtin: Builtin::Value,
@@ -123,6 +123,25 @@ const CLASSES: [Class; 13] = [
         builtin: Builtin::Key,
         doc: "A layer name the KV cache pages do not hold (kvblocks.device).",
     },
+    Class {
+        name: "InvalidEventError",
+        builtin: Builtin::Value,
+        doc: "A KV event payload that cannot be decoded or applied (truncated, garbled, \
+              oversized, or naming a group or block size the engine was not registered \
+              with); the router index is unchanged.",
+    },
+    Class {
+        name: "UnknownEngineError",
+        builtin: Builtin::Key,
+        doc: "An engine id the router index does not know.",
+    },
+    Class {
+        name: "HashMismatchError",
+        builtin: Builtin::Value,
+        doc: "An engine's events hash blocks otherwise than its registration says (another \
+              PYTHONHASHSEED, hash algorithm or block size); the engine is marked \
+              mismatched.",
+    },
 ];
 
 /// The index in [`CLASSES`] of `InvalidTypeError`.
@@ -142,6 +161,9 @@ fn class_of(e: &KvError) -> usize {
         KvError::InvalidSpec(_) => 6,
         KvError::Unsupported(_) => 7,
         KvError::NotPinned(_) => 8,
+        KvError::InvalidEvent(_) => 13,
+        KvError::UnknownEngine(_) => 14,
+        KvError::HashMismatch(_) => 15,
     }
 }
 

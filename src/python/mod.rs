@@ -18,6 +18,7 @@ mod publish;
 mod request;
 mod request_hasher;
 mod retention;
+mod router;
 mod spec;
 mod stats;
 mod vllm_reads;
@@ -43,6 +44,7 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     request::register(m)?;
     request_hasher::register(m)?;
     retention::register(m)?;
+    router::register(m)?;
     vllm_reads::register(m)?;
     Ok(())
 }

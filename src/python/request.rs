@@ -41,7 +41,7 @@ pub(crate) fn request_list<'py>(
 }
 
 /// Converts `(identifier, offset, length)` tuples, rejecting negative numbers.
-fn mm_features(items: Vec<(String, i64, i64)>) -> PyResult<Vec<MmFeature>> {
+pub(crate) fn mm_features(items: Vec<(String, i64, i64)>) -> PyResult<Vec<MmFeature>> {
     items
         .into_iter()
         .enumerate()

@@ -272,6 +272,7 @@ class KbEngine(Engine):
         config = kb.KVCacheConfig(
             num_blocks, [], [kb.KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)]
         )
+        self.config = config
         self.mgr = kb.KVCacheManager(
             config,
             MAX_MODEL_LEN,

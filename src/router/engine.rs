@@ -1,0 +1,214 @@
+//! An engine as the index knows it: what its events do not carry (its KV cache layout,
+//! hash algorithm and block size, NONE_HASH seed, data-parallel rank), and its hit for a
+//! request, answered by the manager's own rules over what its events say it holds.
+//!
+//! The rules are a [`KvCacheManager`] built from the engine's layout with a token pool:
+//! its coordinator runs the same per-attention-type searches (full, sliding window,
+//! chunked local, Mamba, hybrid coordination, EAGLE, the `max_length` cap) as the
+//! engine's, reading [`TierView`] instead of a block pool. No rule is written twice.
+
+use std::sync::Arc;
+
+use crate::attention::{CachedBlocks, ManagerParams};
+use crate::error::{KvError, Result};
+use crate::hashing::{none_hash_for_seed, BlockHasher, HashAlgo};
+use crate::kv_cache_manager::{KvCacheManager, ManagerOptions};
+use crate::types::{BlockHash, BlockId, GroupId};
+
+use super::freshness::StatusCell;
+use super::residency::EngineResidency;
+use super::wire::Medium;
+
+/// Blocks of the rules manager's pool: lookups never allocate, but a sink group takes
+/// its sink blocks at construction.
+const RULES_POOL_BLOCKS: usize = 1024;
+
+/// What the index needs to know of an engine that its events do not say.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Its KV cache groups, in group order (as its `KVCacheConfig` gives them).
+    pub groups: Vec<ManagerParams>,
+    /// Its manager's options: `max_model_len`, `hash_block_size`, `use_eagle`,
+    /// `enable_caching`, context parallelism, ...
+    pub options: ManagerOptions,
+    /// Its hash algorithm (`--prefix-caching-hash-algo`).
+    pub hash_algo: HashAlgo,
+    /// Its `PYTHONHASHSEED`, if set (needed for the xxhash kinds).
+    pub python_hash_seed: Option<String>,
+    /// Its data-parallel rank, if any.
+    pub data_parallel_rank: Option<i64>,
+    /// Whether it has a host-memory tier (CPU offloading) whose events it publishes.
+    pub host_tier: bool,
+}
+
+impl EngineConfig {
+    /// An engine of one group of `params`, with vLLM's defaults: `sha256_cbor`, no seed.
+    pub fn new(groups: Vec<ManagerParams>, max_model_len: usize, hash_block_size: usize) -> Self {
+        Self {
+            groups,
+            options: ManagerOptions::new(max_model_len, hash_block_size),
+            hash_algo: HashAlgo::Sha256Cbor,
+            python_hash_seed: None,
+            data_parallel_rank: None,
+            host_tier: false,
+        }
+    }
+}
+
+/// Engines that hash a request the same way share one hashing of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashDomain {
+    pub(crate) hasher: BlockHasher,
+    pub(crate) root: BlockHash,
+}
+
+/// A registered engine (immutable; its counters are atomics).
+#[derive(Debug)]
+pub struct EngineInfo {
+    /// Its id.
+    pub id: Arc<str>,
+    rules: KvCacheManager,
+    domain: HashDomain,
+    /// Data-parallel rank.
+    pub data_parallel_rank: Option<i64>,
+    host_tier: bool,
+    /// Freshness and counters, shared with the writer.
+    pub status: StatusCell,
+}
+
+impl EngineInfo {
+    /// Builds the engine's rules; fails as its manager's construction would.
+    pub fn new(id: &str, config: EngineConfig) -> Result<Self> {
+        if config.groups.iter().any(|g| g.host_resident) {
+            return Err(KvError::Unsupported(
+                "router index: HiSparse layouts (a host-resident group) are not indexed".into(),
+            ));
+        }
+        let opts = ManagerOptions {
+            enable_kv_cache_events: false,
+            log_stats: false,
+            ..config.options
+        };
+        let rules = KvCacheManager::new(config.groups, RULES_POOL_BLOCKS, None, opts)?;
+        let hasher = BlockHasher::new(opts.hash_block_size, config.hash_algo)?
+            .with_lookahead(opts.num_hash_lookahead_tokens);
+        let root = none_hash_for_seed(config.hash_algo, config.python_hash_seed.as_deref())
+            .ok_or_else(|| {
+                KvError::InvalidArgument(format!(
+                    "{} hashes from a random NONE_HASH unless PYTHONHASHSEED is set: give the \
+                     engine's python_hash_seed",
+                    config.hash_algo
+                ))
+            })?;
+        Ok(Self {
+            id: id.into(),
+            rules,
+            domain: HashDomain { hasher, root },
+            data_parallel_rank: config.data_parallel_rank,
+            host_tier: config.host_tier,
+            status: StatusCell::default(),
+        })
+    }
+
+    /// Number of KV cache groups.
+    pub fn num_groups(&self) -> usize {
+        self.rules.num_groups()
+    }
+
+    /// Tokens per block of each group (what its `BlockStored.block_size` says).
+    pub fn group_block_sizes(&self) -> Vec<usize> {
+        let managers = self.rules.coordinator().managers();
+        managers.iter().map(|m| m.block_size()).collect()
+    }
+
+    /// How this engine hashes requests.
+    pub fn domain(&self) -> HashDomain {
+        self.domain
+    }
+
+    /// Tokens per hit unit (the scheduler block size; vLLM's offloading chunk).
+    pub fn hit_block_size(&self) -> usize {
+        self.rules.coordinator().hit_alignment()
+    }
+
+    /// The engine's hit for a request of `num_tokens` tokens hashed as `hashes` (in this
+    /// engine's domain), given what it holds.
+    pub fn hit(
+        &self,
+        held: &EngineResidency,
+        hashes: &[BlockHash],
+        num_tokens: usize,
+    ) -> Result<Hit> {
+        let gpu = TierView {
+            held,
+            medium: Medium::Gpu,
+        };
+        let gpu_tokens = self
+            .rules
+            .lookup_in(&gpu, None, hashes, num_tokens, None)?
+            .num_hit_tokens;
+        let host_tokens = if self.host_tier {
+            self.host_run(held, hashes, num_tokens, gpu_tokens)
+        } else {
+            0
+        };
+        Ok(Hit {
+            gpu_tokens,
+            host_tokens,
+        })
+    }
+
+    /// vLLM's CPU offloading lookup after a GPU hit of `gpu_tokens`: the run of chunks
+    /// (one hit unit each, keyed by the hash at the chunk's end, group 0) that the host
+    /// tier holds from the chunk after the GPU hit, at most `(num_tokens - 1) // chunk`
+    /// chunks in all; the tokens it adds past the GPU hit.
+    fn host_run(
+        &self,
+        held: &EngineResidency,
+        hashes: &[BlockHash],
+        num_tokens: usize,
+        gpu_tokens: usize,
+    ) -> usize {
+        let chunk = self.hit_block_size();
+        let hbs = self.domain.hasher.hash_block_size();
+        if chunk == 0 || !chunk.is_multiple_of(hbs) {
+            return 0;
+        }
+        let scale = chunk / hbs;
+        let table = held.table(0, Medium::Cpu);
+        let last = (num_tokens.saturating_sub(1) / chunk).min(hashes.len() / scale);
+        let mut end = gpu_tokens / chunk;
+        while end < last && table.contains(hashes[(end + 1) * scale - 1].external()) {
+            end += 1;
+        }
+        (end * chunk).saturating_sub(gpu_tokens)
+    }
+}
+
+/// An engine's hit for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Hit {
+    /// Tokens its `get_computed_blocks` would return now.
+    pub gpu_tokens: usize,
+    /// Tokens past those that its host tier would load.
+    pub host_tokens: usize,
+}
+
+/// What one medium of an engine holds, as the hit rules read a block pool.
+struct TierView<'a> {
+    held: &'a EngineResidency,
+    medium: Medium,
+}
+
+/// Stands for "some block holds it": the rules only tell null from not.
+const HELD: BlockId = 1;
+
+impl CachedBlocks for TierView<'_> {
+    #[inline]
+    fn cached_block(&self, hash: &BlockHash, group: GroupId) -> Option<BlockId> {
+        self.held
+            .table(group, self.medium)
+            .contains(hash.external())
+            .then_some(HELD)
+    }
+}
