@@ -26,7 +26,7 @@
 //! use kvblocks::router::{EngineConfig, KvIndex};
 //!
 //! let index = KvIndex::new();
-//! let full = ManagerParams::new(AttentionKind::FullAttention, 16);
+//! let full = ManagerParams::new(AttentionKind::FullAttention, 16, 0);
 //! index.add_engine("engine-0", EngineConfig::new(vec![full], 4096, 16)).unwrap();
 //!
 //! // What engine-0 would publish after caching the first two blocks of a prompt.

@@ -3,7 +3,9 @@
 
 Each message is ``[topic, seq (8B BE), payload]``; the payload goes to
 `KVIndex.ingest` with its sequence number, which orders batches and reports the engine's
-freshness. When a gap opens (``catching_up``), the subscriber asks the engine's replay
+freshness. An engine added with a replay endpoint is caught up at once: the subscriber
+subscribes, then asks for every batch from 0 (what its publisher still buffers), so the
+batches sent before the subscription are not lost. When a gap opens (``catching_up``), the subscriber asks the engine's replay
 socket (a ROUTER: ``[b"", start_seq]`` in, ``[b"", topic, seq, payload]`` out, ending with
 seq -1) for every batch from the first missing one. If the replay cannot close the gap
 (the engine has no replay socket, or its buffer no longer holds the batches), it gives the
@@ -41,7 +43,6 @@ class _Engine:
     engine_id: str
     sub: zmq.Socket[bytes]
     replay_endpoint: str | None
-    gaps_recovered: int = 0
 
 
 class Subscriber:
@@ -70,6 +71,8 @@ class Subscriber:
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._poller: zmq.Poller | None = None
         self._thread: threading.Thread | None = None
+        #: Batches ingested from replays, by engine.
+        self.replayed: dict[str, int] = {}
         self._running = threading.Event()
         self._lock = threading.Lock()
 
@@ -90,7 +93,11 @@ class Subscriber:
             sub.connect(endpoint)
             assert self._poller is not None
             self._poller.register(sub, zmq.POLLIN)
-            self._engines[engine_id] = _Engine(engine_id, sub, replay_endpoint)
+            e = _Engine(engine_id, sub, replay_endpoint)
+            self._engines[engine_id] = e
+            self.replayed[engine_id] = 0
+            if replay_endpoint is not None:
+                self._replay(e)
 
     def remove(self, engine_id: str) -> None:
         """Unsubscribes from engine ``engine_id`` (the index keeps it)."""
@@ -162,7 +169,7 @@ class Subscriber:
                 if seq == END_SEQ:
                     break
                 self.index.ingest(e.engine_id, frames[-1], seq)
-            e.gaps_recovered += 1
+                self.replayed[e.engine_id] += 1
         except HashMismatchError as err:
             logger.error("kvblocks router: engine %s: %s", e.engine_id, err)
         finally:
