@@ -76,13 +76,22 @@ fn ingest_payloads(steps: u64, seed: u64) -> (Vec<Vec<u8>>, u64) {
     for s in 0..steps {
         let mut events = Vec::new();
         for e in 0..4u64 {
-            let hashes: Vec<u64> = (0..16).map(|b| mix(seed ^ (s << 20) ^ (e << 8) ^ b)).collect();
-            events.push(stored(&hashes, Some(mix(seed ^ s)), (s * 64 + e * 16) as u32));
+            let hashes: Vec<u64> = (0..16)
+                .map(|b| mix(seed ^ (s << 20) ^ (e << 8) ^ b))
+                .collect();
+            events.push(stored(
+                &hashes,
+                Some(mix(seed ^ s)),
+                (s * 64 + e * 16) as u32,
+            ));
             blocks += 16;
         }
         if s >= 2 {
             for b in 0..32u64 {
-                events.push(removed(mix(seed ^ ((s - 2) << 20) ^ ((b / 16) << 8) ^ (b % 16))));
+                events.push(removed(mix(seed
+                    ^ ((s - 2) << 20)
+                    ^ ((b / 16) << 8)
+                    ^ (b % 16))));
                 blocks += 1;
             }
         }
@@ -128,12 +137,17 @@ fn fleet(engines: usize, prompt: &[BlockHash], tokens: &[u32], held: usize, extr
             .enumerate()
             .map(|(k, c)| {
                 let parent = k.checked_sub(1).map(|p| ext[p * 16 + 15]);
-                stored_tokens(c, parent, tokens[k * 256..(k * 256 + c.len() * BS)].to_vec())
+                stored_tokens(
+                    c,
+                    parent,
+                    tokens[k * 256..(k * 256 + c.len() * BS)].to_vec(),
+                )
             })
             .collect();
         for chunk in 0..extra / 16 {
-            let hashes: Vec<u64> =
-                (0..16).map(|b| mix(((e as u64) << 40) ^ (chunk << 8) ^ b)).collect();
+            let hashes: Vec<u64> = (0..16)
+                .map(|b| mix(((e as u64) << 40) ^ (chunk << 8) ^ b))
+                .collect();
             events.push(stored(&hashes, Some(chunk), 0));
         }
         let payload = encode_batch(0.0, &events, None, WireFormat::Map);
@@ -236,8 +250,9 @@ fn bench_memory() {
         for (seq, start) in (0..chunks).step_by(256).enumerate() {
             let events: Vec<KvCacheEvent> = (start..(start + 256).min(chunks))
                 .map(|chunk| {
-                    let hashes: Vec<u64> =
-                        (0..16).map(|b| mix(((e as u64) << 40) ^ (chunk << 8) ^ b)).collect();
+                    let hashes: Vec<u64> = (0..16)
+                        .map(|b| mix(((e as u64) << 40) ^ (chunk << 8) ^ b))
+                        .collect();
                     stored(&hashes, Some(chunk), 0)
                 })
                 .collect();
@@ -260,7 +275,10 @@ fn main() {
     let rounds = if quick { 5 } else { 21 };
     let sections = ["ingest", "query", "threads", "memory"];
     let run = |name: &str| {
-        let named: Vec<&String> = args.iter().filter(|a| sections.contains(&a.as_str())).collect();
+        let named: Vec<&String> = args
+            .iter()
+            .filter(|a| sections.contains(&a.as_str()))
+            .collect();
         named.is_empty() || named.iter().any(|a| *a == name)
     };
     if run("ingest") {

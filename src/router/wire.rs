@@ -63,7 +63,8 @@ pub struct Stored {
     pub block_hashes: Vec<u64>,
     /// External hash of the parent of the first block (`None`: the chain's first block).
     pub parent: Option<u64>,
-    /// The tokens of the stored range (skipped blocks of a sliding window included).
+    /// The tokens of the stored range (skipped blocks of a sliding window included);
+    /// empty when the event has a parent (NOTE 2).
     pub token_ids: Vec<u32>,
     /// Tokens per block of the group.
     pub block_size: u32,
@@ -441,6 +442,9 @@ fn read_field(rd: &mut Rd<'_>, f: &mut Fields, name: &[u8]) -> Result<()> {
             let m = marker(rd)?;
             f.parent = hash_after(rd, m)?;
         }
+        // NOTE 2: only a chain's first blocks can be hash-checked (`verify.rs`); the
+        // tokens of a store with a parent are skipped, not collected.
+        b"token_ids" if f.parent.is_some() => skip(rd)?,
         b"token_ids" => f.tokens = read_tokens(rd)?,
         b"block_size" => f.block_size = Some(read_u32(rd, "block_size")?),
         b"lora_id" | b"lora_name" => f.lora |= non_nil(rd)?,
@@ -581,6 +585,12 @@ mod tests {
             assert_eq!(s.block_hashes, vec![u64::MAX, 7]);
             assert_eq!((s.parent, s.group_idx, s.block_size), (None, 1, 4));
             assert_eq!(s.token_ids.len(), 8);
+            let with_parent = stored(vec![5], Some(4), 0);
+            let b = decode_batch(&encode_batch(0.0, &[with_parent], None, format)).unwrap();
+            let WireEvent::Stored(s) = &b.events[0] else {
+                panic!("{:?}", b.events[0])
+            };
+            assert_eq!((s.parent, s.token_ids.len()), (Some(4), 0));
             assert!(!s.has_extra_keys);
             assert_eq!(
                 b.events[1],

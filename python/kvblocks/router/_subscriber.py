@@ -5,9 +5,10 @@ Each message is ``[topic, seq (8B BE), payload]``; the payload goes to
 `KVIndex.ingest` with its sequence number, which orders batches and reports the engine's
 freshness. An engine added with a replay endpoint is caught up at once: the subscriber
 subscribes, then asks for every batch from 0 (what its publisher still buffers), so the
-batches sent before the subscription are not lost. When a gap opens (``catching_up``), the subscriber asks the engine's replay
-socket (a ROUTER: ``[b"", start_seq]`` in, ``[b"", topic, seq, payload]`` out, ending with
-seq -1) for every batch from the first missing one. If the replay cannot close the gap
+batches sent before the subscription are not lost. When a gap opens (``catching_up``),
+the subscriber asks the engine's replay socket (a ROUTER: ``[b"", start_seq]`` in,
+``[b"", topic, seq, payload]`` out, ending with seq -1) for every batch from the first
+missing one. If the replay cannot close the gap
 (the engine has no replay socket, or its buffer no longer holds the batches), it gives the
 gap up (`KVIndex.skip_gap`: the engine is ``stale``) and calls ``on_stale(engine_id)``,
 where a deployment can make the engine publish a kvblocks snapshot
