@@ -331,7 +331,7 @@ def test_python_dash_m_help() -> None:
         text=True,
         check=True,
     )
-    assert "--gpu-memory" in out.stdout and "kvblocks-simulate-v3" in out.stdout
+    assert "--gpu-memory" in out.stdout and "kvblocks-simulate-v4" in out.stdout
     assert "meta-llama/Meta-Llama-3-8B" in out.stdout
 
 
@@ -361,7 +361,8 @@ RUN_FIELDS = {
     "ideal_hit_rate", "infinite_cache_hit_tokens", "ideal_hit_tokens", "tenants", "peak_usage",
     "mean_usage", "kv_total_ns", "kv_ns_per_step", "kv_ns_per_generated_token",
     "request_hash_ns", "wall_s", "synth_s", "steps_per_s", "sim_requests_per_s", "simulated_s",
-    "throughput_tokens_per_s", "latency", "slo_attainment", "fleet", "retention", "offload",
+    "throughput_tokens_per_s", "step_time_shares", "latency", "slo_attainment", "fleet",
+    "retention", "offload",
 }  # fmt: skip
 
 
@@ -372,7 +373,7 @@ def test_hit_rate_split_of_a_hand_worked_replay(
     code, out, _ = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["schema"] == "kvblocks-simulate-v3"
+    assert doc["schema"] == "kvblocks-simulate-v4"
     assert set(doc) == {
         "schema", "kvblocks_version", "workload", "model", "scheduler", "hardware", "sweep",
         "runs",

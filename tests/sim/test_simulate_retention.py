@@ -408,13 +408,16 @@ def test_multi_tenant_quota_and_sessions_at_equal_memory() -> None:
     quota = _replay(trace, "quota=burst:0", 8, "llama-3-8b")
     classes = _replay(trace, "classes=2,priority=0:1", 8, "llama-3-8b")
     session = _replay(trace, "session=30", 8, "llama-3-8b")
-    # measured (seed 0): the steady tenants hit 69.3% under LRU, 71.5% with the burst's
-    # quota at 0, 71.4% with the burst's blocks in the class evicted first
-    assert _tenant_rate(quota, *steady) > _tenant_rate(lru, *steady) + 0.01
-    assert _tenant_rate(classes, *steady) > _tenant_rate(lru, *steady) + 0.01
+    # measured (seed 0, the summed-kernel time model: slower H100 steps than the old
+    # roofline's, so 10 preemptions under LRU where there were 2 and smaller margins): the
+    # steady tenants hit 70.0% under LRU, 70.8% with the burst's quota at 0, 70.7% with the
+    # burst's blocks in the class evicted first (69.3 / 71.5 / 71.4% with the roofline)
+    assert _tenant_rate(quota, *steady) > _tenant_rate(lru, *steady) + 0.005
+    assert _tenant_rate(classes, *steady) > _tenant_rate(lru, *steady) + 0.005
     assert quota.tenants["burst"][2] == lru.tenants["burst"][2] == 0  # one-off prompts
-    # sessions keep the agent's context across its tool calls: 70.2% -> 74.8%
-    assert _tenant_rate(session, "agent") > _tenant_rate(lru, "agent") + 0.03
+    # sessions keep the agent's context across its tool calls: 70.6% -> 72.0% (roofline:
+    # 70.2% -> 74.8%)
+    assert _tenant_rate(session, "agent") > _tenant_rate(lru, "agent") + 0.01
 
 
 def test_fleet_runs_each_engine_under_the_policy(capsys: pytest.CaptureFixture[str]) -> None:

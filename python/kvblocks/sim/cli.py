@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 import kvblocks
 from kvblocks.retention_spec import RetentionSpec, SpecError, parse_retention, split_sweep
 from kvblocks.sim.backends import make_backend, vllm_available
+from kvblocks.sim.calibration import calibration_for
 from kvblocks.sim.engine import (
     ReplayError,
     ReplayOptions,
@@ -46,10 +47,8 @@ from kvblocks.sim.report import (
     report_json,
 )
 from kvblocks.sim.timemodel import (
-    DEFAULT_EFFICIENCY,
     DEFAULT_GPU,
     DEFAULT_MEMORY_UTILIZATION,
-    DEFAULT_OVERHEAD_S,
     GPU_PRESETS,
     StepTimeModel,
     gpu_names_help,
@@ -123,6 +122,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
     if not v > 0 or not math.isfinite(v):
         raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return v
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not v >= 0 or not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
     return v
 
 
@@ -214,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Replay a request workload through kvblocks' KV cache manager with a "
         "vLLM-style scheduler loop and summarize cache behaviour and manager time.",
         epilog=f"{_presets_help()}\n\n--json prints one object of schema "
-        "kvblocks-simulate-v3 (docs/simulate-json.md); the step-time model: "
+        "kvblocks-simulate-v4 (docs/simulate-json.md); the step-time model: "
         "docs/simulate-time.md.\nTrace formats: "
         "docs/trace-kvtrace.md, docs/trace-mooncake.md. Retention policies: "
         "docs/retention.md.",
@@ -414,15 +423,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--fp8", action="store_true", help="use the GPU's FP8 peak (default BF16)")
     t.add_argument(
         "--step-overhead-ms",
-        type=float,
-        default=DEFAULT_OVERHEAD_S * 1e3,
-        help=f"fixed time per step (default {DEFAULT_OVERHEAD_S * 1e3:g} ms)",
+        type=_non_negative_float,
+        default=None,
+        metavar="MS",
+        help="CPU time per step the GPU waits for (default: the GPU calibration's, 0 ms: "
+        "vLLM's async scheduling hides it)",
     )
     t.add_argument(
         "--efficiency",
         type=_positive_float,
-        default=DEFAULT_EFFICIENCY,
-        help=f"fraction of peak FLOPs and bandwidth reached (default {DEFAULT_EFFICIENCY})",
+        default=1.0,
+        metavar="F",
+        help="multiply every calibrated kernel efficiency by F (default 1: as calibrated; "
+        "docs/simulate-time.md)",
     )
     t.add_argument(
         "--gpu-memory-utilization",
@@ -637,8 +650,8 @@ def _replay(
             args.model,
             GPU_PRESETS[args.gpu or DEFAULT_GPU],
             args.tp,
-            max(0.0, args.step_overhead_ms) / 1e3,
-            min(1.0, args.efficiency),
+            None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
+            args.efficiency,
             args.fp8,
         )
     except ValueError as e:
@@ -673,7 +686,9 @@ def _replay(
         if args.router == "prefix-aware":
             fleet["cache_threshold"] = threshold
             fleet["load_weight"] = weight
-        return merged_result(fr), fleet
+        merged = merged_result(fr)
+        merged.step_time_shares = tm.shares()
+        return merged, fleet
     bar = _Progress(label, len(trace.requests)) if label is not None else None
     opts.progress = bar
     try:
@@ -681,7 +696,15 @@ def _replay(
     finally:
         if bar is not None:
             bar.close()
+    res.step_time_shares = tm.shares()
     return res, {"replicas": 1, "router": None, "per_replica": [_replica_json(res)]}
+
+
+def _cpu_s(args: argparse.Namespace) -> float:
+    """The per-step CPU term: ``--step-overhead-ms`` or the GPU calibration's."""
+    if args.step_overhead_ms is not None:
+        return float(args.step_overhead_ms) / 1e3
+    return calibration_for(args.gpu or DEFAULT_GPU).cpu_s
 
 
 def host_link_bytes_per_s(args: argparse.Namespace) -> float:
@@ -844,8 +867,9 @@ def _simulate(args: argparse.Namespace) -> int:
             "gpu": args.gpu or DEFAULT_GPU,
             "tp": args.tp,
             "fp8": args.fp8,
-            "step_overhead_s": max(0.0, args.step_overhead_ms) / 1e3,
-            "efficiency": min(1.0, args.efficiency),
+            "step_overhead_s": _cpu_s(args),
+            "efficiency": args.efficiency,
+            "calibration": calibration_for(args.gpu or DEFAULT_GPU).source,
             "gpu_memory_utilization": args.gpu_memory_utilization if args.gpu else None,
             "step_s": args.step_ms / 1e3,
             "host_link_bytes_per_s": host_link_bytes_per_s(args),

@@ -238,6 +238,9 @@ class ReplayResult:
     """Per finished request: arrival to last output token."""
     finish_s: array[float] = field(default_factory=lambda: array("d"))
     """Per finished request: its finish time (aligned with ``ttft_s`` and ``e2e_s``)."""
+    step_time_shares: dict[str, float] | None = None
+    """Each part's share of the simulated step time (set by whoever owns the time model:
+    :meth:`kvblocks.sim.timemodel.StepTimeModel.shares`)."""
     offload: OffloadStats | None = None
     """The host tier's statistics (``ReplayOptions.host_tier`` only); ``first_admission``
     counts the GPU prefix cache's hits only."""

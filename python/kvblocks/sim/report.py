@@ -1,7 +1,7 @@
 """What ``kvblocks simulate`` reports: the JSON document, the summary, the sweep table and
 the plot, all from the same :class:`Run` records.
 
-The JSON schema (``kvblocks-simulate-v3``) is documented in ``docs/simulate-json.md``;
+The JSON schema (``kvblocks-simulate-v4``) is documented in ``docs/simulate-json.md``;
 a change to a field's name or meaning bumps the version.
 """
 
@@ -31,7 +31,7 @@ __all__ = [
     "slo_attainment",
 ]
 
-SCHEMA = "kvblocks-simulate-v3"
+SCHEMA = "kvblocks-simulate-v4"
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,9 @@ def run_json(run: Run, setup: Setup | None = None) -> dict[str, Any]:
         "sim_requests_per_s": round(r.requests / loop_s, 1) if loop_s > 0 else 0.0,
         "simulated_s": round(sim, 6),
         "throughput_tokens_per_s": round(r.generated_tokens / sim, 3) if sim > 0 else 0.0,
+        "step_time_shares": {k: round(v, 6) for k, v in r.step_time_shares.items()}
+        if r.step_time_shares is not None
+        else None,
         "latency": {
             "ttft_s": percentiles(r.ttft_s),
             "tpot_s": percentiles(r.tpot_s),
