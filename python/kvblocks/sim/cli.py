@@ -27,6 +27,7 @@ import kvblocks
 from kvblocks.retention_spec import RetentionSpec, SpecError, parse_retention, split_sweep
 from kvblocks.sim.backends import make_backend, vllm_available
 from kvblocks.sim.calibration import calibration_for
+from kvblocks.sim.capacity import Probe, at_rate, find_max_rate, find_min_replicas, trace_rate
 from kvblocks.sim.engine import (
     ReplayError,
     ReplayOptions,
@@ -41,10 +42,13 @@ from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, parse_me
 from kvblocks.sim.report import (
     Run,
     Setup,
+    capacity_json,
     plot,
+    print_capacity,
     print_summary,
     print_sweep,
     report_json,
+    slo_attainment,
 )
 from kvblocks.sim.timemodel import (
     DEFAULT_GPU,
@@ -287,6 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="multi-tenant: requests per burst (default 48; 0: no bursts)",
     )
     w.add_argument(
+        "--request-rate",
+        type=_positive_float,
+        default=None,
+        metavar="R",
+        help="rescale the workload's arrivals to R requests per second (first turns; "
+        "follow-ups keep their delays)",
+    )
+    w.add_argument(
         "--max-requests",
         type=_positive_int,
         default=None,
@@ -472,6 +484,22 @@ def build_parser() -> argparse.ArgumentParser:
         "blocks goes to that engine, else to the least loaded (SGLang's cache-aware rule; "
         f"default {DEFAULT_CACHE_THRESHOLD}; 0 = longest prefix always)",
     )
+    c = sp.add_argument_group("capacity search (docs/simulate-time.md)")
+    search = c.add_mutually_exclusive_group()
+    search.add_argument(
+        "--find-max-rate",
+        action="store_true",
+        help="the highest --request-rate at which 99%% of requests meet --slo-ttft and "
+        "--slo-tpot (bisection from the workload's own rate, or --request-rate)",
+    )
+    search.add_argument(
+        "--find-min-replicas",
+        type=_positive_float,
+        default=None,
+        metavar="RATE",
+        help="the fewest --replicas at which 99%% of requests meet the SLOs at RATE "
+        "requests per second",
+    )
     o = sp.add_argument_group("output")
     o.add_argument(
         "--no-ceilings",
@@ -543,6 +571,8 @@ def _load_workload(args: argparse.Namespace) -> Trace:
     trace = trace.truncated(args.max_requests or 0)
     if args.tenants:
         trace = trace.with_tenants(args.tenants)
+    if args.request_rate is not None and not args.find_max_rate:
+        trace = at_rate(trace, args.request_rate, args.step_ms / 1e3)
     return trace
 
 
@@ -826,6 +856,63 @@ def _attach_gpu_only(
         runs[0].gpu_only = res
 
 
+def _capacity(args: argparse.Namespace, setup: Setup, trace: Trace, show_progress: bool) -> int:
+    """``--find-max-rate`` / ``--find-min-replicas``: the search, its table or JSON."""
+    if args.slo_ttft is None and args.slo_tpot is None:
+        raise UsageError("a capacity search needs --slo-ttft and/or --slo-tpot")
+    if args.sweep or args.compare_vllm or args.plot:
+        raise UsageError("a capacity search runs alone: drop --sweep, --compare-vllm, --plot")
+    step_s = args.step_ms / 1e3
+    max_rate = args.find_max_rate
+    tqdm = importlib.import_module("tqdm").tqdm
+    bar = tqdm(desc="find-max-rate" if max_rate else "find-min-replicas", unit="run",
+               file=sys.stderr, disable=not show_progress, dynamic_ncols=True)  # fmt: skip
+
+    def run_at(rate: float, replicas: int) -> tuple[Run, float, int]:
+        scaled = at_rate(trace, rate, step_s)
+        run = _run_one(argparse.Namespace(**{**vars(args), "replicas": replicas}), scaled,
+                       None, False, False)  # fmt: skip
+        att = slo_attainment(run.result, args.slo_ttft, args.slo_tpot) or 0.0
+        bar.set_postfix_str(f"{rate:,.3f} req/s x {replicas}: {att:.1%}", refresh=False)
+        bar.update(1)
+        return run, att, len(run.result.ttft_s)
+
+    try:
+        if max_rate:
+            start = args.request_rate or trace_rate(trace, step_s)
+
+            def by_rate(rate: float) -> Probe[Run]:
+                run, att, n = run_at(rate, args.replicas)
+                return Probe(rate, att, n, run)
+
+            search = find_max_rate(by_rate, start)
+        else:
+            rate = args.find_min_replicas
+
+            def by_replicas(n: int) -> Probe[Run]:
+                run, att, k = run_at(rate, n)
+                return Probe(n, att, k, run)
+
+            search = find_min_replicas(by_replicas)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        bar.close()
+    doc = capacity_json("max_rate" if max_rate else "min_replicas", search, setup)
+    out = sys.stdout
+    if args.json:
+        best = search.best.run if search.best is not None else search.probes[-1].run
+        rate = search.best.value if max_rate and search.best is not None else None
+        shown = at_rate(trace, rate, step_s) if rate is not None else trace
+        full = report_json(setup, shown, [best])
+        full["capacity"] = doc
+        out.write(json.dumps(full) + "\n")
+    else:
+        print_capacity(out, doc)
+    out.flush()
+    return 0
+
+
 def _warn(message: str) -> None:
     print(f"kvblocks simulate: {message}", file=sys.stderr)
 
@@ -878,6 +965,8 @@ def _simulate(args: argparse.Namespace) -> int:
         slo_tpot_s=args.slo_tpot,
     )
     show_progress = args.progress or sys.stderr.isatty()
+    if args.find_max_rate or args.find_min_replicas is not None:
+        return _capacity(args, setup, trace, show_progress)
     values: Sequence[int | RetentionSpec | None] = args.sweep[1] if args.sweep else [None]
     runs = [_run_one(args, trace, v, show_progress, compare) for v in values]
     _attach_gpu_only(args, trace, runs, show_progress)
