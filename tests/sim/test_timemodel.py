@@ -179,3 +179,21 @@ def test_gpu_names_are_what_users_type(
 def test_unknown_gpu_lists_presets_and_aliases() -> None:
     with pytest.raises(ValueError, match=r"unknown GPU 'H300' \(choose from h100-sxm \(H100\)"):
         gpu_preset_name("H300")
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_a_70b_preset_runs_tensor_parallel(capsys: pytest.CaptureFixture[str], tp: int) -> None:
+    argv = ["simulate", "--model", "llama-3.1-70b", "--gpu", "h100", "--tp", str(tp),
+            "--num-requests", "8", "--no-ceilings", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["hardware"]["tp"] == tp
+    shares = doc["runs"][0]["step_time_shares"]
+    assert 0 < shares["all_reduce"] < 0.5
+    assert sum(shares.values()) == pytest.approx(1, abs=1e-5)
+
+
+def test_a_70b_preset_needs_tensor_parallelism(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--model", "llama-3.1-70b", "--gpu", "h100", "--num-requests", "2"]
+    assert main(argv) == 2
+    assert "do not fit" in capsys.readouterr().err
