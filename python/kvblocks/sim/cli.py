@@ -50,6 +50,7 @@ from kvblocks.sim.report import (
     report_json,
     slo_attainment,
 )
+from kvblocks.sim.requests_out import check_path, write_requests
 from kvblocks.sim.timemodel import (
     DEFAULT_GPU,
     DEFAULT_MEMORY_UTILIZATION,
@@ -514,6 +515,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="plot usage and hit rate over steps (needs matplotlib: pip install 'kvblocks[sim]')",
     )
     o.add_argument(
+        "--requests-out",
+        metavar="FILE",
+        help="write one record per finished request: arrival, TTFT, TPOT, end to end, hit "
+        "tokens per tier, preemptions, engine (CSV for .csv, else JSON lines)",
+    )
+    o.add_argument(
         "--progress",
         action="store_true",
         help="progress bar on stderr even when it is not a terminal",
@@ -899,6 +906,8 @@ def _capacity(args: argparse.Namespace, setup: Setup, trace: Trace, show_progres
     finally:
         bar.close()
     doc = capacity_json("max_rate" if max_rate else "min_replicas", search, setup)
+    if search.best is not None:
+        _write_requests(args, [search.best.run])
     out = sys.stdout
     if args.json:
         best = search.best.run if search.best is not None else search.probes[-1].run
@@ -911,6 +920,13 @@ def _capacity(args: argparse.Namespace, setup: Setup, trace: Trace, show_progres
         print_capacity(out, doc)
     out.flush()
     return 0
+
+
+def _write_requests(args: argparse.Namespace, runs: list[Run]) -> None:
+    """``--requests-out``: every run's finished requests."""
+    if args.requests_out:
+        n = write_requests(args.requests_out, [(r.value, r.result.finished) for r in runs])
+        print(f"{n:,} requests written to {os.path.abspath(args.requests_out)}", file=sys.stderr)
 
 
 def _warn(message: str) -> None:
@@ -932,6 +948,11 @@ def _simulate(args: argparse.Namespace) -> int:
                 _warn(f"warning: vLLM {version} is not 0.33.0; digests may differ")
     if args.plot:
         _check_plot_path(args.plot)
+    if args.requests_out:
+        try:
+            check_path(args.requests_out)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     swept_retention = bool(args.sweep) and args.sweep[0] == RETENTION_SWEEP
     if swept_retention and args.retention is not None:
         raise UsageError("--retention and --sweep retention=... both given; keep one")
@@ -970,6 +991,7 @@ def _simulate(args: argparse.Namespace) -> int:
     values: Sequence[int | RetentionSpec | None] = args.sweep[1] if args.sweep else [None]
     runs = [_run_one(args, trace, v, show_progress, compare) for v in values]
     _attach_gpu_only(args, trace, runs, show_progress)
+    _write_requests(args, runs)
     out = sys.stdout
     if args.json:
         out.write(json.dumps(report_json(setup, trace, runs)) + "\n")

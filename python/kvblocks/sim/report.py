@@ -309,7 +309,7 @@ def _fmt_s(v: float | None) -> str:
 
 
 def _pcts(p: dict[str, float | None]) -> str:
-    return f"p50 {_fmt_s(p['p50'])}, p90 {_fmt_s(p['p90'])}, p99 {_fmt_s(p['p99'])}"
+    return ", ".join(f"{name} {_fmt_s(v)}" for name, v in p.items())
 
 
 def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
