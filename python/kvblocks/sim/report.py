@@ -417,6 +417,10 @@ def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
         ("end to end", _pcts(lat["e2e_s"])),
         ("throughput", f"{j['throughput_tokens_per_s']:,.0f} generated tokens / s"),
     ]
+    shares = j["step_time_shares"]
+    if shares:
+        top = sorted(((v, k) for k, v in shares.items() if v >= 0.005), reverse=True)
+        rows.append(("step time", ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for v, k in top)))
     if j["slo_attainment"] is not None:
         rows.append(
             (
