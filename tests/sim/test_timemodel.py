@@ -4,6 +4,7 @@ trained predictor on A100 / Llama-3-8B (docs/simulate-time.md)."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 import statistics
@@ -20,6 +21,7 @@ from kvblocks.sim.timemodel import (
     gpu_preset_name,
     kv_memory_after_weights,
 )
+from paths import ROOT
 
 A100_80 = GPU_PRESETS["a100-80gb"]
 H100 = GPU_PRESETS["h100-sxm"]
@@ -197,3 +199,35 @@ def test_a_70b_preset_needs_tensor_parallelism(capsys: pytest.CaptureFixture[str
     argv = ["simulate", "--model", "llama-3.1-70b", "--gpu", "h100", "--num-requests", "2"]
     assert main(argv) == 2
     assert "do not fit" in capsys.readouterr().err
+
+
+def _e2e_rows() -> list[dict[str, str]]:
+    path = VIDUR_STEPS.with_name("vidur_a100_llama3_8b_e2e.csv")
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+@pytest.mark.parametrize("row", _e2e_rows(), ids=lambda r: f"{r['rate']}-per-s")
+def test_end_to_end_matches_vidur(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, row: dict[str, str]
+) -> None:
+    # the trace Vidur replayed, from the same generator (tools/vidur/poisson_trace.py)
+    spec = importlib.util.spec_from_file_location(
+        "poisson_trace", ROOT / "tools" / "vidur" / "poisson_trace.py"
+    )
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    gen.main(float(row["rate"]), int(row["requests"]), int(row["seed"]), str(tmp_path / "t"))
+    argv = ["simulate", "--trace", str(tmp_path / "t.jsonl"), "--step-ms", "0.1", "--model",
+            "llama-3-8b", "--gpu", "a100", "--no-ceilings", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    ours = (
+        run["latency"]["ttft_s"]["p50"] * 1e3,
+        run["latency"]["tpot_s"]["p50"] * 1e3,
+        run["throughput_tokens_per_s"],
+    )
+    vidur = (float(row["ttft_p50_ms"]), float(row["tpot_p50_ms"]), float(row["tokens_per_s"]))
+    for a, b in zip(ours, vidur, strict=True):
+        assert a == pytest.approx(b, rel=0.15)
