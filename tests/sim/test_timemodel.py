@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from kvblocks.sim.calibration import A100, CALIBRATIONS
+from kvblocks.sim.calibration import A100, CALIBRATIONS, HOPPER
 from kvblocks.sim.cli import main
 from kvblocks.sim.presets import MODEL_PRESETS, model_layout
 from kvblocks.sim.timemodel import (
@@ -131,6 +131,19 @@ def test_a_sliding_window_caps_the_context() -> None:
 
     # past the window only the 12 full-attention layers of 24 read more
     assert growth(128) == pytest.approx(growth(100_000) / 2, rel=0.01)
+
+
+def test_a_mixture_of_experts_reads_the_experts_its_tokens_touch() -> None:
+    m = _model("gpt-oss-120b", "h100-sxm")
+    one = m.cost([(100, 1)]).parts["gemm"]
+    many = m.cost([(100, 1)] * 256).parts["gemm"]
+    # 256 tokens touch nearly every expert (1 - (1 - 0.026) ** 256 > 0.99): all weights but
+    # the embeddings' (the logits GEMM is apart), read at the GEMMs' bandwidth
+    experts_and_attention = MODEL_PRESETS["gpt-oss-120b"].weights_bytes - 2 * 201088 * 2880 * 2
+    assert many > 0.99 * experts_and_attention / (
+        H100.hbm_bytes_per_s * HOPPER.gemm_memory_efficiency
+    )
+    assert one < many / 5  # one token: its 4 experts of 128 per layer
 
 
 def test_every_gpu_has_a_calibration() -> None:

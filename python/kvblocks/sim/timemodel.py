@@ -240,12 +240,15 @@ class StepCost:
 
 
 class _Gemm(NamedTuple):
-    """One GEMM kind of a layer: ``n * k`` weights (per GPU), ``per_step`` per step."""
+    """One GEMM kind of a layer: ``n * k`` weights (per GPU), ``per_step`` per step. With
+    ``expert_share`` (a mixture of experts: the share of the weights one token routes to),
+    ``M`` tokens read ``1 - (1 - share) ** M`` of ``weight_bytes`` (independent routing)."""
 
     n: float
     k: float
     weight_bytes: float
     per_step: int
+    expert_share: float = 0.0
 
 
 class _Attention(NamedTuple):
@@ -302,8 +305,9 @@ class StepTimeModel:
         self.bw = gpu.hbm_bytes_per_s
         self.link = PEER_LINK_BYTES_PER_S[gpu.name]
         self.hidden = p.hidden_size
-        bytes_per_param = p.weights_bytes / p.params
-        attn = [g for g in layout.groups if g.kind not in ("mamba",) and g.kind in _ATTENTION]
+        # attention, embeddings and a dense MLP in the preset's bytes per parameter (bf16: 2);
+        # without intermediate_size the rest of the weight bytes are the MLP's (MXFP4 experts)
+        bytes_per_param = p.weights_bytes / p.params if p.intermediate_size else 2.0
         self.num_layers = sum(g.num_layers for g in layout.groups if g.kind in _LAYER_KINDS)
         h, t = p.hidden_size, tp
         ref = p.groups[0]
@@ -322,10 +326,15 @@ class StepTimeModel:
             self.mlp_per_token = 6 * i / t
         else:  # the rest of the parameters as one GEMM per layer
             rest_flop = max(0.0, p.flop_params - embed - self.num_layers * attn_params)
-            rest_bytes = max(0.0, p.weights_bytes - (embed + self.num_layers * attn_params) * 2)
+            dense = (embed + self.num_layers * attn_params) * bytes_per_param
+            rest_bytes = max(0.0, p.weights_bytes - dense)
             per_layer = rest_flop / self.num_layers / t
-            gemms.append(_Gemm(per_layer / h, h, rest_bytes / self.num_layers / t, self.num_layers))
-            self.mlp_per_token = 6 * per_layer / h / 3
+            # an MoE's tokens each use the active share of the expert parameters
+            total = max(1.0, p.params - embed - self.num_layers * attn_params)
+            share = rest_flop / total if p.active_params is not None else 0.0
+            per_gemm = rest_bytes / self.num_layers / t
+            gemms.append(_Gemm(per_layer / h, h, per_gemm, self.num_layers, share))
+            self.mlp_per_token = 2 * per_layer / h  # 6 I of a gated MLP of 3 h I parameters
         self._gemms = gemms
         self._logits = _Gemm(p.vocab_size / t, h, p.vocab_size * h * bytes_per_param / t, 1)
         self.vocab = p.vocab_size / t
@@ -336,7 +345,7 @@ class StepTimeModel:
             if g.kind == "mamba":
                 self._state_bytes += 2 * g.num_layers * g.page_size_bytes / t
                 continue
-            if g not in attn:
+            if g.kind not in _ATTENTION:
                 continue
             q_heads = p.num_q_heads * g.num_kv_heads / ref.num_kv_heads
             window = (g.sliding_window or 0) if g.kind == "sliding_window" else 0
@@ -355,7 +364,10 @@ class StepTimeModel:
         cal = self.cal
         eff = cal.gemm_compute_efficiency * m / (m + cal.gemm_half_m)
         compute = 2.0 * m * g.n * g.k / (self.peak * eff)
-        memory = (g.weight_bytes + 2.0 * m * (g.k + g.n)) / (self.bw * cal.gemm_memory_efficiency)
+        weights = g.weight_bytes
+        if g.expert_share:
+            weights *= 1.0 - (1.0 - g.expert_share) ** m
+        memory = (weights + 2.0 * m * (g.k + g.n)) / (self.bw * cal.gemm_memory_efficiency)
         return cal.gemm_launch_s + (compute if compute > memory else memory)
 
     def _elementwise(self, k: Elementwise, nbytes: float) -> float:
