@@ -143,14 +143,22 @@ HOPPER_LAUNCH_SCALE = 0.478
 Llama-3.1-8B decoding alone on an H100 SXM takes InferenceBench's measured 6.48 ms per
 token (vLLM 0.21, concurrency 1, contexts 300-1,100; docs/simulate-time.md)."""
 
+HOPPER_PREFILL_SCALE = 0.627 / 0.564
+"""Hopper's prefill attention efficiency over the A100's: FlashAttention-3 on an H100 SXM
+reaches 621 TFLOP/s (0.627 of peak) at 16,384 tokens, BF16, head size 128 (pytorch/
+benchmark PR #2391's tritonbench table), where Vidur's A100 profile reaches 176 TFLOP/s
+(0.564) at 16,128 tokens."""
+
 HOPPER = replace(
     A100.scaled(launch=HOPPER_LAUNCH_SCALE),
+    prefill_efficiency=A100.prefill_efficiency * HOPPER_PREFILL_SCALE,
     source="A100's fractions of peak on the Hopper peaks; kernel fixed times fitted to a "
-    "published vLLM H100 decode speed",
+    "published vLLM H100 decode speed; prefill attention scaled to FlashAttention-3's",
 )
 """H100, H200, GH200: no Hopper kernel profile was available offline, so the A100 fractions
-of peak apply to the Hopper peaks, and only the fixed times are fitted (to one published
-vLLM measurement); docs/simulate-time.md says what that means for the results."""
+of peak apply to the Hopper peaks except prefill attention's (FlashAttention-3's published
+H100 figure), and the fixed times are fitted to one published vLLM measurement;
+docs/simulate-time.md says what that means for the results."""
 
 BLACKWELL = replace(
     HOPPER,
