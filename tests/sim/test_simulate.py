@@ -211,9 +211,11 @@ def test_layouts_agree_with_kvblocks_specs(layout: KVLayout) -> None:
 def test_one_percentile_rule_for_latencies_and_call_times() -> None:
     # nearest rank: the value of rank ceil(q * n), NaN (a one-token request's TPOT) left out
     values = [float(x) for x in range(100, 0, -1)] + [math.nan]
-    assert percentiles(values) == {"p50": 50.0, "p90": 90.0, "p99": 99.0}
-    assert percentiles([3.0]) == {"p50": 3.0, "p90": 3.0, "p99": 3.0}
-    assert percentiles([math.nan]) == {"p50": None, "p90": None, "p99": None}
+    assert percentiles(values) == {
+        "p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 100.0
+    }  # fmt: skip
+    assert set(percentiles([3.0]).values()) == {3.0}
+    assert set(percentiles([math.nan]).values()) == {None}
     layout = replay_layout("full", num_blocks=2000)
     res = replay(generate("shared-prefix", 0, WorkloadParams(20)), make_backend("kvblocks", layout))
     for name, call in res.calls().items():
@@ -331,7 +333,7 @@ def test_python_dash_m_help() -> None:
         text=True,
         check=True,
     )
-    assert "--gpu-memory" in out.stdout and "kvblocks-simulate-v3" in out.stdout
+    assert "--gpu-memory" in out.stdout and "kvblocks-simulate-v4" in out.stdout
     assert "meta-llama/Meta-Llama-3-8B" in out.stdout
 
 
@@ -361,7 +363,8 @@ RUN_FIELDS = {
     "ideal_hit_rate", "infinite_cache_hit_tokens", "ideal_hit_tokens", "tenants", "peak_usage",
     "mean_usage", "kv_total_ns", "kv_ns_per_step", "kv_ns_per_generated_token",
     "request_hash_ns", "wall_s", "synth_s", "steps_per_s", "sim_requests_per_s", "simulated_s",
-    "throughput_tokens_per_s", "latency", "slo_attainment", "fleet", "retention", "offload",
+    "throughput_tokens_per_s", "step_time_shares", "latency", "slo_attainment", "fleet",
+    "retention", "offload",
 }  # fmt: skip
 
 
@@ -372,7 +375,7 @@ def test_hit_rate_split_of_a_hand_worked_replay(
     code, out, _ = _simulate(capsys, "--trace", _hand_trace(tmp_path), *SMALL, "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["schema"] == "kvblocks-simulate-v3"
+    assert doc["schema"] == "kvblocks-simulate-v4"
     assert set(doc) == {
         "schema", "kvblocks_version", "workload", "model", "scheduler", "hardware", "sweep",
         "runs",

@@ -369,12 +369,21 @@ def test_retention_sweep_json_and_tables(capsys: pytest.CaptureFixture[str]) -> 
 
 
 # ------------------------------------------------------------------ what the policies do
+def _step_s(batch: Any) -> float:
+    """This file's own step time: the shape of the roofline these tests were first measured
+    with (an 8B model on an H100: 0.5 ms plus the larger of reading 16 GB of weights and 2
+    FLOPs per parameter and token at 80 % of peak), so that recalibrating a GPU's step-time
+    model (docs/simulate-time.md) does not move what the policies are checked to do."""
+    tokens = sum(n for _, n in batch)
+    return 0.0005 + max(0.006, tokens * 2.03e-5)
+
+
 def _replay(trace: Any, spec: str, gib: int, model: str, timed: bool = True) -> Any:
-    from kvblocks.sim import GPU_PRESETS, ReplayOptions, StepTimeModel, make_backend, model_layout
+    from kvblocks.sim import ReplayOptions, make_backend, model_layout
     from kvblocks.sim.engine import replay
 
     layout = model_layout(model, gpu_memory=gib * 2**30)
-    tm = StepTimeModel(layout, model, GPU_PRESETS["h100-sxm"]).step_time if timed else None
+    tm = _step_s if timed else None
     backend = make_backend("kvblocks", layout, retention=parse_retention(spec).build())
     return replay(trace, backend, ReplayOptions(time_model=tm), layout)
 
@@ -408,12 +417,12 @@ def test_multi_tenant_quota_and_sessions_at_equal_memory() -> None:
     quota = _replay(trace, "quota=burst:0", 8, "llama-3-8b")
     classes = _replay(trace, "classes=2,priority=0:1", 8, "llama-3-8b")
     session = _replay(trace, "session=30", 8, "llama-3-8b")
-    # measured (seed 0): the steady tenants hit 69.3% under LRU, 71.5% with the burst's
-    # quota at 0, 71.4% with the burst's blocks in the class evicted first
+    # measured (seed 0, _step_s): the steady tenants hit 67.4% under LRU, 73.6% with the
+    # burst's quota at 0, 73.6% with the burst's blocks in the class evicted first
     assert _tenant_rate(quota, *steady) > _tenant_rate(lru, *steady) + 0.01
     assert _tenant_rate(classes, *steady) > _tenant_rate(lru, *steady) + 0.01
     assert quota.tenants["burst"][2] == lru.tenants["burst"][2] == 0  # one-off prompts
-    # sessions keep the agent's context across its tool calls: 70.2% -> 74.8%
+    # sessions keep the agent's context across its tool calls: 68.2% -> 80.1%
     assert _tenant_rate(session, "agent") > _tenant_rate(lru, "agent") + 0.03
 
 

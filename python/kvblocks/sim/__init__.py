@@ -10,7 +10,8 @@ One module per job:
 * :mod:`~kvblocks.sim.engine`: the vLLM-style scheduler loop, a class that takes one step
   at a time (:class:`Engine`);
 * :mod:`~kvblocks.sim.ceilings`: the infinite-cache and Belady hit-rate ceilings;
-* :mod:`~kvblocks.sim.timemodel`: GPU presets and the step-time model (a roofline);
+* :mod:`~kvblocks.sim.timemodel`: GPU presets and the step-time model (a sum of kernels,
+  calibrated per GPU by :mod:`~kvblocks.sim.calibration`);
 * :mod:`~kvblocks.sim.offload`: the host-memory tier (vLLM 0.33's CPU offload) on
   ``kvblocks.OffloadManager`` (``docs/simulate-offload.md``);
 * :mod:`~kvblocks.sim.fleet`: N engines behind a router (round robin, least loaded,

@@ -26,6 +26,8 @@ from typing import Any, NoReturn
 import kvblocks
 from kvblocks.retention_spec import RetentionSpec, SpecError, parse_retention, split_sweep
 from kvblocks.sim.backends import make_backend, vllm_available
+from kvblocks.sim.calibration import calibration_for
+from kvblocks.sim.capacity import Probe, at_rate, find_max_rate, find_min_replicas, trace_rate
 from kvblocks.sim.engine import (
     ReplayError,
     ReplayOptions,
@@ -40,16 +42,18 @@ from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, parse_me
 from kvblocks.sim.report import (
     Run,
     Setup,
+    capacity_json,
     plot,
+    print_capacity,
     print_summary,
     print_sweep,
     report_json,
+    slo_attainment,
 )
+from kvblocks.sim.requests_out import check_path, write_requests
 from kvblocks.sim.timemodel import (
-    DEFAULT_EFFICIENCY,
     DEFAULT_GPU,
     DEFAULT_MEMORY_UTILIZATION,
-    DEFAULT_OVERHEAD_S,
     GPU_PRESETS,
     StepTimeModel,
     gpu_names_help,
@@ -123,6 +127,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
     if not v > 0 or not math.isfinite(v):
         raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return v
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not v >= 0 or not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
     return v
 
 
@@ -214,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Replay a request workload through kvblocks' KV cache manager with a "
         "vLLM-style scheduler loop and summarize cache behaviour and manager time.",
         epilog=f"{_presets_help()}\n\n--json prints one object of schema "
-        "kvblocks-simulate-v3 (docs/simulate-json.md); the step-time model: "
+        "kvblocks-simulate-v4 (docs/simulate-json.md); the step-time model: "
         "docs/simulate-time.md.\nTrace formats: "
         "docs/trace-kvtrace.md, docs/trace-mooncake.md. Retention policies: "
         "docs/retention.md.",
@@ -276,6 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="multi-tenant: requests per burst (default 48; 0: no bursts)",
+    )
+    w.add_argument(
+        "--request-rate",
+        type=_positive_float,
+        default=None,
+        metavar="R",
+        help="rescale the workload's arrivals to R requests per second (first turns; "
+        "follow-ups keep their delays)",
     )
     w.add_argument(
         "--max-requests",
@@ -414,15 +436,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--fp8", action="store_true", help="use the GPU's FP8 peak (default BF16)")
     t.add_argument(
         "--step-overhead-ms",
-        type=float,
-        default=DEFAULT_OVERHEAD_S * 1e3,
-        help=f"fixed time per step (default {DEFAULT_OVERHEAD_S * 1e3:g} ms)",
+        type=_non_negative_float,
+        default=None,
+        metavar="MS",
+        help="CPU time per step the GPU waits for (default: the GPU calibration's, 0 ms: "
+        "vLLM's async scheduling hides it)",
     )
     t.add_argument(
         "--efficiency",
         type=_positive_float,
-        default=DEFAULT_EFFICIENCY,
-        help=f"fraction of peak FLOPs and bandwidth reached (default {DEFAULT_EFFICIENCY})",
+        default=1.0,
+        metavar="F",
+        help="multiply every calibrated kernel efficiency by F (default 1: as calibrated; "
+        "docs/simulate-time.md)",
     )
     t.add_argument(
         "--gpu-memory-utilization",
@@ -459,6 +485,22 @@ def build_parser() -> argparse.ArgumentParser:
         "blocks goes to that engine, else to the least loaded (SGLang's cache-aware rule; "
         f"default {DEFAULT_CACHE_THRESHOLD}; 0 = longest prefix always)",
     )
+    c = sp.add_argument_group("capacity search (docs/simulate-time.md)")
+    search = c.add_mutually_exclusive_group()
+    search.add_argument(
+        "--find-max-rate",
+        action="store_true",
+        help="the highest --request-rate at which 99%% of requests meet --slo-ttft and "
+        "--slo-tpot (bisection from the workload's own rate, or --request-rate)",
+    )
+    search.add_argument(
+        "--find-min-replicas",
+        type=_positive_float,
+        default=None,
+        metavar="RATE",
+        help="the fewest --replicas at which 99%% of requests meet the SLOs at RATE "
+        "requests per second",
+    )
     o = sp.add_argument_group("output")
     o.add_argument(
         "--no-ceilings",
@@ -471,6 +513,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--plot",
         metavar="FILE.png",
         help="plot usage and hit rate over steps (needs matplotlib: pip install 'kvblocks[sim]')",
+    )
+    o.add_argument(
+        "--requests-out",
+        metavar="FILE",
+        help="write one record per finished request: arrival, TTFT, TPOT, end to end, hit "
+        "tokens per tier, preemptions, engine (CSV for .csv, else JSON lines)",
     )
     o.add_argument(
         "--progress",
@@ -530,6 +578,8 @@ def _load_workload(args: argparse.Namespace) -> Trace:
     trace = trace.truncated(args.max_requests or 0)
     if args.tenants:
         trace = trace.with_tenants(args.tenants)
+    if args.request_rate is not None and not args.find_max_rate:
+        trace = at_rate(trace, args.request_rate, args.step_ms / 1e3)
     return trace
 
 
@@ -637,8 +687,8 @@ def _replay(
             args.model,
             GPU_PRESETS[args.gpu or DEFAULT_GPU],
             args.tp,
-            max(0.0, args.step_overhead_ms) / 1e3,
-            min(1.0, args.efficiency),
+            None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
+            args.efficiency,
             args.fp8,
         )
     except ValueError as e:
@@ -673,7 +723,9 @@ def _replay(
         if args.router == "prefix-aware":
             fleet["cache_threshold"] = threshold
             fleet["load_weight"] = weight
-        return merged_result(fr), fleet
+        merged = merged_result(fr)
+        merged.step_time_shares = tm.shares()
+        return merged, fleet
     bar = _Progress(label, len(trace.requests)) if label is not None else None
     opts.progress = bar
     try:
@@ -681,7 +733,15 @@ def _replay(
     finally:
         if bar is not None:
             bar.close()
+    res.step_time_shares = tm.shares()
     return res, {"replicas": 1, "router": None, "per_replica": [_replica_json(res)]}
+
+
+def _cpu_s(args: argparse.Namespace) -> float:
+    """The per-step CPU term: ``--step-overhead-ms`` or the GPU calibration's."""
+    if args.step_overhead_ms is not None:
+        return float(args.step_overhead_ms) / 1e3
+    return calibration_for(args.gpu or DEFAULT_GPU).cpu_s
 
 
 def host_link_bytes_per_s(args: argparse.Namespace) -> float:
@@ -803,6 +863,72 @@ def _attach_gpu_only(
         runs[0].gpu_only = res
 
 
+def _capacity(args: argparse.Namespace, setup: Setup, trace: Trace, show_progress: bool) -> int:
+    """``--find-max-rate`` / ``--find-min-replicas``: the search, its table or JSON."""
+    if args.slo_ttft is None and args.slo_tpot is None:
+        raise UsageError("a capacity search needs --slo-ttft and/or --slo-tpot")
+    if args.sweep or args.compare_vllm or args.plot:
+        raise UsageError("a capacity search runs alone: drop --sweep, --compare-vllm, --plot")
+    step_s = args.step_ms / 1e3
+    max_rate = args.find_max_rate
+    tqdm = importlib.import_module("tqdm").tqdm
+    bar = tqdm(desc="find-max-rate" if max_rate else "find-min-replicas", unit="run",
+               file=sys.stderr, disable=not show_progress, dynamic_ncols=True)  # fmt: skip
+
+    def run_at(rate: float, replicas: int) -> tuple[Run, float, int]:
+        scaled = at_rate(trace, rate, step_s)
+        run = _run_one(argparse.Namespace(**{**vars(args), "replicas": replicas}), scaled,
+                       None, False, False)  # fmt: skip
+        att = slo_attainment(run.result, args.slo_ttft, args.slo_tpot) or 0.0
+        bar.set_postfix_str(f"{rate:,.3f} req/s x {replicas}: {att:.1%}", refresh=False)
+        bar.update(1)
+        return run, att, len(run.result.ttft_s)
+
+    try:
+        if max_rate:
+            start = args.request_rate or trace_rate(trace, step_s)
+
+            def by_rate(rate: float) -> Probe[Run]:
+                run, att, n = run_at(rate, args.replicas)
+                return Probe(rate, att, n, run)
+
+            search = find_max_rate(by_rate, start)
+        else:
+            rate = args.find_min_replicas
+
+            def by_replicas(n: int) -> Probe[Run]:
+                run, att, k = run_at(rate, n)
+                return Probe(n, att, k, run)
+
+            search = find_min_replicas(by_replicas)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        bar.close()
+    doc = capacity_json("max_rate" if max_rate else "min_replicas", search, setup)
+    if search.best is not None:
+        _write_requests(args, [search.best.run])
+    out = sys.stdout
+    if args.json:
+        best = search.best.run if search.best is not None else search.probes[-1].run
+        rate = search.best.value if max_rate and search.best is not None else None
+        shown = at_rate(trace, rate, step_s) if rate is not None else trace
+        full = report_json(setup, shown, [best])
+        full["capacity"] = doc
+        out.write(json.dumps(full) + "\n")
+    else:
+        print_capacity(out, doc)
+    out.flush()
+    return 0
+
+
+def _write_requests(args: argparse.Namespace, runs: list[Run]) -> None:
+    """``--requests-out``: every run's finished requests."""
+    if args.requests_out:
+        n = write_requests(args.requests_out, [(r.value, r.result.finished) for r in runs])
+        print(f"{n:,} requests written to {os.path.abspath(args.requests_out)}", file=sys.stderr)
+
+
 def _warn(message: str) -> None:
     print(f"kvblocks simulate: {message}", file=sys.stderr)
 
@@ -822,6 +948,11 @@ def _simulate(args: argparse.Namespace) -> int:
                 _warn(f"warning: vLLM {version} is not 0.33.0; digests may differ")
     if args.plot:
         _check_plot_path(args.plot)
+    if args.requests_out:
+        try:
+            check_path(args.requests_out)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     swept_retention = bool(args.sweep) and args.sweep[0] == RETENTION_SWEEP
     if swept_retention and args.retention is not None:
         raise UsageError("--retention and --sweep retention=... both given; keep one")
@@ -844,8 +975,9 @@ def _simulate(args: argparse.Namespace) -> int:
             "gpu": args.gpu or DEFAULT_GPU,
             "tp": args.tp,
             "fp8": args.fp8,
-            "step_overhead_s": max(0.0, args.step_overhead_ms) / 1e3,
-            "efficiency": min(1.0, args.efficiency),
+            "step_overhead_s": _cpu_s(args),
+            "efficiency": args.efficiency,
+            "calibration": calibration_for(args.gpu or DEFAULT_GPU).source,
             "gpu_memory_utilization": args.gpu_memory_utilization if args.gpu else None,
             "step_s": args.step_ms / 1e3,
             "host_link_bytes_per_s": host_link_bytes_per_s(args),
@@ -854,9 +986,12 @@ def _simulate(args: argparse.Namespace) -> int:
         slo_tpot_s=args.slo_tpot,
     )
     show_progress = args.progress or sys.stderr.isatty()
+    if args.find_max_rate or args.find_min_replicas is not None:
+        return _capacity(args, setup, trace, show_progress)
     values: Sequence[int | RetentionSpec | None] = args.sweep[1] if args.sweep else [None]
     runs = [_run_one(args, trace, v, show_progress, compare) for v in values]
     _attach_gpu_only(args, trace, runs, show_progress)
+    _write_requests(args, runs)
     out = sys.stdout
     if args.json:
         out.write(json.dumps(report_json(setup, trace, runs)) + "\n")

@@ -87,6 +87,7 @@ from kvblocks.sim.workloads import Trace, TraceRequest, segment_tokens
 __all__ = [
     "CALL_TYPES",
     "Engine",
+    "FinishedRequest",
     "ReplayError",
     "ReplayOptions",
     "ReplayResult",
@@ -110,6 +111,27 @@ CALL_TYPES = (
     "advance_time",
     "hisparse_connector",
 )
+
+
+class FinishedRequest(NamedTuple):
+    """One finished request of a timed run (``--requests-out``): times in seconds, hits
+    of its first admission in tokens."""
+
+    request_id: str
+    arrival_s: float
+    ttft_s: float
+    tpot_s: float
+    """NaN for a request with one output token."""
+    e2e_s: float
+    prompt_tokens: int
+    output_tokens: int
+    gpu_hit_tokens: int
+    """Found in the GPU prefix cache."""
+    host_hit_tokens: int
+    """Loaded from the host tier (``--cpu-offload``)."""
+    preemptions: int
+    engine: int = 0
+    """The fleet's engine that served it."""
 
 
 class ReplayError(KVBlocksError, RuntimeError):
@@ -238,6 +260,11 @@ class ReplayResult:
     """Per finished request: arrival to last output token."""
     finish_s: array[float] = field(default_factory=lambda: array("d"))
     """Per finished request: its finish time (aligned with ``ttft_s`` and ``e2e_s``)."""
+    finished: list[FinishedRequest] = field(default_factory=list)
+    """Per finished request, in finishing order (time model only)."""
+    step_time_shares: dict[str, float] | None = None
+    """Each part's share of the simulated step time (set by whoever owns the time model:
+    :meth:`kvblocks.sim.timemodel.StepTimeModel.shares`)."""
     offload: OffloadStats | None = None
     """The host tier's statistics (``ReplayOptions.host_tier`` only); ``first_admission``
     counts the GPU prefix cache's hits only."""
@@ -347,6 +374,8 @@ class _Slot:
         "arrival_s",
         "finished",
         "first_s",
+        "gpu_hit",
+        "host_hit",
         "keys",
         "max_out",
         "num_computed",
@@ -354,6 +383,7 @@ class _Slot:
         "num_tokens",
         "outputs",
         "preempted",
+        "preemptions",
         "prefill_done",
         "prompt_len",
         "req",
@@ -381,6 +411,9 @@ class _Slot:
         self.stored = 0  # blocks of ``keys`` the ceilings saw stored
         self.arrival_s = 0.0
         self.first_s = -1.0  # time of the first output token, -1 before it
+        self.gpu_hit = 0  # tokens the first admission found in the GPU prefix cache
+        self.host_hit = 0  # ... and in the host tier
+        self.preemptions = 0
 
 
 class StepInfo(NamedTuple):
@@ -777,6 +810,7 @@ class Engine:
                 victim.num_computed = 0
                 victim.prefill_done = False
                 victim.preempted = True
+                victim.preemptions += 1
                 victim.stored = 0  # its blocks are stored again when recomputed
                 self.waiting.appendleft(victim)
                 res.preemptions += 1
@@ -854,6 +888,8 @@ class Engine:
             st[1] += slot.num_tokens
             st[2] += hit
             if not slot.preempted:
+                slot.gpu_hit = hit
+                slot.host_hit = ext
                 t = tenants.get(slot.salt or "")
                 if t is None:
                     t = tenants[slot.salt or ""] = [0, 0, 0]
@@ -930,7 +966,15 @@ class Engine:
                         res.e2e_s.append(now - slot.arrival_s)
                         res.finish_s.append(now)
                         n_later = slot.max_out - 1
-                        res.tpot_s.append((now - slot.first_s) / n_later if n_later else math.nan)
+                        tpot = (now - slot.first_s) / n_later if n_later else math.nan
+                        res.tpot_s.append(tpot)
+                        res.finished.append(
+                            FinishedRequest(
+                                slot.rid, slot.arrival_s, slot.first_s - slot.arrival_s, tpot,
+                                now - slot.arrival_s, slot.prompt_len, slot.max_out,
+                                slot.gpu_hit, slot.host_hit, slot.preemptions,
+                            )
+                        )  # fmt: skip
                     self._release_followers(slot.rid, self.now if timed else self.step_number)
         if finished:
             self.running = [s for s in self.running if not s.finished]

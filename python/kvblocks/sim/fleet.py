@@ -321,7 +321,7 @@ def merged_result(fr: FleetResult) -> ReplayResult:
         sum(r.prompt_tokens for r in fr.engines),
         {k: array("q") for k in first.samples},
     )
-    for r in fr.engines:
+    for index, r in enumerate(fr.engines):
         for k, v in r.samples.items():
             out.samples[k].extend(v)
         out.request_init_ns += r.request_init_ns
@@ -345,6 +345,7 @@ def merged_result(fr: FleetResult) -> ReplayResult:
                 acc[j] += x
         for name in ("ttft_s", "tpot_s", "e2e_s", "finish_s"):
             getattr(out, name).extend(getattr(r, name))
+        out.finished.extend(f._replace(engine=index) for f in r.finished)
     out.wall_s = fr.wall_s
     out.simulated_s = fr.simulated_s
     out.series = fr.series

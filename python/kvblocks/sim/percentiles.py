@@ -11,10 +11,12 @@ import math
 from collections.abc import Sequence
 from typing import TypeVar
 
-__all__ = ["QUANTILES", "nearest_rank", "percentiles"]
+__all__ = ["LATENCY_QUANTILES", "QUANTILES", "nearest_rank", "percentiles"]
 
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
-"""The reported percentiles: name and quantile."""
+"""The percentiles of per-call manager times: name and quantile."""
+LATENCY_QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99), ("p99.9", 0.999))
+"""The percentiles of request latencies (TTFT, TPOT, end to end)."""
 
 _T = TypeVar("_T", int, float)
 
@@ -26,7 +28,7 @@ def nearest_rank(sorted_values: Sequence[_T], q: float) -> _T:
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    """``{p50, p90, p99}`` of the non-NaN ``values``, rounded to 6 digits; None when there
-    are none."""
+    """``{p50, p90, p95, p99, p99.9}`` (:data:`LATENCY_QUANTILES`) of the non-NaN
+    ``values``, rounded to 6 digits; None when there are none."""
     v = sorted(x for x in values if not math.isnan(x))
-    return {name: round(nearest_rank(v, q), 6) if v else None for name, q in QUANTILES}
+    return {name: round(nearest_rank(v, q), 6) if v else None for name, q in LATENCY_QUANTILES}

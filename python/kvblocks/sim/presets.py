@@ -576,6 +576,10 @@ class ModelPreset:
         hidden_size: Hidden size.
         num_q_heads: Query heads of an attention layer (KV heads and head size are the
             groups').
+        intermediate_size: The gated MLP's intermediate size (the step-time model's
+            gate/up and down GEMMs); None: the parameters outside attention and embeddings
+            are one GEMM per layer (mixtures of experts, synthetic models).
+        vocab_size: Vocabulary (the embeddings and the logits GEMM).
     """
 
     name: str
@@ -588,6 +592,8 @@ class ModelPreset:
     weight_bytes: int | None = None
     hidden_size: int = 4096
     num_q_heads: int = 32
+    intermediate_size: int | None = None
+    vocab_size: int = 128256
 
     @property
     def flop_params(self) -> int:
@@ -598,6 +604,20 @@ class ModelPreset:
     def weights_bytes(self) -> int:
         """``weight_bytes`` or 2 bytes per parameter (bf16)."""
         return self.weight_bytes if self.weight_bytes is not None else 2 * self.params
+
+
+def _llama(name: str, model: str, layers: int, max_model_len: int, **sizes: int) -> ModelPreset:
+    """A Llama-3 family preset: full attention, 8 KV heads x 128, bf16; ``sizes`` override
+    the 8B's parameters, hidden size, heads and MLP size."""
+    note = " (needs --tp 2 or more on 80 GB)" if layers > 32 else ""
+    return ModelPreset(
+        name,
+        model,
+        f"{layers} full-attention layers, 8 KV heads x 128, bf16{note}",
+        (GroupDesc("full", layers, 16, 8, 128),),
+        max_model_len,
+        **{"intermediate_size": 14336, **sizes},
+    )
 
 
 def _gpt_oss(
@@ -619,26 +639,28 @@ def _gpt_oss(
         weight_bytes=weight_bytes,
         hidden_size=2880,
         num_q_heads=64,
+        vocab_size=201088,
     )
 
 
 MODEL_PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in (
-        ModelPreset(
-            "llama-3-8b",
-            "meta-llama/Meta-Llama-3-8B",
-            "32 full-attention layers, 8 KV heads x 128, bf16",
-            (GroupDesc("full", 32, 16, 8, 128),),
-            8192,
-            # config.json: hidden 4096, 32 heads, 8 KV heads; 8.03 B parameters
-        ),
-        ModelPreset(
-            "llama-3.1-8b",
-            "meta-llama/Llama-3.1-8B",
-            "32 full-attention layers, 8 KV heads x 128, bf16",
-            (GroupDesc("full", 32, 16, 8, 128),),
+        # config.json: hidden 4096, 32 heads, 8 KV heads, intermediate 14336, vocabulary
+        # 128256; 8.03 B parameters
+        _llama("llama-3-8b", "meta-llama/Meta-Llama-3-8B", 32, 8192),
+        _llama("llama-3.1-8b", "meta-llama/Llama-3.1-8B", 32, 131072),
+        # config.json: hidden 8192, 64 heads, 8 KV heads, intermediate 28672, vocabulary
+        # 128256, untied embeddings: 70.55 B parameters
+        _llama(
+            "llama-3.1-70b",
+            "meta-llama/Llama-3.1-70B",
+            80,
             131072,
+            params=70_553_706_496,
+            hidden_size=8192,
+            num_q_heads=64,
+            intermediate_size=28672,
         ),
         # OpenAI's gpt-oss model card: 20.9 B / 3.6 B active, 116.8 B / 5.1 B active;
         # MXFP4 MoE weights, checkpoints of 12.8 GiB and 60.8 GiB.

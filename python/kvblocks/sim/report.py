@@ -1,7 +1,7 @@
 """What ``kvblocks simulate`` reports: the JSON document, the summary, the sweep table and
 the plot, all from the same :class:`Run` records.
 
-The JSON schema (``kvblocks-simulate-v3``) is documented in ``docs/simulate-json.md``;
+The JSON schema (``kvblocks-simulate-v4``) is documented in ``docs/simulate-json.md``;
 a change to a field's name or meaning bumps the version.
 """
 
@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 import kvblocks
 from kvblocks.retention_spec import RetentionSpec
+from kvblocks.sim.capacity import TARGET, Probe, Search, wilson_interval
 from kvblocks.sim.engine import ReplayResult
 from kvblocks.sim.percentiles import percentiles
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout
@@ -22,8 +23,10 @@ __all__ = [
     "SCHEMA",
     "Run",
     "Setup",
+    "capacity_json",
     "fmt_bytes",
     "plot",
+    "print_capacity",
     "print_summary",
     "print_sweep",
     "report_json",
@@ -31,7 +34,7 @@ __all__ = [
     "slo_attainment",
 ]
 
-SCHEMA = "kvblocks-simulate-v3"
+SCHEMA = "kvblocks-simulate-v4"
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,9 @@ def run_json(run: Run, setup: Setup | None = None) -> dict[str, Any]:
         "sim_requests_per_s": round(r.requests / loop_s, 1) if loop_s > 0 else 0.0,
         "simulated_s": round(sim, 6),
         "throughput_tokens_per_s": round(r.generated_tokens / sim, 3) if sim > 0 else 0.0,
+        "step_time_shares": {k: round(v, 6) for k, v in r.step_time_shares.items()}
+        if r.step_time_shares is not None
+        else None,
         "latency": {
             "ttft_s": percentiles(r.ttft_s),
             "tpot_s": percentiles(r.tpot_s),
@@ -303,7 +309,7 @@ def _fmt_s(v: float | None) -> str:
 
 
 def _pcts(p: dict[str, float | None]) -> str:
-    return f"p50 {_fmt_s(p['p50'])}, p90 {_fmt_s(p['p90'])}, p99 {_fmt_s(p['p99'])}"
+    return ", ".join(f"{name} {_fmt_s(v)}" for name, v in p.items())
 
 
 def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
@@ -411,6 +417,10 @@ def print_summary(out: TextIO, setup: Setup, trace: Trace, run: Run) -> None:
         ("end to end", _pcts(lat["e2e_s"])),
         ("throughput", f"{j['throughput_tokens_per_s']:,.0f} generated tokens / s"),
     ]
+    shares = j["step_time_shares"]
+    if shares:
+        top = sorted(((v, k) for k, v in shares.items() if v >= 0.005), reverse=True)
+        rows.append(("step time", ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for v, k in top)))
     if j["slo_attainment"] is not None:
         rows.append(
             (
@@ -602,3 +612,63 @@ def plot(path: str, setup: Setup, trace: Trace, runs: list[Run]) -> None:
         fig.savefig(path, dpi=100)
     finally:
         plt.close(fig)
+
+
+def capacity_json(kind: str, search: Search[Run], setup: Setup) -> dict[str, Any]:
+    """``capacity``: a ``--find-max-rate`` (``kind`` ``max_rate``) or ``--find-min-replicas``
+    (``min_replicas``) search (``docs/simulate-time.md``, "Capacity search")."""
+    best, nxt = search.best, search.next
+    interval = wilson_interval(best.attainment, best.requests) if best is not None else None
+    key = "rate_per_s" if kind == "max_rate" else "replicas"
+
+    def value(p: Probe[Run] | None) -> float | int | None:
+        if p is None:
+            return None
+        return round(p.value, 6) if kind == "max_rate" else int(p.value)
+
+    return {
+        "search": kind,
+        "target": TARGET,
+        "slo_ttft_s": setup.slo_ttft_s,
+        "slo_tpot_s": setup.slo_tpot_s,
+        key: value(best),
+        "attainment": best.attainment if best is not None else None,
+        "attainment_interval_95": [round(x, 6) for x in interval] if interval else None,
+        "requests": best.requests if best is not None else None,
+        f"next_{key}": value(nxt),
+        "next_attainment": nxt.attainment if nxt is not None else None,
+        "probes": [
+            {key: value(p), "attainment": p.attainment, "met": p.met} for p in search.probes
+        ],
+    }
+
+
+def print_capacity(out: TextIO, doc: dict[str, Any]) -> None:
+    """The search's probes and its answer, from :func:`capacity_json`."""
+    rate = doc["search"] == "max_rate"
+    key = "rate_per_s" if rate else "replicas"
+    slo = " and ".join(
+        f"{name} <= {_fmt_s(v)}"
+        for name, v in (("TTFT", doc["slo_ttft_s"]), ("TPOT", doc["slo_tpot_s"]))
+        if v is not None
+    )
+    out.write(f"SLO: {slo} for {doc['target']:.0%} of requests\n")
+    out.write(f"{'req/s' if rate else 'replicas':>10}  attainment\n")
+    for p in doc["probes"]:
+        shown = f"{p[key]:,.3f}" if rate else f"{p[key]}"
+        out.write(f"{shown:>10}  {p['attainment']:.2%}{'' if p['met'] else '  (misses)'}\n")
+    if doc[key] is None:
+        out.write("no value tried meets the SLOs\n")
+        return
+    lo, hi = doc["attainment_interval_95"]
+    what = f"{doc[key]:,.3f} req/s" if rate else f"{doc[key]} replicas"
+    out.write(
+        f"{'highest rate' if rate else 'fewest replicas'} meeting the SLOs: {what} "
+        f"(attainment {doc['attainment']:.2%}, 95% interval {lo:.2%}-{hi:.2%} over "
+        f"{doc['requests']:,} requests)"
+    )
+    nxt = doc[f"next_{key}"]
+    if nxt is not None:
+        shown = f"{nxt:,.3f} req/s" if rate else f"{nxt} replicas"
+        out.write(f"; {shown} misses them ({doc['next_attainment']:.2%})")
+    out.write("\n")

@@ -1,43 +1,44 @@
-"""The step-time model: how long one scheduler step takes on a GPU, from a roofline.
+"""The step-time model: one scheduler step on a GPU as the sum of its kernels.
 
 A step computes ``n`` new tokens for each scheduled request whose first ``c`` tokens are
-already in the KV cache. Per GPU (tensor parallelism ``tp`` splits weights and heads)::
+already in the KV cache; ``T`` is the step's tokens and ``R`` its requests. Per GPU (tensor
+parallelism ``tp`` splits weights, heads and KV ``tp`` ways), per layer:
 
-    T      = sum of n                                      tokens in the step
-    flops  = (2 * active_params * T
-              + sum over attention layers l, requests r of
-                4 * q_heads * head_size * n_r * ctx_l(c_r + (n_r + 1) / 2)) / tp
-    bytes  = (weight_bytes
-              + sum over layers l, requests r of kv_bytes_per_token_l * ctx_l(c_r + n_r)) / tp
-    time   = overhead + max(flops / (peak_flops * efficiency),
-                            bytes / (hbm_bandwidth * efficiency))
+* GEMMs: QKV, O, gate/up and down (``M = T`` rows), each
+  ``launch + max(2 M N K / (peak * e(M)), bytes / (bandwidth * e_mem))`` with
+  ``e(M) = e_max * M / (M + M_half)``: small token counts are bound by reading the weights
+  and reach a lower fraction of the tensor peak;
+* attention: a prefill chunk per request (causal FLOPs over its context, at an efficiency
+  growing with the chunk and the context), the decodes of the step together (KV bytes read,
+  at an efficiency growing with the batch); the KV cache write of the new tokens;
+* elementwise kernels (two RMSNorms, rotary, SiLU-and-mul, residual add) by bytes moved;
+* with ``tp > 1``, two all-reduces of ``T`` hidden vectors on the GPU's peer link;
 
-``ctx_l(x)`` is ``x`` for full attention and ``min(x, window)`` for a sliding window
-(``x mod chunk`` for chunked local attention, roughly); a mamba layer reads its state once
-per request. The attention term counts QK^T and AV (2 FLOPs per multiply-add each) over the
-context each new token sees on average; the byte term reads the weights once per step and
-every scheduled request's context from the KV cache once. Not modelled: tensor-parallel
-communication, MoE routing imbalance, sampling, CPU scheduling beyond ``overhead``.
+then once per step the logits GEMM and the sampler for the ``R`` requests, and a CPU term.
+Efficiencies and fixed times are per GPU (:mod:`kvblocks.sim.calibration`), fitted to
+Vidur's A100 kernel profile. ``ctx`` is capped at the window for sliding-window layers (the
+chunk for chunked local attention); a mamba layer reads and writes its state once per request.
 
-``docs/simulate-time.md`` has the formulas, the defaults and a comparison with a published
-measurement.
+``docs/simulate-time.md`` has the terms, the calibration, and the check against Vidur.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvblocks._core import InvalidArgumentError
+from kvblocks.sim.calibration import Calibration, Elementwise, calibration_for
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout
 
 __all__ = [
-    "DEFAULT_EFFICIENCY",
     "DEFAULT_GPU",
     "DEFAULT_MEMORY_UTILIZATION",
-    "DEFAULT_OVERHEAD_S",
     "GPU_ALIASES",
     "GPU_PRESETS",
+    "PEER_LINK_BYTES_PER_S",
+    "TERMS",
     "GpuPreset",
     "StepCost",
     "StepTimeModel",
@@ -47,11 +48,6 @@ __all__ = [
 ]
 
 DEFAULT_GPU = "h100-sxm"
-DEFAULT_OVERHEAD_S = 0.0005
-"""Per-step fixed cost (scheduler, kernel launches with CUDA graphs, sampling): 0.5 ms."""
-DEFAULT_EFFICIENCY = 0.8
-"""Fraction of peak FLOPs and bandwidth that kernels reach (docs/simulate-time.md fits it
-to published single-request decode speeds: 74-77% of peak bandwidth)."""
 DEFAULT_MEMORY_UTILIZATION = 0.9
 """vLLM's ``gpu_memory_utilization`` default."""
 
@@ -207,36 +203,80 @@ def kv_memory_after_weights(
     return free
 
 
+PEER_LINK_BYTES_PER_S: dict[str, float] = {
+    "a100-80gb": 300 * GB,
+    "a100-40gb": 300 * GB,
+    "h100-sxm": 450 * GB,
+    "h200": 450 * GB,
+    "gh200": 450 * GB,
+    "b200": 900 * GB,
+    "l40s": PCIE_GEN4_X16,
+}
+"""Each GPU's link to its tensor-parallel peers, one direction (half the datasheets'
+bidirectional figure): NVLink 3 (A100, 600 GB/s), NVLink 4 (H100/H200 SXM and GH200,
+900 GB/s), NVLink 5 (B200, 1.8 TB/s); the L40S has no NVLink (PCIe Gen4)."""
+
+TERMS = (
+    "gemm",
+    "attention_prefill",
+    "attention_decode",
+    "kv_write",
+    "elementwise",
+    "logits_sampler",
+    "all_reduce",
+    "cpu",
+)
+"""The parts of a step (:meth:`StepTimeModel.cost`), in the order of :class:`StepCost`."""
+
+
 @dataclass
 class StepCost:
-    """The roofline terms of one step (per GPU)."""
+    """One step's time (per GPU), by part: the step is their sum."""
 
     tokens: int
-    flops: float
-    bytes: float
     seconds: float
-    flops_s: float = 0.0
-    """``flops / (peak_flops * efficiency)``."""
-    bytes_s: float = 0.0
-    """``bytes / (hbm_bandwidth * efficiency)``."""
+    parts: dict[str, float]
+    """Seconds per :data:`TERMS` entry."""
 
-    @property
-    def bound(self) -> str:
-        """``"compute"`` or ``"memory"``: the larger roofline term."""
-        return "compute" if self.flops_s >= self.bytes_s else "memory"
+
+class _Gemm(NamedTuple):
+    """One GEMM kind of a layer: ``n * k`` weights (per GPU), ``per_step`` per step. With
+    ``expert_share`` (a mixture of experts: the share of the weights one token routes to),
+    ``M`` tokens read ``1 - (1 - share) ** M`` of ``weight_bytes`` (independent routing)."""
+
+    n: float
+    k: float
+    weight_bytes: float
+    per_step: int
+    expert_share: float = 0.0
+
+
+class _Attention(NamedTuple):
+    """One attention group (per GPU): layers, query heads, head size, KV bytes per token,
+    KV heads, window or 0, chunk or 0."""
+
+    layers: int
+    q_heads: float
+    head_size: int
+    kv_bytes_per_token: float
+    kv_heads: float
+    window: int
+    chunk: int
 
 
 class StepTimeModel:
-    """Step times of one model on one GPU (see the module docs).
+    """Step times of one model on one GPU: the sum of its kernels (see the module docs).
 
     Args:
-        layout: The KV cache layout (its groups give layers, KV bytes per token, windows).
-        preset: The model preset (params, weight bytes, query heads).
+        layout: The KV cache layout (its groups give layers, heads, KV bytes, windows).
+        preset: The model preset (hidden size, heads, MLP size, vocabulary, weights).
         gpu: The GPU preset.
-        tp: Tensor-parallel degree: weights, heads and KV reads are split ``tp`` ways.
-        overhead_s: Fixed time per step.
-        efficiency: Fraction of the peaks reached.
-        fp8: Use the FP8 peak (FP8 weights and activations); else BF16.
+        tp: Tensor-parallel degree: weights, heads and KV are split ``tp`` ways, and every
+            layer all-reduces its attention and MLP outputs.
+        cpu_s: Per-step CPU time; None: the calibration's.
+        efficiency: Factor on every calibrated efficiency (1: as calibrated).
+        fp8: Use the FP8 tensor peak for GEMMs and attention; else BF16.
+        calibration: The kernel calibration; None: the GPU's (:mod:`kvblocks.sim.calibration`).
     """
 
     def __init__(
@@ -245,85 +285,184 @@ class StepTimeModel:
         preset: str,
         gpu: GpuPreset,
         tp: int = 1,
-        overhead_s: float = DEFAULT_OVERHEAD_S,
-        efficiency: float = DEFAULT_EFFICIENCY,
+        cpu_s: float | None = None,
+        efficiency: float = 1.0,
         fp8: bool = False,
+        calibration: Calibration | None = None,
     ) -> None:
-        if tp < 1 or overhead_s < 0 or not 0 < efficiency <= 1:
-            raise InvalidArgumentError(
-                "tp >= 1, overhead >= 0 and 0 < efficiency <= 1 are required"
-            )
+        if tp < 1 or (cpu_s is not None and cpu_s < 0) or not efficiency > 0:
+            raise InvalidArgumentError("tp >= 1, cpu time >= 0 and efficiency > 0 are required")
         p = MODEL_PRESETS[preset]
         peak = gpu.fp8_flops if fp8 else gpu.bf16_flops
         if peak is None:
             raise InvalidArgumentError(f"{gpu.description} has no FP8 tensor cores")
-        self.gpu, self.tp, self.overhead_s, self.efficiency = gpu, tp, overhead_s, efficiency
-        self.flops_per_s = peak * efficiency
-        self.bytes_per_s = gpu.hbm_bytes_per_s * efficiency
-        self.linear_flops_per_token = 2.0 * p.flop_params / tp
-        self.weight_bytes = p.weights_bytes / tp
-        # (layers, attention FLOPs per token per context token, KV bytes per context token,
-        #  window or 0, chunk or 0, state bytes per request (mamba))
-        self._groups: list[tuple[int, float, float, int, int, float]] = []
+        cal = calibration if calibration is not None else calibration_for(gpu.name)
+        if efficiency != 1.0:
+            cal = cal.scaled(efficiency=efficiency)
+        self.gpu, self.tp, self.cal = gpu, tp, cal
+        self.cpu_s = cal.cpu_s if cpu_s is None else cpu_s
+        self.peak = peak
+        self.bw = gpu.hbm_bytes_per_s
+        self.link = PEER_LINK_BYTES_PER_S[gpu.name]
+        self.hidden = p.hidden_size
+        # attention, embeddings and a dense MLP in the preset's bytes per parameter (bf16: 2);
+        # without intermediate_size the rest of the weight bytes are the MLP's (MXFP4 experts)
+        bytes_per_param = p.weights_bytes / p.params if p.intermediate_size else 2.0
+        self.num_layers = sum(g.num_layers for g in layout.groups if g.kind in _LAYER_KINDS)
+        h, t = p.hidden_size, tp
+        ref = p.groups[0]
+        # per layer (one group's heads stand for the model's: presets share head shapes)
+        kv_heads, head = ref.num_kv_heads, ref.head_size
+        qkv = (p.num_q_heads + 2 * kv_heads) * head
+        o_k = p.num_q_heads * head
+        gemms = [_Gemm(qkv / t, h, qkv * h * bytes_per_param / t, self.num_layers)]
+        gemms.append(_Gemm(h, o_k / t, o_k * h * bytes_per_param / t, self.num_layers))
+        attn_params = (qkv + o_k) * h
+        embed = 2 * p.vocab_size * h
+        if p.intermediate_size is not None:
+            i = p.intermediate_size
+            gemms.append(_Gemm(2 * i / t, h, 2 * i * h * bytes_per_param / t, self.num_layers))
+            gemms.append(_Gemm(h, i / t, i * h * bytes_per_param / t, self.num_layers))
+            self.mlp_per_token = 6 * i / t
+        else:  # the rest of the parameters as one GEMM per layer
+            rest_flop = max(0.0, p.flop_params - embed - self.num_layers * attn_params)
+            dense = (embed + self.num_layers * attn_params) * bytes_per_param
+            rest_bytes = max(0.0, p.weights_bytes - dense)
+            per_layer = rest_flop / self.num_layers / t
+            # an MoE's tokens each use the active share of the expert parameters
+            total = max(1.0, p.params - embed - self.num_layers * attn_params)
+            share = rest_flop / total if p.active_params is not None else 0.0
+            per_gemm = rest_bytes / self.num_layers / t
+            gemms.append(_Gemm(per_layer / h, h, per_gemm, self.num_layers, share))
+            self.mlp_per_token = 2 * per_layer / h  # 6 I of a gated MLP of 3 h I parameters
+        self._gemms = gemms
+        self._logits = _Gemm(p.vocab_size / t, h, p.vocab_size * h * bytes_per_param / t, 1)
+        self.vocab = p.vocab_size / t
+        self.rope_per_token = 4 * (p.num_q_heads + kv_heads) * head / t
+        self._attention: list[_Attention] = []
+        self._state_bytes = 0.0  # mamba states read and written per request and step
         for g in layout.groups:
-            page = g.page_size_bytes / tp
             if g.kind == "mamba":
-                self._groups.append((g.num_layers, 0.0, 0.0, 0, 0, page))
+                self._state_bytes += 2 * g.num_layers * g.page_size_bytes / t
                 continue
-            q_heads = p.num_q_heads * g.num_kv_heads // p.groups[0].num_kv_heads
-            attn = 4.0 * q_heads * g.head_size / tp
+            if g.kind not in _ATTENTION:
+                continue
+            q_heads = p.num_q_heads * g.num_kv_heads / ref.num_kv_heads
             window = (g.sliding_window or 0) if g.kind == "sliding_window" else 0
             chunk = (g.attention_chunk_size or 0) if g.kind == "chunked_local" else 0
-            self._groups.append((g.num_layers, attn, page / g.block_size, window, chunk, 0.0))
+            per_tok = g.page_size_bytes / g.block_size / t
+            self._attention.append(
+                _Attention(
+                    g.num_layers, q_heads / t, g.head_size, per_tok, g.num_kv_heads / t,
+                    window, chunk,
+                )
+            )  # fmt: skip
+        self._acc = [0.0] * len(TERMS)  # seconds per part over the steps step_time timed
 
-    def cost(self, batch: Sequence[tuple[int, int]]) -> StepCost:
-        """The step that computes ``n`` tokens after ``c`` cached ones for each ``(c, n)``."""
+    # ---------------------------------------------------------------- kernels
+    def _gemm(self, m: int, g: _Gemm) -> float:
+        cal = self.cal
+        eff = cal.gemm_compute_efficiency * m / (m + cal.gemm_half_m)
+        compute = 2.0 * m * g.n * g.k / (self.peak * eff)
+        weights = g.weight_bytes
+        if g.expert_share:
+            weights *= 1.0 - (1.0 - g.expert_share) ** m
+        memory = (weights + 2.0 * m * (g.k + g.n)) / (self.bw * cal.gemm_memory_efficiency)
+        return cal.gemm_launch_s + (compute if compute > memory else memory)
+
+    def _elementwise(self, k: Elementwise, nbytes: float) -> float:
+        return k.launch_s + nbytes / (self.bw * k.efficiency)
+
+    def _all_reduce(self, nbytes: float) -> float:
+        t = self.tp
+        ring = 2.0 * (t - 1) / t * nbytes / (self.link * self.cal.link_efficiency)
+        return self.cal.all_reduce_launch_s + ring
+
+    def _parts(self, batch: Sequence[tuple[int, int]]) -> tuple[int, list[float]]:
+        """Tokens, and seconds per :data:`TERMS` entry."""
+        cal = self.cal
         tokens = 0
-        flops = 0.0
-        nbytes = self.weight_bytes
-        for layers, attn, kv_tok, window, chunk, state in self._groups:
-            f = 0.0
-            b = 0.0
+        for _, n in batch:
+            tokens += n
+        reqs = len(batch)
+        layers = self.num_layers
+        gemm = 0.0
+        for g in self._gemms:
+            gemm += g.per_step * self._gemm(tokens, g)
+        h = self.hidden
+        ew = layers * (
+            2 * self._elementwise(cal.norm, 4.0 * h * tokens)
+            + self._elementwise(cal.rope, self.rope_per_token * tokens)
+            + self._elementwise(cal.activation, self.mlp_per_token * tokens)
+            + self._elementwise(cal.residual_add, 6.0 * h * tokens)
+        )
+        if self._state_bytes:
+            ew += self._state_bytes * reqs / (self.bw * cal.norm.efficiency)
+        prefill = decode = kv_write = 0.0
+        peak, bw = self.peak, self.bw
+        pl, pe, pq, ps = (
+            cal.prefill_launch_s, cal.prefill_efficiency, cal.prefill_half_q,
+            cal.prefill_half_ctx,
+        )  # fmt: skip
+        for a in self._attention:
+            cap = a.window or a.chunk
+            b = 0
+            ctx = 0
+            pre = 0.0
+            flop_unit = 4.0 * a.q_heads * a.head_size
             for c, n in batch:
+                if n == 1:
+                    b += 1
+                    ctx += c + 1 if not cap or c < cap else cap + 1
+                    continue
                 mid = c + (n + 1) / 2
                 end = c + n
-                if window:
-                    mid = min(mid, window)
-                    end = min(end, window + n)
-                elif chunk:
-                    mid = min(mid, chunk)
-                    end = min(end, chunk + n)
-                f += n * mid
-                b += end
-            flops += layers * attn * f
-            nbytes += layers * (kv_tok * b + state * len(batch))
-        for _, n in batch:
-            tokens += n
-        flops += self.linear_flops_per_token * tokens
-        fs = flops / self.flops_per_s
-        bs = nbytes / self.bytes_per_s
-        return StepCost(tokens, flops, nbytes, self.overhead_s + max(fs, bs), fs, bs)
+                if cap:
+                    mid = min(mid, cap)
+                    end = min(end, cap + n)
+                eff = pe * n / (n + pq) * end / (end + ps)
+                pre += pl + flop_unit * n * mid / (peak * eff)
+            if b:
+                x = b * a.kv_heads / 8.0
+                eff = cal.decode_efficiency * x / (x + cal.decode_half_batch)
+                dec = (ctx + b * cal.decode_request_tokens) * a.kv_bytes_per_token / (bw * eff)
+                decode += a.layers * (cal.decode_launch_s + dec)
+            prefill += a.layers * pre
+            kv_write += a.layers * self._elementwise(
+                cal.kv_write, 2.0 * a.kv_bytes_per_token * tokens
+            )
+        head = self._gemm(reqs, self._logits) + self._elementwise(
+            cal.activation, 8.0 * reqs * self.vocab
+        )
+        ar = 2 * layers * self._all_reduce(2.0 * h * tokens) if self.tp > 1 else 0.0
+        return tokens, [gemm, prefill, decode, kv_write, ew, head, ar, self.cpu_s]
+
+    # ---------------------------------------------------------------- public
+    def cost(self, batch: Sequence[tuple[int, int]]) -> StepCost:
+        """The step that computes ``n`` tokens after ``c`` cached ones for each ``(c, n)``,
+        by part."""
+        tokens, parts = self._parts(batch)
+        return StepCost(tokens, sum(parts), dict(zip(TERMS, parts, strict=True)))
 
     def step_time(self, batch: Sequence[tuple[int, int]]) -> float:
-        """Seconds of the step (:meth:`cost`'s ``seconds``), on the loop's fast path."""
-        nbytes = self.weight_bytes
-        flops = 0.0
-        tokens = 0
-        for _, n in batch:
-            tokens += n
-        for layers, attn, kv_tok, window, chunk, state in self._groups:
-            f = 0.0
-            b = 0
-            if window or chunk:
-                cap = window or chunk
-                for c, n in batch:
-                    f += n * min(c + (n + 1) / 2, cap)
-                    b += min(c + n, cap + n)
-            else:
-                for c, n in batch:
-                    f += n * (c + (n + 1) / 2)
-                    b += c + n
-            flops += layers * attn * f
-            nbytes += layers * (kv_tok * b + state * len(batch))
-        flops += self.linear_flops_per_token * tokens
-        return self.overhead_s + max(flops / self.flops_per_s, nbytes / self.bytes_per_s)
+        """Seconds of the step (:meth:`cost`'s ``seconds``); adds its parts to
+        :attr:`totals`."""
+        _, parts = self._parts(batch)
+        acc = self._acc
+        for i, v in enumerate(parts):
+            acc[i] += v
+        return sum(parts)
+
+    def shares(self) -> dict[str, float]:
+        """Each part's fraction of the time of all steps :meth:`step_time` timed."""
+        total = sum(self._acc)
+        return {k: (v / total if total else 0.0) for k, v in zip(TERMS, self._acc, strict=True)}
+
+    @property
+    def all_reduce_share(self) -> float:
+        """The all-reduces' fraction of the timed steps (0 without tensor parallelism)."""
+        return self.shares()["all_reduce"]
+
+
+_ATTENTION = ("full", "sliding_window", "chunked_local", "mla", "sliding_window_mla")
+_LAYER_KINDS = (*_ATTENTION, "mamba", "circular_buffer")
