@@ -75,5 +75,10 @@ pub mod zeroing;
 #[cfg(feature = "python")]
 mod python;
 
+// crates.io's page (README-crate.md) runs as a doctest too.
+#[cfg(doctest)]
+#[doc = include_str!("../README-crate.md")]
+struct ReadmeCrate;
+
 pub use error::{KvError, Result};
 pub use types::{BlockHash, BlockId, GroupId, KeyValue, NULL_BLOCK_ID};
