@@ -1,5 +1,6 @@
-"""Fails unless each wheel given runs on manylinux2014 (glibc 2.17) or older: the newest
-policy ``auditwheel show`` allows it, and each platform tag of its file name.
+"""Fails unless each wheel given is the one abi3 wheel for CPython 3.10 and later, and runs
+on manylinux2014 (glibc 2.17) or older: the newest policy ``auditwheel show`` allows it,
+and each platform tag of its file name.
 
 `make wheel` runs it on the zig-built Linux wheel, which should be the same as the one
 release.yml's manylinux2014 container builds:
@@ -45,7 +46,10 @@ def problems(wheel: Path) -> list[str]:
     print(f"{wheel.name}: auditwheel allows {audit['overall_tag']}")
     if allowed is None or allowed > NEWEST:
         found.append(f"auditwheel allows only {audit['overall_tag']}, newer than manylinux2014")
-    platforms = wheel.name.removesuffix(".whl").split("-")[-1].split(".")
+    python, abi, platform = wheel.name.removesuffix(".whl").split("-")[-3:]
+    if (python, abi) != ("cp310", "abi3"):
+        found.append(f"tagged {python}-{abi}, not cp310-abi3 (pyo3's abi3-py310)")
+    platforms = platform.split(".")
     for tag in platforms:
         needs = glibc(tag)
         if needs is None or needs > NEWEST:
