@@ -1,7 +1,8 @@
-# The one command surface. CI (.ci/run) runs `make test`, then `make lint`; `make simulate`
-# is the main job. `make test` fills the development venv .venv (torch included) and the two
-# vLLM environments .venv-vllm-0.33 and .venv-vllm-0.32 (tools/vllm_env/); `make lint` and
-# `make simulate` build light ones, .venv-lint and .venv-sim (no torch).
+# The one command surface. CI (.ci/run) runs `make test`, then `make lint` and `make wheel`;
+# `make simulate` is the main job. `make test` fills the development venv .venv (torch
+# included) and the two vLLM environments .venv-vllm-0.33 and .venv-vllm-0.32
+# (tools/vllm_env/); `make lint` and `make simulate` build light ones, .venv-lint and
+# .venv-sim (no torch), and `make wheel` .venv-wheel and one venv per Python it tests.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,7 +14,7 @@ WHEELS ?= $(HOME)/.cache/kvblocks-wheels
 # One torch for every venv (.venv and the vLLM ones), installed once and shared by all three
 # (tools/vllm_env/torch_site.sh): the wheelhouse holds one ~3 GB copy, the disk one ~4 GB
 # install.
-DEPS := "maturin>=1.5,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy \
+DEPS := "maturin>=1.9,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy \
 	prometheus_client tqdm
 
 .PHONY: venv deps dev test test-rust test-python lint lint-deps lint-ext fmt bench simulate sim-dev \
@@ -54,7 +55,7 @@ test: test-core test-vllm-all
 LINT_VENV ?= .venv-lint
 LINT_BIN := $(LINT_VENV)/bin
 LINT_PIP := $(LINT_BIN)/python -m pip --disable-pip-version-check -q
-LINT_DEPS := "maturin>=1.5,<2" ruff mypy numpy pyzmq prometheus_client matplotlib
+LINT_DEPS := "maturin>=1.9,<2" ruff mypy numpy pyzmq prometheus_client matplotlib
 LINT_WHEEL := $(LINT_VENV)/wheel
 
 $(LINT_BIN)/python:
@@ -105,7 +106,7 @@ deny:
 SIM_VENV ?= .venv-sim
 SIM_BIN := $(SIM_VENV)/bin
 SIM_PIP := $(SIM_BIN)/python -m pip --disable-pip-version-check -q
-SIM_DEPS := "maturin>=1.5,<2" tqdm numpy
+SIM_DEPS := "maturin>=1.9,<2" tqdm numpy
 
 $(SIM_BIN)/python:
 	$(PY) -m venv $(SIM_VENV)
@@ -174,3 +175,49 @@ test-vllm-all:
 	$(MAKE) test-vllm VLLM=0.33
 	$(MAKE) test-vllm VLLM=0.32
 	$(MAKE) vllm-scheduler-tests
+
+# The Linux x86_64 wheel as PyPI gets it (release.yml's manylinux2014 containers), built
+# here with zig instead of a container, and checked as a user meets it: `auditwheel show`
+# must allow manylinux2014 (glibc 2.17) or older, `twine check --strict` must pass for the
+# wheel and the sdist, and the wheel, installed into fresh Python 3.10 and 3.13 venvs
+# (.venv-wheel-3.10, .venv-wheel-3.13; dependencies from the wheelhouse), must pass
+# .github/check-wheel.sh: the smoke test, then WHEEL_TESTS run from the root on the
+# installed package. The tools live in .venv-wheel.
+WHEEL_VENV ?= .venv-wheel
+WHEEL_BIN := $(WHEEL_VENV)/bin
+WHEEL_PIP := $(WHEEL_BIN)/python -m pip --disable-pip-version-check -q
+WHEEL_DEPS := "maturin>=1.9,<2" ziglang auditwheel twine
+WHEEL_DIR ?= dist/wheel
+WHEEL_PYTHONS ?= 3.10 3.13
+# What runs on the installed wheel, 40 to 60 s per Python here: the package itself (its
+# imports, version and metadata, the README's and PyPI page's commands), the core through
+# its Python API and the events on the wire (745 tests; none of these areas is marked slow
+# today, `-m "not slow"` keeps it so); the tests that need torch, vLLM, msgspec or
+# matplotlib skip themselves (21). release.yml runs all of tests/ instead.
+WHEEL_TESTS ?= tests/package tests/core tests/events -m "not slow"
+# Each of WHEEL_PYTHONS is `python<version>` on PATH, or pyenv's newest <version>.x.
+WHEEL_PY = py=python$$v; if command -v pyenv >/dev/null; then \
+	pv=$$(pyenv versions --bare | grep -E "^$$v\.[0-9]+$$" | tail -1); \
+	if [ -n "$$pv" ]; then py=$$(pyenv root)/versions/$$pv/bin/python$$v; fi; fi
+
+$(WHEEL_BIN)/python:
+	$(PY) -m venv $(WHEEL_VENV)
+
+$(WHEEL_VENV)/.deps-stamp: $(WHEEL_BIN)/python
+	$(WHEEL_PIP) download -d $(WHEELS) $(WHEEL_DEPS)
+	$(WHEEL_PIP) install --no-index --find-links $(WHEELS) $(WHEEL_DEPS)
+	touch $@
+
+.PHONY: wheel
+wheel: $(WHEEL_VENV)/.deps-stamp
+	rm -rf $(WHEEL_DIR) $(WHEEL_DIR)-sdist
+	PATH=$(abspath $(WHEEL_BIN)):$$PATH $(WHEEL_BIN)/maturin build --release --locked --zig \
+		--compatibility manylinux2014 -q -o $(WHEEL_DIR)
+	$(WHEEL_BIN)/maturin sdist -o $(WHEEL_DIR)-sdist
+	$(WHEEL_BIN)/python .github/check_manylinux.py $(WHEEL_DIR)/*.whl
+	$(WHEEL_BIN)/twine check --strict $(WHEEL_DIR)/*.whl $(WHEEL_DIR)-sdist/*.tar.gz
+	for v in $(WHEEL_PYTHONS); do \
+		$(WHEEL_PY); rm -rf $(WHEEL_VENV)-$$v && $$py -m venv $(WHEEL_VENV)-$$v && \
+		PATH=$(abspath $(WHEEL_VENV))-$$v/bin:$$PATH WHEELHOUSE=$(WHEELS) \
+			sh .github/check-wheel.sh $(WHEEL_DIR) $(WHEEL_TESTS) || exit 1; \
+	done

@@ -138,7 +138,7 @@ pub struct Coordinator {
 
 impl Coordinator {
     /// Builds the pool and the managers (in group order) after checking the groups
-    /// against the options ([`validate`]).
+    /// against the options (`validate`).
     pub fn new(groups: Vec<ManagerParams>, opts: CoordinatorOptions) -> Result<Self> {
         let (kind, sparse_caching) = validate(&groups, &opts)?;
         let (sbs, hbs) = (opts.scheduler_block_size, opts.hash_block_size);
@@ -363,7 +363,7 @@ impl Coordinator {
 
     /// Sets the retention interval after construction (vLLM's tests assign
     /// `coordinator.retention_interval`; every later step reads the new one). It is
-    /// checked as at construction ([`validate_sparse_caching`]); a bad one is refused
+    /// checked as at construction (`validate_sparse_caching`); a bad one is refused
     /// and changes nothing.
     pub fn set_retention_interval(&mut self, interval: Option<usize>) -> Result<()> {
         let sparse_groups = self
@@ -393,7 +393,7 @@ impl Coordinator {
         self.sparse_caching == SparseCaching::Interval(0)
     }
 
-    /// [`Self::prefill_end`] of `request`: where its prefill ends, as vLLM's
+    /// `Self::prefill_end` of `request`: where its prefill ends, as vLLM's
     /// `allocate_slots` computes it (the prompt, or all but the last token of a resumed
     /// request replaying its output). The request is read only where the end is used.
     #[inline]
@@ -679,8 +679,8 @@ impl Coordinator {
     /// align-mode Mamba can count negatively). `hits` is `None` for no prefix hit (vLLM's
     /// empty sentinel); of the `total_computed_tokens`, `num_local_computed_tokens` are
     /// the prefix hit's; `prefill_end` is where the request's prefill ends (0 if not
-    /// known; read under retention 0 only, [`Self::prefill_end`]). The host-resident
-    /// group counts its hit up to the `hit_tokens` reused ([`host_tier::retained`]).
+    /// known; read under retention 0 only, `Self::prefill_end`). The host-resident
+    /// group counts its hit up to the `hit_tokens` reused (`host_tier::retained`).
     #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
         &self,

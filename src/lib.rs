@@ -6,6 +6,49 @@
 //! intrusive doubly linked list over those rows; the prefix cache maps
 //! (block hash, group id) to block ids. Python bindings live in `src/python/` behind the
 //! `python` feature and only convert; every rule of behaviour lives here.
+//!
+//! With default features the crate is plain Rust (no Python): a Rust scheduler or router
+//! uses [`kv_cache_manager::KvCacheManager`] directly, as the Python package's
+//! `kvblocks.KVCacheManager` does.
+//!
+//! # Example
+//!
+//! One group of full attention with 16-token blocks: a 40-token prompt takes three
+//! blocks; once it is freed, a request with the same first 32 tokens reuses its two full
+//! blocks from the prefix cache.
+//!
+//! ```
+//! use kvblocks::attention::{AttentionKind, ManagerParams};
+//! use kvblocks::hashing::{BlockHasher, HashAlgo};
+//! use kvblocks::kv_cache_manager::{AllocateArgs, KvCacheManager, ManagerOptions};
+//! use kvblocks::request::{Request, RequestOptions};
+//!
+//! # fn main() -> kvblocks::Result<()> {
+//! let groups = vec![ManagerParams::new(AttentionKind::FullAttention, 16, 0)];
+//! let mut mgr = KvCacheManager::new(groups, 1024, None, ManagerOptions::new(8192, 16))?;
+//! let hasher = BlockHasher::new(16, HashAlgo::Sha256Cbor)?;
+//! let request = |id: &str, tokens: Vec<u32>| {
+//!     Request::new(id, tokens, Some(hasher), RequestOptions::default())
+//! };
+//!
+//! let r0 = request("r0", (0..40).collect())?;
+//! let (_, hit) = mgr.get_computed_blocks(&r0)?;
+//! assert_eq!(hit, 0);
+//! let new = mgr.allocate_slots(&r0, &AllocateArgs::new(40))?;
+//! assert_eq!(new, Some(vec![vec![1, 2, 3]])); // None: it does not fit
+//! mgr.free("r0")?;
+//!
+//! let r1 = request("r1", (0..40).chain([7]).collect())?;
+//! let (blocks, hit) = mgr.get_computed_blocks(&r1)?;
+//! assert_eq!((blocks, hit), (vec![vec![1, 2]], 32));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The map of the modules, and which file holds each rule, is the repository's
+//! [`docs/ARCHITECTURE.md`](https://github.com/kvblocks/kvblocks/blob/main/docs/ARCHITECTURE.md).
+
+#![deny(missing_docs)]
 
 pub mod admission;
 mod arith;
@@ -32,6 +75,11 @@ pub mod zeroing;
 
 #[cfg(feature = "python")]
 mod python;
+
+// crates.io's page (README-crate.md) runs as a doctest too.
+#[cfg(doctest)]
+#[doc = include_str!("../README-crate.md")]
+struct ReadmeCrate;
 
 pub use error::{KvError, Result};
 pub use types::{BlockHash, BlockId, GroupId, KeyValue, NULL_BLOCK_ID};

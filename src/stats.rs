@@ -1,6 +1,6 @@
 //! vLLM 0.33's `PrefixCacheStats`: what the manager counts of its prefix-cache lookups.
 //!
-//! The fields are listed once, in [`with_prefix_cache_stats_fields`]: the struct here, its
+//! The fields are listed once, in `with_prefix_cache_stats_fields!`: the struct here, its
 //! [`fields`](PrefixCacheStats::fields) and the Python class (`src/python/stats.rs`) are
 //! all made from that list, so a field added there reaches every one of them.
 

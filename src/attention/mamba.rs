@@ -9,7 +9,7 @@
 //! blocks the step leaves behind move to the table's end. Every state cached in align
 //! mode is offered to a KV connector (`take_boundary_state_offloads`). Under sparse
 //! retention (`prefix_cache_retention_interval`) only the states a later request can
-//! resume at are cached ([`cache_mask`]), and with retention 0 a prefill checkpoint is
+//! resume at are cached (`cache_mask`), and with retention 0 a prefill checkpoint is
 //! reserved only on the chunk reaching the prefill's end.
 
 use std::ops::Range;

@@ -50,8 +50,8 @@ impl MemoryParams {
 impl KvCacheSpec {
     /// The per-request admission cap in blocks for specs that recycle blocks
     /// (sliding window, chunked local) and for HiSparse resident pages; `None` for the
-    /// others. The rules are the attention types' ([`attention::sliding_window`],
-    /// [`attention::chunked_local`], [`attention::hisparse`]).
+    /// others. The rules are the attention types' (`attention::sliding_window`,
+    /// `attention::chunked_local`, `attention::hisparse`).
     pub fn max_admission_blocks_per_request(
         &self,
         max_in_flight_tokens: usize,
