@@ -5,7 +5,7 @@
 //! The rules are a [`KvCacheManager`] built from the engine's layout with a token pool:
 //! its coordinator runs the same per-attention-type searches (full, sliding window,
 //! chunked local, Mamba, hybrid coordination, EAGLE, the `max_length` cap) as the
-//! engine's, reading [`TierView`] instead of a block pool. No rule is written twice.
+//! engine's, reading `TierView` instead of a block pool. No rule is written twice.
 
 use std::sync::Arc;
 

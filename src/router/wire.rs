@@ -586,11 +586,11 @@ mod tests {
             assert_eq!((s.parent, s.group_idx, s.block_size), (None, 1, 4));
             assert_eq!(s.token_ids.len(), 8);
             let with_parent = stored(vec![5], Some(4), 0);
-            let b = decode_batch(&encode_batch(0.0, &[with_parent], None, format)).unwrap();
-            let WireEvent::Stored(s) = &b.events[0] else {
-                panic!("{:?}", b.events[0])
+            let b2 = decode_batch(&encode_batch(0.0, &[with_parent], None, format)).unwrap();
+            let WireEvent::Stored(s2) = &b2.events[0] else {
+                panic!("{:?}", b2.events[0])
             };
-            assert_eq!((s.parent, s.token_ids.len()), (Some(4), 0));
+            assert_eq!((s2.parent, s2.token_ids.len()), (Some(4), 0));
             assert!(!s.has_extra_keys);
             assert_eq!(
                 b.events[1],
