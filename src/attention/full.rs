@@ -65,8 +65,7 @@ pub(crate) fn find_longest_cache_hit<P: CachedBlocks + ?Sized>(
         // One group (the common case): no all-groups bookkeeping per block.
         let g = q.groups[0];
         single.reserve(max_blocks);
-        let hashes = q.view(bs).iter().take(max_blocks);
-        single.extend(hashes.map_while(|h| pool.cached_block(h, g)));
+        pool.extend_leading_run(q.view(bs), max_blocks, g, single);
         n = single.len();
     } else {
         while n < max_blocks && q.push_hit(pool, bs, n, out) {

@@ -18,6 +18,25 @@ pub trait CachedBlocks {
     fn get_cached_block(&self, hash: &BlockHash, groups: &[GroupId]) -> Option<Vec<BlockId>> {
         groups.iter().map(|&g| self.cached_block(hash, g)).collect()
     }
+
+    /// Appends to `out` the cached blocks of `view`'s leading run in `group` (its blocks
+    /// up to the first miss), at most `limit`: the one-group full-attention search. A
+    /// source that knows the run (the router's, for all its engines at once) may answer
+    /// without a lookup per block.
+    #[inline]
+    fn extend_leading_run(
+        &self,
+        view: BlockHashView<'_>,
+        limit: usize,
+        group: GroupId,
+        out: &mut Vec<BlockId>,
+    ) {
+        out.extend(
+            view.iter()
+                .take(limit)
+                .map_while(|h| self.cached_block(h, group)),
+        );
+    }
 }
 
 /// A prefix-cache lookup, shared by every attention type's `find_longest_cache_hit`.

@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use crate::attention::{CachedBlocks, ManagerParams};
 use crate::error::{KvError, Result};
-use crate::hashing::{none_hash_for_seed, BlockHasher, HashAlgo};
+use crate::hashing::{none_hash_for_seed, BlockHashView, BlockHasher, HashAlgo};
 use crate::kv_cache_manager::{KvCacheManager, ManagerOptions};
 use crate::types::{BlockHash, BlockId, GroupId};
 
 use super::freshness::StatusCell;
-use super::residency::EngineResidency;
+use super::residency::{table_of, Probe};
 use super::wire::Medium;
 
 /// Blocks of the rules manager's pool: lookups never allocate, but a sink group takes
@@ -132,15 +132,18 @@ impl EngineInfo {
     }
 
     /// The engine's hit for a request of `num_tokens` tokens hashed as `hashes` (in this
-    /// engine's domain), given what it holds.
+    /// engine's domain), given what its shard holds (`probe`, of the same hashes) and its
+    /// bit there.
     pub fn hit(
         &self,
-        held: &EngineResidency,
+        probe: &Probe<'_>,
+        bit: u8,
         hashes: &[BlockHash],
         num_tokens: usize,
     ) -> Result<Hit> {
         let gpu = TierView {
-            held,
+            probe,
+            bit,
             medium: Medium::Gpu,
         };
         let gpu_tokens = self
@@ -148,7 +151,7 @@ impl EngineInfo {
             .lookup_in(&gpu, None, hashes, num_tokens, None)?
             .num_hit_tokens;
         let host_tokens = if self.host_tier {
-            self.host_run(held, hashes, num_tokens, gpu_tokens)
+            self.host_run(probe, bit, hashes, num_tokens, gpu_tokens)
         } else {
             0
         };
@@ -164,7 +167,8 @@ impl EngineInfo {
     /// chunks in all; the tokens it adds past the GPU hit.
     fn host_run(
         &self,
-        held: &EngineResidency,
+        probe: &Probe<'_>,
+        bit: u8,
         hashes: &[BlockHash],
         num_tokens: usize,
         gpu_tokens: usize,
@@ -175,10 +179,11 @@ impl EngineInfo {
             return 0;
         }
         let scale = chunk / hbs;
-        let table = held.table(0, Medium::Cpu);
+        let table = table_of(0, Medium::Cpu);
+        let held = |h: &BlockHash| probe.holders(table, h) & (1 << bit) != 0;
         let last = (num_tokens.saturating_sub(1) / chunk).min(hashes.len() / scale);
         let mut end = gpu_tokens / chunk;
-        while end < last && table.contains(hashes[(end + 1) * scale - 1].external()) {
+        while end < last && held(&hashes[(end + 1) * scale - 1]) {
             end += 1;
         }
         (end * chunk).saturating_sub(gpu_tokens)
@@ -196,7 +201,8 @@ pub struct Hit {
 
 /// What one medium of an engine holds, as the hit rules read a block pool.
 struct TierView<'a> {
-    held: &'a EngineResidency,
+    probe: &'a Probe<'a>,
+    bit: u8,
     medium: Medium,
 }
 
@@ -205,10 +211,21 @@ const HELD: BlockId = 1;
 
 impl CachedBlocks for TierView<'_> {
     #[inline]
+    fn extend_leading_run(
+        &self,
+        view: BlockHashView<'_>,
+        limit: usize,
+        group: GroupId,
+        out: &mut Vec<BlockId>,
+    ) {
+        let table = table_of(group, self.medium);
+        let run = self.probe.leading_run(table, view, self.bit);
+        out.resize(out.len() + run.min(limit), HELD);
+    }
+
+    #[inline]
     fn cached_block(&self, hash: &BlockHash, group: GroupId) -> Option<BlockId> {
-        self.held
-            .table(group, self.medium)
-            .contains(hash.external())
-            .then_some(HELD)
+        let holders = self.probe.holders(table_of(group, self.medium), hash);
+        (holders & (1 << self.bit) != 0).then_some(HELD)
     }
 }

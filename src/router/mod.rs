@@ -6,10 +6,11 @@
 //! - **Ingest** ([`KvIndex::ingest`]) decodes one ZMQ payload (vLLM 0.32/0.33 and
 //!   kvblocks, map and array layouts; [`wire`]), checks it against the registration
 //!   (groups, block sizes, a sample of hashes: [`verify`]), orders it by its sequence
-//!   number ([`freshness`]) and applies it. Residency is counted per (engine, group,
-//!   medium) ([`residency`]).
-//! - **Queries** ([`KvIndex::hits`]) hash the request once per hash configuration and run
-//!   each engine's hit rules, the manager's own, over what it holds ([`engine`]).
+//!   number ([`freshness`]) and applies it. Residency is an inverted index: per (group,
+//!   medium), each hash's engines, with counts ([`residency`]).
+//! - **Queries** ([`KvIndex::hits`]) hash the request once per hash configuration, look
+//!   each of its blocks up once for all engines of a shard of 64, and run each engine's hit
+//!   rules, the manager's own, over what it holds ([`engine`]).
 //!
 //! Concurrency: the fleet is kept twice by the `left-right` crate. Readers work on one
 //! copy with no lock (each takes a read handle from a lock-free pool); the one writer at a
@@ -76,7 +77,7 @@ use crate::types::BlockHash;
 
 pub use engine::{EngineConfig, EngineInfo, HashDomain, Hit};
 pub use freshness::{Action, Batch, Freshness, StatusCell, Stream};
-pub use residency::{BlockOp, Fleet, FleetOp};
+pub use residency::{place, BlockOp, Fleet, FleetOp, Probe, Slot};
 pub use verify::HashCheck;
 pub use wire::{decode_batch, Medium, WireBatch, WireEvent};
 
@@ -336,7 +337,7 @@ impl KvIndex {
     /// Engine `id`'s counters.
     pub fn status(&self, id: &str) -> Result<EngineStatus> {
         self.read(|fleet| {
-            let slot = fleet.get(id).ok_or_else(|| unknown(id))?;
+            let (_, slot) = fleet.get(id).ok_or_else(|| unknown(id))?;
             let st = &slot.info.status;
             let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
             Ok(EngineStatus {
@@ -350,7 +351,7 @@ impl KvIndex {
                 held: n(&st.held),
                 hash_checks: n(&st.hash_checks),
                 hash_mismatches: n(&st.hash_mismatches),
-                blocks: slot.residency.num_blocks(),
+                blocks: slot.blocks,
                 data_parallel_rank: slot.info.data_parallel_rank,
             })
         })
@@ -359,12 +360,8 @@ impl KvIndex {
     /// Bytes of residency tables (both copies) and the residencies they hold.
     pub fn memory(&self) -> Result<(usize, usize)> {
         self.read(|fleet| {
-            let bytes = fleet
-                .iter()
-                .map(|s| s.residency.memory_bytes())
-                .sum::<usize>();
-            let blocks = fleet.iter().map(|s| s.residency.num_blocks()).sum();
-            Ok((2 * bytes, blocks))
+            let blocks = fleet.iter().map(|(_, s)| s.blocks).sum();
+            Ok((2 * fleet.memory_bytes(), blocks))
         })
     }
 
@@ -383,19 +380,22 @@ impl KvIndex {
             ));
         }
         self.read(|fleet| {
-            let mut hashed: Vec<(HashDomain, Vec<BlockHash>)> = Vec::new();
-            query(fleet, engines, |info| {
-                let d = info.domain();
-                let i = match hashed.iter().position(|(k, _)| *k == d) {
+            let chosen = selected(fleet, engines)?;
+            let mut domains: Vec<(HashDomain, Vec<BlockHash>)> = Vec::new();
+            let mut which = Vec::with_capacity(chosen.len());
+            for (_, slot) in &chosen {
+                let d = slot.info.domain();
+                let i = match domains.iter().position(|(k, _)| *k == d) {
                     Some(i) => i,
                     None => {
                         let h = Request::hash_prompt(&d.hasher, d.root, tokens, options)?;
-                        hashed.push((d, h));
-                        hashed.len() - 1
+                        domains.push((d, h));
+                        domains.len() - 1
                     }
                 };
-                info.hit_of(&hashed[i].1, tokens.len())
-            })
+                which.push(i);
+            }
+            answer(fleet, &chosen, |k| &domains[which[k]].1, tokens.len())
         })
     }
 
@@ -407,49 +407,56 @@ impl KvIndex {
         num_tokens: usize,
         engines: Option<&[&str]>,
     ) -> Result<Vec<EngineHit>> {
-        self.read(|fleet| query(fleet, engines, |info| info.hit_of(hashes, num_tokens)))
-    }
-}
-
-/// An engine and what it holds, for one query.
-pub struct EngineView<'a> {
-    slot: &'a residency::Slot,
-}
-
-impl EngineView<'_> {
-    /// How the engine hashes.
-    pub fn domain(&self) -> HashDomain {
-        self.slot.info.domain()
-    }
-
-    /// Its hit for `hashes` (in its domain) of a request of `num_tokens`.
-    pub fn hit_of(&self, hashes: &[BlockHash], num_tokens: usize) -> Result<Hit> {
-        self.slot.info.hit(&self.slot.residency, hashes, num_tokens)
-    }
-}
-
-fn query(
-    fleet: &Fleet,
-    engines: Option<&[&str]>,
-    mut hit_of: impl FnMut(&EngineView<'_>) -> Result<Hit>,
-) -> Result<Vec<EngineHit>> {
-    let mut answer = |slot: &residency::Slot| -> Result<EngineHit> {
-        let hit = hit_of(&EngineView { slot })?;
-        Ok(EngineHit {
-            engine: slot.info.id.clone(),
-            gpu_tokens: hit.gpu_tokens,
-            host_tokens: hit.host_tokens,
-            block_size: slot.info.hit_block_size(),
-            freshness: slot.info.status.freshness(),
+        self.read(|fleet| {
+            let chosen = selected(fleet, engines)?;
+            answer(fleet, &chosen, |_| hashes, num_tokens)
         })
-    };
+    }
+}
+
+/// The engines a query asks (all of them for `None`), with their slots.
+fn selected<'f>(fleet: &'f Fleet, engines: Option<&[&str]>) -> Result<Vec<(u32, &'f Slot)>> {
     match engines {
-        None => fleet.iter().map(answer).collect(),
+        None => Ok(fleet.iter().collect()),
         Some(ids) => ids
             .iter()
-            .map(|id| answer(fleet.get(id).ok_or_else(|| unknown(id))?))
+            .map(|id| fleet.get(id).ok_or_else(|| unknown(id)))
             .collect(),
     }
+}
+
+/// Each chosen engine's hit, the `k`-th engine's request hashed as `hashes_of(k)` (one
+/// slice per hash domain). Engines of one shard and domain share one [`Probe`]: each of
+/// the request's blocks is looked up once for all of them.
+fn answer<'h>(
+    fleet: &Fleet,
+    chosen: &[(u32, &Slot)],
+    hashes_of: impl Fn(usize) -> &'h [BlockHash],
+    num_tokens: usize,
+) -> Result<Vec<EngineHit>> {
+    let mut probes: Vec<((usize, usize), Probe<'_>)> = Vec::new();
+    let mut out = Vec::with_capacity(chosen.len());
+    for (k, &(slot, s)) in chosen.iter().enumerate() {
+        let hashes = hashes_of(k);
+        let (shard, bit) = place(slot);
+        let key = (hashes.as_ptr() as usize, shard);
+        let p = match probes.iter().position(|(pk, _)| *pk == key) {
+            Some(p) => p,
+            None => {
+                probes.push((key, Probe::new(fleet.shard(shard), hashes)));
+                probes.len() - 1
+            }
+        };
+        let hit = s.info.hit(&probes[p].1, bit, hashes, num_tokens)?;
+        out.push(EngineHit {
+            engine: s.info.id.clone(),
+            gpu_tokens: hit.gpu_tokens,
+            host_tokens: hit.host_tokens,
+            block_size: s.info.hit_block_size(),
+            freshness: s.info.status.freshness(),
+        });
+    }
+    Ok(out)
 }
 
 /// Appends the stream's actions for the engine in `slot` and publishes them; returns
