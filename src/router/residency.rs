@@ -362,7 +362,7 @@ impl<'a> Probe<'a> {
         let size = std::mem::size_of::<BlockHash>();
         let offset =
             (hash as *const BlockHash as usize).wrapping_sub(self.hashes.as_ptr() as usize);
-        (offset % size == 0 && offset / size < self.hashes.len()).then_some(offset / size)
+        (offset.is_multiple_of(size) && offset / size < self.hashes.len()).then_some(offset / size)
     }
 }
 
