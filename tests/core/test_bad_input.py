@@ -655,6 +655,9 @@ CLASSES: list[tuple[type[kb.KVBlocksError], type[Exception]]] = [
     (kb.IntOverflowError, OverflowError),
     (kb.BlockIndexError, IndexError),
     (kb.UnknownLayerError, KeyError),
+    (kb.InvalidEventError, ValueError),
+    (kb.UnknownEngineError, KeyError),
+    (kb.HashMismatchError, ValueError),
 ]
 
 # Rows of the bad-input table whose error Python or PyO3 raises before the core sees the

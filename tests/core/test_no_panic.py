@@ -11,6 +11,7 @@ from typing import Any
 
 import kvblocks as kb
 import pytest
+from kvblocks.router import KVIndex
 from model import pool_state
 
 HOSTILE: list[Any] = [
@@ -114,6 +115,20 @@ def fresh_sink() -> kb.EventSink:
     sink = kb.EventSink(max_queue_size=4)
     sink.publish([kb.AllBlocksCleared()])  # so that next_payload never waits
     return sink
+
+
+def fresh_index() -> KVIndex:
+    """An index of one engine that has applied one batch."""
+    index = KVIndex()
+    index.add_engine("e", config(), max_model_len=64, hash_block_size=4)
+    mgr = kb.KVCacheManager(config(), 64, 4, enable_kv_cache_events=True)
+    mgr.allocate_slots(kb.Request("r", list(range(12)), kb.BlockHasher(4, "sha256_cbor")), 12)
+    index.ingest("e", kb.encode_event_batch(0.0, mgr.take_events()), 0)
+    return index
+
+
+def index_state(index: KVIndex) -> tuple[object, ...]:
+    return (index.engines(), [index.status(e) for e in index.engines()], index.memory())
 
 
 def fresh_request() -> kb.Request:
@@ -711,8 +726,33 @@ def calls() -> list[Call]:
             [1, "t"],
         ),
     ]
+    router_args: list[tuple[str, list[Any]]] = [
+        ("add_engine", ["e1", config()]),
+        ("remove_engine", ["e"]),
+        ("engines", []),
+        ("ingest", ["e", kb.encode_event_batch(0.0, [kb.AllBlocksCleared()]), 1]),
+        ("skip_gap", ["e"]),
+        ("reset_engine", ["e"]),
+        ("status", ["e"]),
+        ("memory", []),
+        ("hits", [[1, 2, 3, 4, 5]]),
+        ("hits_from_hashes", [[b"\x01" * 32], 5]),
+    ]
+    router_calls: list[Call] = [
+        (f"KVIndex.{name}", fresh_index, getattr(KVIndex, name), args)
+        for name, args in router_args
+        if name != "add_engine"
+    ] + [
+        (
+            "KVIndex.add_engine",
+            fresh_index,
+            lambda ix, *a: ix.add_engine(a[0], a[1], max_model_len=a[2], hash_block_size=a[3]),
+            ["e1", config(), 64, 4],
+        )
+    ]
     return (
-        offload_calls
+        router_calls
+        + offload_calls
         + pool_calls
         + request_calls
         + free_calls
@@ -747,6 +787,8 @@ def state(target: Any) -> object:
         return (target.closed, target.pending, target.stale, target.stats())
     if isinstance(target, (kb.OffloadManager, kb.OffloadPolicy)):
         return offload_state(target)
+    if isinstance(target, KVIndex):
+        return index_state(target)
     return request_state(target)
 
 
