@@ -66,6 +66,10 @@ __all__ = [
     "UnknownRequestError",
     "UnsupportedError",
     "__version__",
+    "_block_id_runs",
+    "_block_ids_disjoint",
+    "_check_block_ids",
+    "_stage_block_ids",
     "append_token_ids_batch",
     "ceiling_block_keys",
     "encode_event_batch",
@@ -488,6 +492,26 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
     def is_uniform_type(cls, kv_cache_specs: Mapping[str, KVCacheSpec]) -> bool: ...
     @classmethod
     def from_specs(cls, kv_cache_specs: Mapping[str, KVCacheSpec]) -> KVCacheSpec | None: ...
+
+# --- Device ids (src/python/device_ids.rs; rules in src/device_ids.rs) -----------------
+# Private: kvblocks.device's staging buffer, read and written by address (int64 slots).
+
+def _stage_block_ids(
+    ids: Iterable[int],
+    out: int,
+    capacity: int,
+    limit: int,
+    unique: bool,
+    forbid_null: bool,
+    what: str,
+) -> int: ...
+def _check_block_ids(
+    address: int, count: int, limit: int, unique: bool, forbid_null: bool, what: str
+) -> None: ...
+def _block_id_runs(
+    first: int, second: int | None, count: int, most: int
+) -> list[tuple[int, int, int, int]] | None: ...
+def _block_ids_disjoint(first: int, second: int, count: int) -> bool: ...
 
 # --- KV cache config (src/python/config.rs) ------------------------------------------
 
