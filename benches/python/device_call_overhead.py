@@ -14,7 +14,9 @@ in one process. In both, the Triton path is taken (KVBLOCKS_DEVICE_KERNEL=triton
 kernel launch replaced by a no-op at the same place: the launch of the jitted kernel in the
 base (so Triton's own generic launch path, which the base pays on CUDA, is not counted), the
 launch of the compiled kernel here. On CPU no ids are uploaded, in either. Ops: copy_blocks
-(random disjoint ids), gather and scatter (random ids), ids as Python lists.
+(random disjoint ids), gather and scatter (random ids), ids as Python lists. Times are the
+thread's CPU time (`time.thread_time`), so that other work on a shared machine does not
+count; torch runs no kernel here, so this is the whole of the call's work.
 
     python benches/python/device_call_overhead.py               # cuda if available, else cpu
     python benches/python/device_call_overhead.py --profile --calls 300
@@ -79,6 +81,16 @@ def per_call_us(fn: Callable[[], object], device: torch.device, calls: int, each
         fn()
     sync()
     return (time.perf_counter() - start) / calls * 1e6
+
+
+def cpu_us(fn: Callable[[], object], calls: int) -> float:
+    """µs of this thread's CPU time per call over `calls` calls (after one warm-up call):
+    the work itself, without the time the thread spends descheduled on a shared machine."""
+    fn()
+    start = time.thread_time()
+    for _ in range(calls):
+        fn()
+    return (time.thread_time() - start) / calls * 1e6
 
 
 def ops(pages: KVPages, blocks: int, device: torch.device) -> dict[str, Callable[[], object]]:
@@ -184,7 +196,7 @@ def host_main(args: argparse.Namespace) -> None:
         text=True,
     ).stdout.strip()
     print(
-        f"# host-side µs per call before the kernel (launch a no-op), CPU, torch "
+        f"# host-side CPU µs per call before the kernel (launch a no-op), CPU, torch "
         f"{torch.__version__}; base = {rev}; median of {args.rounds} alternated rounds of "
         f"{args.calls} calls"
     )
@@ -204,9 +216,7 @@ def host_main(args: argparse.Namespace) -> None:
                 this_round = {}
                 for name in order:
                     with no_launch(impls[name], name == "tree"):
-                        this_round[name] = per_call_us(
-                            ops[name][op], torch.device("cpu"), args.calls, False
-                        )
+                        this_round[name] = cpu_us(ops[name][op], args.calls)
                 for name, value in this_round.items():
                     times[name].append(value)
                 ratios.append(this_round["tree"] / this_round["base"])

@@ -66,8 +66,8 @@ __all__ = [
     "UnknownRequestError",
     "UnsupportedError",
     "__version__",
+    "_block_id_pairs",
     "_block_id_runs",
-    "_block_ids_disjoint",
     "_check_block_ids",
     "_stage_block_ids",
     "append_token_ids_batch",
@@ -511,7 +511,9 @@ def _check_block_ids(
 def _block_id_runs(
     first: int, second: int | None, count: int, most: int
 ) -> list[tuple[int, int, int, int]] | None: ...
-def _block_ids_disjoint(first: int, second: int, count: int) -> bool: ...
+def _block_id_pairs(
+    first: int, second: int, count: int, most: int
+) -> tuple[bool, list[tuple[int, int, int, int]] | None]: ...
 
 # --- KV cache config (src/python/config.rs) ------------------------------------------
 

@@ -176,22 +176,35 @@ fn block_id_runs(
     } else {
         runs(&[a], most)
     };
-    Ok(found.map(|runs| {
+    Ok(run_rows(a, b, found))
+}
+
+/// For a copy of the `count` staged ids at `first` to those at `second`: whether the two
+/// lists share no id and, if so, their runs as `_block_id_runs` gives them (else `None`).
+#[pyfunction]
+#[pyo3(name = "_block_id_pairs")]
+fn block_id_pairs(
+    first: usize,
+    second: usize,
+    count: usize,
+    most: usize,
+) -> PyResult<(bool, Option<Vec<RunRow>>)> {
+    aligned(first, "pairs")?;
+    aligned(second, "pairs")?;
+    // SAFETY: aligned (checked); the caller passes live int64 tensors of `count` values.
+    let (a, b) = unsafe { (ids_at(first, count), ids_at(second, count)) };
+    if !disjoint(a, b) {
+        return Ok((false, None));
+    }
+    Ok((true, run_rows(a, b, runs(&[a, b], most))))
+}
+
+fn run_rows(a: &[i64], b: &[i64], found: Option<Vec<(usize, usize)>>) -> Option<Vec<RunRow>> {
+    found.map(|runs| {
         runs.into_iter()
             .map(|(pos, len)| (pos, len, a[pos], b[pos]))
             .collect()
-    }))
-}
-
-/// Whether the `count` staged ids at `first` and the `count` at `second` share none.
-#[pyfunction]
-#[pyo3(name = "_block_ids_disjoint")]
-fn block_ids_disjoint(first: usize, second: usize, count: usize) -> PyResult<bool> {
-    aligned(first, "disjoint")?;
-    aligned(second, "disjoint")?;
-    // SAFETY: aligned (checked); the caller passes live int64 tensors of `count` values.
-    let (a, b) = unsafe { (ids_at(first, count), ids_at(second, count)) };
-    Ok(disjoint(a, b))
+    })
 }
 
 /// Adds the functions to the module.
@@ -199,6 +212,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stage_block_ids, m)?)?;
     m.add_function(wrap_pyfunction!(check_block_ids, m)?)?;
     m.add_function(wrap_pyfunction!(block_id_runs, m)?)?;
-    m.add_function(wrap_pyfunction!(block_ids_disjoint, m)?)?;
+    m.add_function(wrap_pyfunction!(block_id_pairs, m)?)?;
     Ok(())
 }

@@ -942,7 +942,7 @@ def test_staging_ring_wraps_and_grows() -> None:
     a, b = ring.stage(Rule([1, 2, 3], "a", 10), Rule(torch.tensor([4, 5]), "b", 10))
     assert (a.start, a.n, b.start, b.n) == (0, 3, 3, 2)
     assert ring.values(a) + ring.values(b) == [1, 2, 3, 4, 5]
-    assert ring.on_device(a, b).tolist() == [1, 2, 3, 4, 5]
+    assert [t.tensor().tolist() for t in ring.on_device(a, b)] == [[1, 2, 3], [4, 5]]
     with pytest.raises(ValueError, match="duplicate"):
         ring.stage(Rule([9], "c", 10), Rule([6, 6], "d", 10, unique=True))
     (c,) = ring.stage(Rule([6, 7, 8, 9], "e", 10))  # does not fit after slot 5: a new lap

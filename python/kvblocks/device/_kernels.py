@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 from kvblocks._core import InvalidArgumentError
+from kvblocks.device._staging import Staged
 
 # Grid dimensions 1 and 2 are limited to 65535 programs.
 _MAX_GRID_YZ = 65535
@@ -189,12 +190,12 @@ def copy(
     src_side: Side,
     dst: torch.Tensor,
     dst_side: Side,
-    src_ids: torch.Tensor | None,
-    dst_ids: torch.Tensor | None,
+    src_ids: Staged | None,
+    dst_ids: Staged | None,
     count: int,
 ) -> None:
     """`dst[dst_ids[i]] = src[src_ids[i]]` for i < count (None: i itself), one launch, over
-    the word views `side` of each tensor (see `view`); ids are int64 on the kernel's device.
+    the word views `side` of each tensor (see `view`); ids are staged on the kernel's device.
     No destination segment may be a source segment of the same call.
 
     On CUDA, the kernel compiled for this key is launched directly with raw addresses:
@@ -211,34 +212,26 @@ def copy(
         index = src.get_device()
         src_at = src.data_ptr() + src_side.offset
         dst_at = dst.data_ptr() + dst_side.offset
-        sid_at = (src_ids if has_src else placeholder).data_ptr()  # type: ignore[union-attr]
-        did_at = (dst_ids if has_dst else placeholder).data_ptr()  # type: ignore[union-attr]
+        sid_at = (src_ids if has_src else placeholder).address  # type: ignore[union-attr]
+        did_at = (dst_ids if has_dst else placeholder).address  # type: ignore[union-attr]
         aligned = (src_at & 15, dst_at & 15, sid_at & 15, did_at & 15)
         key = (index, seg, src_side.strides, dst_side.strides, has_src, has_dst, aligned)
         compiled = _BOUND.get(key)
         if compiled is not None:
-            with _on(index):
-                compiled[grid](
-                    src_at,
-                    dst_at,
-                    sid_at,
-                    did_at,
-                    *src_side.strides,
-                    *dst_side.strides,
-                    seg.rows,
-                    seg.width,
-                    has_src,
-                    has_dst,
-                    seg.block,
-                    stream=_stream(index),
-                )
+            args = (src_at, dst_at, sid_at, did_at, *src_side.strides, *dst_side.strides)
+            flags = (seg.rows, seg.width, has_src, has_dst, seg.block)
+            if _current(index):
+                compiled[grid](*args, *flags, stream=_stream(index))
+            else:
+                with torch.cuda.device(index):
+                    compiled[grid](*args, *flags, stream=_stream(index))
             return
     with _on(src.get_device() if src.is_cuda else dst.get_device()):
         compiled = _kernel()[grid](
             view(src, src_side, seg),
             view(dst, dst_side, seg),
-            src_ids if has_src else placeholder,
-            dst_ids if has_dst else placeholder,
+            (src_ids if has_src else placeholder).tensor(),  # type: ignore[union-attr]
+            (dst_ids if has_dst else placeholder).tensor(),  # type: ignore[union-attr]
             *src_side.strides,
             *dst_side.strides,
             seg.rows,
@@ -255,7 +248,12 @@ def copy(
 def _on(index: int) -> contextlib.AbstractContextManager[object]:
     """Make CUDA device `index` current for the launch (Triton launches on the current
     device); nothing for a CPU tensor (index -1)."""
-    if index < 0 or torch.cuda.current_device() == index:
+    if _current(index):
         return contextlib.nullcontext()
     on: contextlib.AbstractContextManager[object] = torch.cuda.device(index)
     return on
+
+
+def _current(index: int) -> bool:
+    """Whether launches already go to device `index` (always, for a CPU tensor's -1)."""
+    return index < 0 or torch.cuda.current_device() == index

@@ -35,7 +35,7 @@ from kvblocks.device._layout import (
     dtype_size,
     plan,
 )
-from kvblocks.device._staging import Rule, Run, Span, Staging, id_tensor
+from kvblocks.device._staging import Rule, Run, Span, Staged, Staging, id_tensor
 
 Ids = Union[Sequence[int], torch.Tensor, "npt.NDArray[np.integer[Any]]"]
 """Block ids: a sequence of ints, a 1-D integer tensor (host preferred) or a numpy array."""
@@ -294,6 +294,8 @@ class KVPages:
                 self.host_blocks, self.block_bytes
             )
         self._moves = tuple(self._make_moves())
+        # Bytes of one id in the largest plane (copy_blocks' slice-copy threshold).
+        self._widest = max(m.plane.rows * m.plane.width * len(m.batch.buffers) for m in self._moves)
         self._staging = Staging(self.device)
         self._row_word = _WORDS[math.gcd(8, self.block_bytes)]
         self._swap_outs: list[Transfer] = []
@@ -467,26 +469,24 @@ class KVPages:
         """Copy block `src[i]` to block `dst[i]` in every buffer. All sources are read before
         any destination is written (as vLLM's copy_kv_cache_blocks_inplace)."""
         ids = self._staging
-        s, d = ids.stage(self._src(src, "copy_blocks src"), self._dst(dst, "copy_blocks dst"))
+        s, d = ids.pair(self._src(src, "copy_blocks src"), self._dst(dst, "copy_blocks dst"))
         self._same_length(s, d, "copy_blocks")
         n = s.n
         if n == 0:
             return
-        disjoint = ids.disjoint(s, d)
         # Runs of consecutive (src, dst) pairs go as slice copies where they are few or long;
         # they are counted only up to where no plane would take that path.
-        most = [self._slice_runs(n, m) for m in self._moves]
-        runs = ids.runs(s, d, max(most)) if disjoint else None
-        sliced = []
+        most = max(SLICE_COPY_MAX_RUNS, n * self._widest // SLICE_COPY_MIN_RUN_BYTES)
+        disjoint, runs = ids.pairs(s, d, most)
+        sliced: tuple[_Move, ...] = ()
         if runs is not None:
-            sliced = [m for m, k in zip(self._moves, most, strict=True) if len(runs) <= k]
+            sliced = tuple(m for m in self._moves if len(runs) <= self._slice_runs(n, m))
         for move in sliced:
             for _, length, a, b in runs or ():
                 move.device[b : b + length].copy_(move.device[a : a + length])
-        rest = [m for m in self._moves if m not in sliced]
+        rest = [m for m in self._moves if m not in sliced] if sliced else self._moves
         if rest:
-            both = ids.on_device(s, d)
-            s_dev, d_dev = both[:n], both[n:]
+            s_dev, d_dev = ids.on_device(s, d)
             kernel = _kernels.usable(self.device)
             for move in rest:
                 if kernel and move.fits and disjoint:
@@ -501,9 +501,10 @@ class KVPages:
                         move.seg, tmp, move.scratch, self._storage, move.pages, None, d_dev, n
                     )
                 elif disjoint:
-                    _copy_indexed(move.device, s_dev, move.device, d_dev)
+                    _copy_indexed(move.device, s_dev.tensor(), move.device, d_dev.tensor())
                 else:
-                    move.device.index_copy_(0, d_dev, move.device.index_select(0, s_dev))
+                    chosen: torch.Tensor = move.device.index_select(0, s_dev.tensor())
+                    move.device.index_copy_(0, d_dev.tensor(), chosen)
 
     @staticmethod
     def _slice_runs(num_ids: int, move: _Move) -> int:
@@ -516,7 +517,7 @@ class KVPages:
         d = self._staging.one(ids, "zero_blocks", self.num_blocks, True, bool(self._null))
         if not d.n:
             return
-        d_dev = self._staging.on_device(d)
+        d_dev = self._staging.on_device(d)[0].tensor()
         for move in self._moves:
             move.device.index_fill_(0, d_dev, 0)
 
@@ -532,7 +533,7 @@ class KVPages:
             if not out.is_contiguous():
                 raise InvalidArgumentError("gather out must be contiguous")
         if n:
-            self._gather_into(out, self._staging.on_device(s))
+            self._gather_into(out, *self._staging.on_device(s))
         return out
 
     def _check_rows(self, rows: object, n: int, what: str) -> None:
@@ -547,14 +548,14 @@ class KVPages:
         if rows.device != self.device:
             raise InvalidArgumentError(f"{what} is on {rows.device}, the pages on {self.device}")
 
-    def _gather_into(self, out: torch.Tensor, ids: torch.Tensor) -> None:
+    def _gather_into(self, out: torch.Tensor, ids: Staged) -> None:
         kernel = _kernels.usable(self.device)
         for move in self._moves:
             if kernel and move.fits:
                 n = out.shape[0]
                 _kernels.copy(move.seg, self._storage, move.pages, out, move.rows, ids, None, n)
             else:
-                torch.index_select(move.device, 0, ids, out=self._rows_view(out, move))
+                torch.index_select(move.device, 0, ids.tensor(), out=self._rows_view(out, move))
 
     def scatter(self, ids: Ids, data: torch.Tensor) -> None:
         """Write `data` (as returned by gather: uint8 `[len(ids), block_bytes]` on the
@@ -562,16 +563,16 @@ class KVPages:
         d = self._staging.one(ids, "scatter", self.num_blocks, True, bool(self._null))
         self._check_rows(data, d.n, "scatter data")
         if d.n:
-            self._scatter_from(data.contiguous(), self._staging.on_device(d))
+            self._scatter_from(data.contiguous(), *self._staging.on_device(d))
 
-    def _scatter_from(self, data: torch.Tensor, ids: torch.Tensor) -> None:
+    def _scatter_from(self, data: torch.Tensor, ids: Staged) -> None:
         kernel = _kernels.usable(self.device)
         for move in self._moves:
             if kernel and move.fits:
                 n = data.shape[0]
                 _kernels.copy(move.seg, data, move.rows, self._storage, move.pages, None, ids, n)
             else:
-                move.device.index_copy_(0, ids, self._rows_view(data, move))
+                move.device.index_copy_(0, ids.tensor(), self._rows_view(data, move))
 
     def _dma_order(
         self, host: Span, other: Span
@@ -608,11 +609,10 @@ class KVPages:
         self._settle(all_swap_outs=False)
         if self._swap_by_kernel():
             with self._on_side():
-                both = self._staging.on_device(src, dst)
+                s_dev, d_dev = self._staging.on_device(src, dst)
                 for move in self._moves:
-                    _kernels.copy(
-                        move.seg, self._storage, move.pages, host, move.rows, both[:n], both[n:], n
-                    )
+                    pages = self._storage
+                    _kernels.copy(move.seg, pages, move.pages, host, move.rows, s_dev, d_dev, n)
                 return self._track(self._transfer(()))
         if self.device.type == "cpu":
             s_ids, d_ids = self._staging.host(src), self._staging.host(dst)
@@ -621,14 +621,14 @@ class KVPages:
             return Transfer()
         if self._side is None:  # another accelerator: synchronous, through host memory
             rows = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
-            self._gather_into(rows, self._staging.on_device(src))
+            self._gather_into(rows, *self._staging.on_device(src))
             self._words(host).index_copy_(0, self._staging.host(dst), self._words(rows.cpu()))
             return Transfer()
         host_order, device_order, runs = self._dma_order(dst, src)
         with self._on_side():
             staging = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
             (ordered,) = self._staging.stage(self._src(device_order, "swap_out device ids"))
-            self._gather_into(staging, self._staging.on_device(ordered))
+            self._gather_into(staging, *self._staging.on_device(ordered))
             if runs is not None:
                 for pos, length, first, _ in runs:
                     host[first : first + length].copy_(
@@ -707,11 +707,10 @@ class KVPages:
         if self._swap_by_kernel():
             self._settle(all_swap_outs=False)
             with self._on_side():
-                both = self._staging.on_device(src, dst)
+                s_dev, d_dev = self._staging.on_device(src, dst)
                 for move in self._moves:
-                    _kernels.copy(
-                        move.seg, host, move.rows, self._storage, move.pages, both[:n], both[n:], n
-                    )
+                    pages = self._storage
+                    _kernels.copy(move.seg, host, move.rows, pages, move.pages, s_dev, d_dev, n)
                 return self._transfer(())
         if self.device.type == "cpu":
             s_ids, d_ids = self._staging.host(src), self._staging.host(dst)
@@ -720,7 +719,7 @@ class KVPages:
             return Transfer()
         if self._side is None:  # another accelerator: synchronous, through host memory
             rows = self._words(host).index_select(0, self._staging.host(src)).view(torch.uint8)
-            self._scatter_from(rows.to(self.device), self._staging.on_device(dst))
+            self._scatter_from(rows.to(self.device), *self._staging.on_device(dst))
             return Transfer()
         host_order, device_order, runs = self._dma_order(src, dst)
         self._settle(all_swap_outs=runs is None)  # the host reads the pool below if None
@@ -738,7 +737,7 @@ class KVPages:
                 staging.copy_(source, non_blocking=True)
                 keep = (staging, source)
             (ordered,) = self._staging.stage(self._dst(device_order, "swap_in device ids"))
-            self._scatter_from(staging, self._staging.on_device(ordered))
+            self._scatter_from(staging, *self._staging.on_device(ordered))
             return self._transfer(keep)
 
     def write_slots(

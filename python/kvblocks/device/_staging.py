@@ -37,6 +37,21 @@ Run = tuple[int, int, int, int]
 """A run of consecutive ids: (position, length, first id, first id of the second column)."""
 
 
+class Staged(NamedTuple):
+    """A span's ids where a kernel reads them: `n` int64 from slot `start` of `ring` (the
+    host ring on CPU, the device ring on CUDA; a tensor of its own elsewhere), the first
+    at `address`."""
+
+    ring: torch.Tensor
+    start: int
+    n: int
+    address: int
+
+    def tensor(self) -> torch.Tensor:
+        """The ids as a tensor (a view of the ring: use it before the next call)."""
+        return self.ring[self.start : self.start + self.n]
+
+
 class Rule(NamedTuple):
     """One id list of a call: the ids, what they are (for messages) and what they must meet."""
 
@@ -64,30 +79,28 @@ class Staging:
         self._device = (
             torch.zeros(capacity, dtype=torch.int64, device=self.device) if self._cuda else None
         )
+        self._device_address = 0 if self._device is None else self._device.data_ptr()
 
     def stage(self, *rules: Rule) -> list[Span]:
         """Checks and writes each rule's ids into consecutive slots, and returns where they
         went. Raises (pages untouched) if any list breaks its rule."""
-        lists = [_as_ids(rule) for rule in rules]
-        total = sum(_length(ids) for ids in lists)
-        start = self._take(total)
+        lists: list[Any] = []
+        sizes = []
+        for rule in rules:
+            ids = _as_ids(rule)
+            lists.append(ids)
+            sizes.append(ids.numel() if isinstance(ids, torch.Tensor) else len(ids))
+        at = self._take(sum(sizes))
         spans = []
-        at = start
-        for rule, ids in zip(rules, lists, strict=True):
+        for (_, what, limit, unique, null), values, n in zip(rules, lists, sizes):  # noqa: B905
             address = self._host_address + 8 * at
-            room = start + total - at
-            if isinstance(ids, torch.Tensor):
-                count = ids.numel()
-                self._host[at : at + count].copy_(ids)
-                _core._check_block_ids(
-                    address, count, rule.limit, rule.unique, rule.forbid_null, rule.what
-                )
+            if isinstance(values, torch.Tensor):
+                self._host[at : at + n].copy_(values)
+                _core._check_block_ids(address, n, limit, unique, null, what)
             else:
-                count = _core._stage_block_ids(
-                    ids, address, room, rule.limit, rule.unique, rule.forbid_null, rule.what
-                )
-            spans.append(Span(at, count))
-            at += count
+                _core._stage_block_ids(values, address, n, limit, unique, null, what)
+            spans.append(Span(at, n))
+            at += n
         self._next = at
         return spans
 
@@ -102,6 +115,21 @@ class Staging:
         n = _core._stage_block_ids(ids, address, len(ids), limit, unique, forbid_null, what)
         self._next = start + n
         return Span(start, n)
+
+    def pair(self, src: Rule, dst: Rule) -> tuple[Span, Span]:
+        """`stage` of a source list and a destination list (lists of ints take a shorter
+        path)."""
+        a, b = src.ids, dst.ids
+        if type(a) is not list or type(b) is not list:
+            first, second = self.stage(src, dst)
+            return first, second
+        start = self._take(len(a) + len(b))
+        address = self._host_address + 8 * start
+        _core._stage_block_ids(a, address, len(a), *src[2:], src.what)
+        mid = start + len(a)
+        _core._stage_block_ids(b, address + 8 * len(a), len(b), *dst[2:], dst.what)
+        self._next = mid + len(b)
+        return Span(start, len(a)), Span(mid, len(b))
 
     def _take(self, count: int) -> int:
         """The first of `count` free consecutive slots, starting a new lap if needed."""
@@ -148,24 +176,33 @@ class Staging:
         runs: list[Run] | None = _core._block_id_runs(ids.data_ptr(), None, ids.numel(), most)
         return runs
 
-    def disjoint(self, first: Span, second: Span) -> bool:
-        """Whether the two spans (of equal length) share no id."""
-        return bool(_core._block_ids_disjoint(self.address(first), self.address(second), first.n))
+    def pairs(self, first: Span, second: Span, most: int) -> tuple[bool, list[Run] | None]:
+        """For a copy from `first` to `second` (of equal length): whether they share no id,
+        and if so their `runs` (None when more than `most`)."""
+        pairs: tuple[bool, list[Run] | None] = _core._block_id_pairs(
+            self.address(first), self.address(second), first.n, most
+        )
+        return pairs
 
-    def on_device(self, first: Span, last: Span | None = None) -> torch.Tensor:
-        """The ids from `first` through `last` (consecutive spans of one stage call) on the
-        device: on CUDA one non-blocking copy into the device ring, on the current stream."""
-        end = last or first
-        stop = end.start + end.n
-        if not self._cuda:
-            ids = self._host[first.start : stop]
-            return ids if self.device.type == "cpu" else ids.to(self.device)
-        assert self._device is not None
-        stream = torch.cuda.current_stream(self.device)
-        self._streams.setdefault(stream.cuda_stream, stream)
-        ids = self._device[first.start : stop]
-        ids.copy_(self._host[first.start : stop], non_blocking=True)
-        return ids
+    def on_device(self, *spans: Span) -> list[Staged]:
+        """The ids of each span (consecutive spans of one stage call) on the device: on CUDA
+        with one non-blocking copy into the device ring, on the current stream."""
+        if self.device.type == "cpu":
+            ring, base = self._host, self._host_address
+        elif self._cuda:
+            assert self._device is not None
+            begin, stop = spans[0].start, spans[-1].start + spans[-1].n
+            stream = torch.cuda.current_stream(self.device)
+            self._streams.setdefault(stream.cuda_stream, stream)
+            self._device[begin:stop].copy_(self._host[begin:stop], non_blocking=True)
+            ring, base = self._device, self._device_address
+        else:
+            own = [self.host(span).to(self.device) for span in spans]
+            return [Staged(ids, 0, span.n, ids.data_ptr()) for ids, span in zip(own, spans)]  # noqa: B905
+        if len(spans) == 1:
+            (span,) = spans
+            return [Staged(ring, span.start, span.n, base + 8 * span.start)]
+        return [Staged(ring, span.start, span.n, base + 8 * span.start) for span in spans]
 
 
 def _as_ids(rule: Rule) -> Any:
@@ -208,7 +245,3 @@ def id_tensor(ids: object, what: str) -> torch.Tensor:
 
 # memoryview formats of native ints taken without a copy (KVCacheManager's buffers are "i").
 _FORMATS = {"i": torch.int32, "q": torch.int64}
-
-
-def _length(ids: Any) -> int:
-    return ids.numel() if isinstance(ids, torch.Tensor) else len(ids)
