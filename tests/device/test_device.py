@@ -995,3 +995,27 @@ def test_direct_launch_passes_what_the_generic_launch_passed(
         # The ids and the scratch tensor live elsewhere on the second call; the rest agrees.
         assert args_a[4:] == args_b[4:]
         assert (args_a[0] == args_b[0]) or (args_a[1] == args_b[1])
+
+
+def test_fragmented_host_ids_coalesce_into_runs() -> None:
+    """Swaps through the copy engines sort fragmented host ids so that consecutive host
+    blocks move as one copy; each (device, host) pair stays together."""
+    import kvblocks.device._pages as impl
+
+    pages = make("full", "cpu", host_blocks=NB)
+    device_ids = [7, 3, 9, 1, 4, 11]
+    host_ids = [5, 2, 3, 0, 4, 1]  # 0..5, shuffled: five runs as given, one once sorted
+    src, dst = pages._staging.stage(
+        pages._src(device_ids, "device"), pages._dst(host_ids, "host", host_side=True)
+    )
+    assert pages._staging.runs(dst, None, impl.DMA_MAX_RUNS) is not None  # few: kept as is
+    host, device, runs = pages._dma_order(dst, src)
+    assert (host.tolist(), device.tolist()) == (host_ids, device_ids) and len(runs or ()) == 5
+    # With at most one run allowed, the ids are sorted by host id: one run of six.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(impl, "DMA_MAX_RUNS", 1)
+        host, device, runs = pages._dma_order(dst, src)
+    assert host.tolist() == sorted(host_ids) and runs == [(0, 6, 0, 0)]
+    assert dict(zip(host.tolist(), device.tolist(), strict=True)) == dict(
+        zip(host_ids, device_ids, strict=True)
+    )

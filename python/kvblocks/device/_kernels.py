@@ -162,10 +162,15 @@ _BOUND: dict[tuple[Any, ...], Any] = {}
 
 def _stream(device: int) -> int:
     """The raw handle of `device`'s current stream (Triton's own getter)."""
+    stream: int = _stream_getter()(device)
+    return stream
+
+
+@functools.cache
+def _stream_getter() -> Any:
     import triton  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
-    stream: int = triton.runtime.driver.active.get_current_stream(device)
-    return stream
+    return triton.runtime.driver.active.get_current_stream
 
 
 def _direct(src: torch.Tensor, dst: torch.Tensor) -> bool:
@@ -241,7 +246,7 @@ def copy(
             BLOCK=seg.block,
             num_warps=seg.warps,
         )
-    if direct and compiled is not None:
+    if direct and callable(getattr(compiled, "__getitem__", None)):
         _BOUND[key] = compiled
 
 
