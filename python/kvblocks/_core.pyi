@@ -68,8 +68,8 @@ __all__ = [
     "__version__",
     "_block_id_pairs",
     "_block_id_runs",
-    "_check_block_ids",
     "_stage_block_ids",
+    "_stage_block_ids_from",
     "append_token_ids_batch",
     "ceiling_block_keys",
     "encode_event_batch",
@@ -505,8 +505,15 @@ def _stage_block_ids(
     forbid_null: bool,
     what: str,
 ) -> int: ...
-def _check_block_ids(
-    address: int, count: int, limit: int, unique: bool, forbid_null: bool, what: str
+def _stage_block_ids_from(
+    source: int,
+    count: int,
+    itemsize: int,
+    out: int,
+    limit: int,
+    unique: bool,
+    forbid_null: bool,
+    what: str,
 ) -> None: ...
 def _block_id_runs(
     first: int, second: int | None, count: int, most: int

@@ -121,29 +121,60 @@ fn stage_block_ids(
     Ok(values.len())
 }
 
-/// Checks the `count` ids already staged at `address` against the rules.
+/// Reads `count` ids of `itemsize` bytes (4: int32, 8: int64) at `source` (a live CPU
+/// tensor's data), checks them against the rules, and writes them as `i64` to `out`.
 #[pyfunction]
-#[pyo3(name = "_check_block_ids")]
-fn check_block_ids(
-    address: usize,
+#[pyo3(name = "_stage_block_ids_from")]
+#[allow(clippy::too_many_arguments)]
+fn stage_block_ids_from(
+    source: usize,
     count: usize,
+    itemsize: usize,
+    out: usize,
     limit: u64,
     unique: bool,
     forbid_null: bool,
     what: &str,
 ) -> PyResult<()> {
-    aligned(address, what)?;
-    // SAFETY: aligned (checked); the caller passes a live int64 tensor of `count` values.
-    let ids = unsafe { ids_at(address, count) };
+    aligned(out, what)?;
+    if count == 0 {
+        return Ok(());
+    }
+    if source == 0 || !source.is_multiple_of(itemsize.max(1)) {
+        return Err(invalid_argument(format!(
+            "{what}: ids at {source:#x} are not aligned int{}",
+            itemsize * 8
+        )));
+    }
+    let values: Vec<i64> = match itemsize {
+        // SAFETY: aligned (checked); the caller passes a live int32 tensor of `count` values.
+        4 => unsafe { std::slice::from_raw_parts(source as *const i32, count) }
+            .iter()
+            .map(|&v| i64::from(v))
+            .collect(),
+        // SAFETY: as above, an int64 tensor.
+        8 => unsafe { ids_at(source, count) }.to_vec(),
+        _ => {
+            return Err(invalid_argument(format!(
+                "{what}: ids of {itemsize} bytes: expected int32 or int64"
+            )))
+        }
+    };
     check(
-        ids,
+        &values,
         IdRules {
             limit,
             unique,
             forbid_null,
         },
     )
-    .map_err(|e| id_error(what, e))
+    .map_err(|e| id_error(what, e))?;
+    // SAFETY: `out` is aligned (checked) and, by the caller's contract, a live int64 tensor
+    // with room for `count` values; `values` is our own copy, so the two cannot overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(values.as_ptr(), out as *mut i64, count);
+    }
+    Ok(())
 }
 
 /// A run as Python sees it: position, length, first id, first id of the second column.
@@ -210,7 +241,7 @@ fn run_rows(a: &[i64], b: &[i64], found: Option<Vec<(usize, usize)>>) -> Option<
 /// Adds the functions to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stage_block_ids, m)?)?;
-    m.add_function(wrap_pyfunction!(check_block_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(stage_block_ids_from, m)?)?;
     m.add_function(wrap_pyfunction!(block_id_runs, m)?)?;
     m.add_function(wrap_pyfunction!(block_id_pairs, m)?)?;
     Ok(())

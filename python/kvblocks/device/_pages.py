@@ -241,13 +241,16 @@ class KVPages:
 
     Destination ids must be unique and in range; block 0 (the null block) may not be written
     unless `protect_null_block=False`. Every check runs before any page is touched. Ids are
-    validated on the host: pass Python lists, numpy arrays or CPU tensors (a CUDA tensor of
-    ids costs a device sync).
+    checked on the host by the core while they are written into this KVPages' staging ring
+    (`_staging`), then uploaded with one copy: pass Python lists (the manager's own), numpy
+    arrays, int32 buffers or CPU tensors (a CUDA tensor of ids costs a device sync).
 
     On CUDA, copy_blocks/gather/scatter run one Triton kernel per group of same-shaped
-    buffers (see `_kernels`; the first call of each variant compiles it), copy_blocks with
-    overlapping source and destination sets goes through a temporary, and swaps run on a side
-    stream through the copy engines. Not thread-safe: one owner thread per KVPages.
+    buffers (see `_kernels`; the first call of each variant compiles it and binds it, later
+    calls launch the compiled kernel directly), copy_blocks with overlapping source and
+    destination sets goes through a temporary, and swaps run on a side stream through the
+    copy engines, fragmented host ids sorted into runs first. Not thread-safe: one owner
+    thread per KVPages.
     """
 
     def __init__(

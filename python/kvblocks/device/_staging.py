@@ -4,8 +4,9 @@ one persistent int64 host buffer (pinned for CUDA), and uploaded from there with
 A call's ids never become a Python list or a fresh tensor: `kvblocks._core` reads a list
 (or tuple, range, iterable) of ints, checks it (range, duplicates, the null block: the
 rules are `src/device_ids.rs`) and writes it into the next free slots of the host buffer;
-an id tensor or array is copied there by torch and checked in place. On CUDA a second,
-device-side buffer of the same size receives each call's slots with one non-blocking copy.
+an int32 or int64 tensor, array or buffer (`KVCacheManager.block_table`'s rows) is read by
+the core from its own memory. On CUDA a second, device-side buffer of the same size
+receives each call's slots with one non-blocking copy.
 
 Both buffers are rings. A call takes the next free slots; when they run out, the next lap
 starts at slot 0 once the device has finished everything queued on the last lap (one event
@@ -95,8 +96,12 @@ class Staging:
         for (_, what, limit, unique, null), values, n in zip(rules, lists, sizes):  # noqa: B905
             address = self._host_address + 8 * at
             if isinstance(values, torch.Tensor):
-                self._host[at : at + n].copy_(values)
-                _core._check_block_ids(address, n, limit, unique, null, what)
+                if values.dtype not in (torch.int32, torch.int64) or values.device.type != "cpu":
+                    values = values.to("cpu", torch.int64)
+                values = values.contiguous()
+                _core._stage_block_ids_from(
+                    values.data_ptr(), n, values.element_size(), address, limit, unique, null, what
+                )
             else:
                 _core._stage_block_ids(values, address, n, limit, unique, null, what)
             spans.append(Span(at, n))
@@ -224,7 +229,7 @@ def id_tensor(ids: object, what: str) -> torch.Tensor:
         data = bytearray(ids) if ids.readonly or not ids.c_contiguous else ids
         tensor = torch.frombuffer(data, dtype=_FORMATS[ids.format])
     elif isinstance(ids, torch.Tensor):
-        tensor = ids.detach()
+        tensor = ids  # integer tensors carry no autograd history
     else:
         try:
             tensor = torch.as_tensor(ids)
