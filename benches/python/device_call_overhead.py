@@ -14,7 +14,8 @@ in one process. In both, the Triton path is taken (KVBLOCKS_DEVICE_KERNEL=triton
 kernel launch replaced by a no-op at the same place: the launch of the jitted kernel in the
 base (so Triton's own generic launch path, which the base pays on CUDA, is not counted), the
 launch of the compiled kernel here. On CPU no ids are uploaded, in either. Ops: copy_blocks
-(random disjoint ids), gather and scatter (random ids), ids as Python lists. Times are the
+(random disjoint ids), gather and scatter (random ids), ids as Python lists, and gather with
+the ids as an int32 memoryview (the form of `KVCacheManager.block_table`). Times are the
 thread's CPU time (`time.thread_time`), so that other work on a shared machine does not
 count; torch runs no kernel here, so this is the whole of the call's work.
 
@@ -26,6 +27,7 @@ count; torch runs no kernel here, so this is the whole of the call's work.
 from __future__ import annotations
 
 import argparse
+import array
 import cProfile
 import importlib
 import io
@@ -179,9 +181,11 @@ def host_ops(module: ModuleType, layers: int, blocks: int) -> dict[str, Callable
     perm = rng.sample(range(1, 2 * blocks + 1), 2 * blocks)
     src, dst = perm[:blocks], perm[blocks:]
     out = torch.empty((blocks, pages.block_bytes), dtype=torch.uint8)
+    buffer = memoryview(array.array("i", src))  # as KVCacheManager.block_table's rows
     return {
         "copy_blocks": lambda: pages.copy_blocks(src, dst),
         "gather": lambda: pages.gather(src, out=out),
+        "gather(int32 buffer)": lambda: pages.gather(buffer, out=out),
         "scatter": lambda: pages.scatter(dst, out),
     }
 

@@ -941,14 +941,14 @@ def test_staging_ring_wraps_and_grows() -> None:
     ring = Staging(torch.device("cpu"), capacity=8)
     a, b = ring.stage(Rule([1, 2, 3], "a", 10), Rule(torch.tensor([4, 5]), "b", 10))
     assert (a.start, a.n, b.start, b.n) == (0, 3, 3, 2)
-    assert ring.values(a) + ring.values(b) == [1, 2, 3, 4, 5]
+    assert ring.host(a).tolist() + ring.host(b).tolist() == [1, 2, 3, 4, 5]
     assert [t.tensor().tolist() for t in ring.on_device(a, b)] == [[1, 2, 3], [4, 5]]
     with pytest.raises(ValueError, match="duplicate"):
         ring.stage(Rule([9], "c", 10), Rule([6, 6], "d", 10, unique=True))
     (c,) = ring.stage(Rule([6, 7, 8, 9], "e", 10))  # does not fit after slot 5: a new lap
-    assert (c.start, ring.values(c)) == (0, [6, 7, 8, 9])
+    assert (c.start, ring.host(c).tolist()) == (0, [6, 7, 8, 9])
     (d,) = ring.stage(Rule(list(range(20)), "f", 20))  # more than the ring holds: it grows
-    assert ring.capacity >= 20 and ring.values(d) == list(range(20))
+    assert ring.capacity >= 20 and ring.host(d).tolist() == list(range(20))
     assert ring.runs(d, None, 4) == [(0, 20, 0, 0)]
     (e, f) = ring.stage(Rule([5, 6, 1, 2, 3], "g", 20), Rule([7, 8, 9, 10, 11], "h", 20))
     assert ring.runs(e, None, 4) == [(0, 2, 5, 5), (2, 3, 1, 1)]

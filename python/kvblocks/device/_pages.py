@@ -279,6 +279,7 @@ class KVPages:
         self.block_bytes = self.geometry.block_bytes
         self.host_blocks = host_blocks or 0
         self._null = 1 if protect_null_block else 0
+        self._protect = bool(protect_null_block)
         pin = self.device.type == "cuda" if pin_memory is None else pin_memory
         host_bytes = self.host_blocks * self.block_bytes
         cpu = torch.device("cpu")
@@ -444,8 +445,8 @@ class KVPages:
 
     def _dst(self, ids: Ids, what: str, host_side: bool = False) -> Rule:
         if host_side:
-            return Rule(ids, what, self.host_blocks, unique=True)
-        return Rule(ids, what, self.num_blocks, unique=True, forbid_null=bool(self._null))
+            return Rule(ids, what, self.host_blocks, True)
+        return Rule(ids, what, self.num_blocks, True, self._protect)
 
     @staticmethod
     def _same_length(a: Span, b: Span, what: str) -> None:
@@ -517,7 +518,7 @@ class KVPages:
 
     def zero_blocks(self, ids: Ids) -> None:
         """Fill the given blocks of every buffer with zero bytes."""
-        d = self._staging.one(ids, "zero_blocks", self.num_blocks, True, bool(self._null))
+        d = self._staging.one(ids, "zero_blocks", self.num_blocks, True, self._protect)
         if not d.n:
             return
         d_dev = self._staging.on_device(d)[0].tensor()
@@ -563,7 +564,7 @@ class KVPages:
     def scatter(self, ids: Ids, data: torch.Tensor) -> None:
         """Write `data` (as returned by gather: uint8 `[len(ids), block_bytes]` on the
         device) into the given blocks."""
-        d = self._staging.one(ids, "scatter", self.num_blocks, True, bool(self._null))
+        d = self._staging.one(ids, "scatter", self.num_blocks, True, self._protect)
         self._check_rows(data, d.n, "scatter data")
         if d.n:
             self._scatter_from(data.contiguous(), *self._staging.on_device(d))

@@ -85,25 +85,12 @@ class Staging:
     def stage(self, *rules: Rule) -> list[Span]:
         """Checks and writes each rule's ids into consecutive slots, and returns where they
         went. Raises (pages untouched) if any list breaks its rule."""
-        lists: list[Any] = []
-        sizes = []
-        for rule in rules:
-            ids = _as_ids(rule)
-            lists.append(ids)
-            sizes.append(ids.numel() if isinstance(ids, torch.Tensor) else len(ids))
+        lists = [_as_ids(rule.ids, rule.what) for rule in rules]
+        sizes = [_size(ids) for ids in lists]
         at = self._take(sum(sizes))
         spans = []
-        for (_, what, limit, unique, null), values, n in zip(rules, lists, sizes):  # noqa: B905
-            address = self._host_address + 8 * at
-            if isinstance(values, torch.Tensor):
-                if values.dtype not in (torch.int32, torch.int64) or values.device.type != "cpu":
-                    values = values.to("cpu", torch.int64)
-                values = values.contiguous()
-                _core._stage_block_ids_from(
-                    values.data_ptr(), n, values.element_size(), address, limit, unique, null, what
-                )
-            else:
-                _core._stage_block_ids(values, address, n, limit, unique, null, what)
+        for rule, values, n in zip(rules, lists, sizes):  # noqa: B905
+            self._write(values, at, n, rule)
             spans.append(Span(at, n))
             at += n
         self._next = at
@@ -112,14 +99,28 @@ class Staging:
     def one(
         self, ids: object, what: str, limit: int, unique: bool = False, forbid_null: bool = False
     ) -> Span:
-        """`stage` of one list (a list of ints takes a shorter path)."""
-        if type(ids) is not list:
-            return self.stage(Rule(ids, what, limit, unique, forbid_null))[0]
-        start = self._take(len(ids))
-        address = self._host_address + 8 * start
-        n = _core._stage_block_ids(ids, address, len(ids), limit, unique, forbid_null, what)
-        self._next = start + n
-        return Span(start, n)
+        """`stage` of one list, in fewer steps."""
+        values = ids if type(ids) is list else _as_ids(ids, what)
+        n = _size(values)
+        at = self._take(n)
+        self._write(values, at, n, (ids, what, limit, unique, forbid_null))
+        self._next = at + n
+        return Span(at, n)
+
+    def _write(
+        self, values: Any, at: int, n: int, rule: tuple[object, str, int, bool, bool]
+    ) -> None:
+        """Check `n` ids (from `_as_ids`) and write them from slot `at` on."""
+        _, what, limit, unique, null = rule
+        address = self._host_address + 8 * at
+        if not isinstance(values, torch.Tensor):
+            _core._stage_block_ids(values, address, n, limit, unique, null, what)
+            return
+        if values.dtype not in (torch.int32, torch.int64) or values.device.type != "cpu":
+            values = values.to("cpu", torch.int64)
+        values = values.contiguous()
+        size = values.element_size()
+        _core._stage_block_ids_from(values.data_ptr(), n, size, address, limit, unique, null, what)
 
     def pair(self, src: Rule, dst: Rule) -> tuple[Span, Span]:
         """`stage` of a source list and a destination list (lists of ints take a shorter
@@ -163,11 +164,6 @@ class Staging:
         """The host address of the span's first id (for the core's readers)."""
         return self._host_address + 8 * span.start
 
-    def values(self, span: Span) -> list[int]:
-        """The span's ids as Python ints."""
-        values: list[int] = self.host(span).tolist()
-        return values
-
     def runs(self, first: Span, second: Span | None, most: int) -> list[Run] | None:
         """The runs where the ids of `first` (and `second` with them) advance by 1, or None
         when there are more than `most`."""
@@ -210,15 +206,18 @@ class Staging:
         return [Staged(ring, span.start, span.n, base + 8 * span.start) for span in spans]
 
 
-def _as_ids(rule: Rule) -> Any:
-    """A rule's ids as the core reads them (a list, tuple or range of ints; an iterator is
-    read into a list) or as a 1-D integer tensor (see `id_tensor`)."""
-    ids = rule.ids
+def _as_ids(ids: object, what: str) -> Any:
+    """Ids as the core reads them (a list, tuple or range of ints; an iterator is read into
+    a list) or as a 1-D integer tensor (see `id_tensor`)."""
     if isinstance(ids, (list, tuple, range)):
         return ids
     if isinstance(ids, Iterator):
         return list(ids)
-    return id_tensor(ids, rule.what)
+    return id_tensor(ids, what)
+
+
+def _size(ids: Any) -> int:
+    return ids.numel() if isinstance(ids, torch.Tensor) else len(ids)
 
 
 def id_tensor(ids: object, what: str) -> torch.Tensor:
@@ -227,8 +226,8 @@ def id_tensor(ids: object, what: str) -> torch.Tensor:
     InvalidTypeError / InvalidArgumentError for anything that is not 1-D integers."""
     if isinstance(ids, memoryview) and ids.ndim == 1 and ids.format in _FORMATS and ids.nbytes:
         data = bytearray(ids) if ids.readonly or not ids.c_contiguous else ids
-        tensor = torch.frombuffer(data, dtype=_FORMATS[ids.format])
-    elif isinstance(ids, torch.Tensor):
+        return torch.frombuffer(data, dtype=_FORMATS[ids.format])  # 1-D ints by construction
+    if isinstance(ids, torch.Tensor):
         tensor = ids  # integer tensors carry no autograd history
     else:
         try:
