@@ -65,11 +65,8 @@ __all__ = [
     "UnknownLayerError",
     "UnknownRequestError",
     "UnsupportedError",
+    "_IdRing",
     "__version__",
-    "_block_id_pairs",
-    "_block_id_runs",
-    "_stage_block_ids",
-    "_stage_block_ids_from",
     "append_token_ids_batch",
     "ceiling_block_keys",
     "encode_event_batch",
@@ -494,33 +491,28 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
     def from_specs(cls, kv_cache_specs: Mapping[str, KVCacheSpec]) -> KVCacheSpec | None: ...
 
 # --- Device ids (src/python/device_ids.rs; rules in src/device_ids.rs) -----------------
-# Private: kvblocks.device's staging buffer, read and written by address (int64 slots).
 
-def _stage_block_ids(
-    ids: Iterable[int],
-    out: int,
-    capacity: int,
-    limit: int,
-    unique: bool,
-    forbid_null: bool,
-    what: str,
-) -> int: ...
-def _stage_block_ids_from(
-    source: int,
-    count: int,
-    itemsize: int,
-    out: int,
-    limit: int,
-    unique: bool,
-    forbid_null: bool,
-    what: str,
-) -> None: ...
-def _block_id_runs(
-    first: int, second: int | None, count: int, most: int
-) -> list[tuple[int, int, int, int]] | None: ...
-def _block_id_pairs(
-    first: int, second: int, count: int, most: int
-) -> tuple[bool, list[tuple[int, int, int, int]] | None]: ...
+@final
+class _IdRing:
+    """Private: kvblocks.device's staging ring, a contiguous int64 CPU tensor whose slots
+    the methods read and write within its length."""
+
+    def __new__(cls, tensor: Any) -> Self: ...
+    def stage(
+        self,
+        ids: Any,
+        start: int,
+        limit: int,
+        unique: bool,
+        forbid_null: bool,
+        what: str,
+    ) -> int: ...
+    def runs(
+        self, first: int, second: int | None, count: int, most: int
+    ) -> list[tuple[int, int, int, int]] | None: ...
+    def pairs(
+        self, first: int, second: int, count: int, most: int
+    ) -> tuple[bool, list[tuple[int, int, int, int]] | None]: ...
 
 # --- KV cache config (src/python/config.rs) ------------------------------------------
 

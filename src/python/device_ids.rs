@@ -1,12 +1,16 @@
-//! Block ids for `kvblocks.device`, read where they lie: in the `i64` staging buffer the
-//! Python module keeps per `KVPages` (a CPU tensor, pinned on CUDA), addressed by its data
-//! pointer. The rules are `crate::device_ids`; this file converts.
+//! Block ids for `kvblocks.device`, read where they lie: in the `i64` staging ring the
+//! Python module keeps per `KVPages` (a CPU tensor, pinned on CUDA), or in a caller's
+//! int32/int64 CPU tensor. The rules are `crate::device_ids`; this file converts.
 //!
-//! The limited API has no buffer protocol before 3.11, so the staging tensor is named by
-//! address and length. These functions are private (`_core._...`) and only
-//! `kvblocks/device/_staging.py` calls them, always with a live tensor's pointer.
+//! The limited API has no buffer protocol before 3.11, so memory is found through the
+//! tensor's own `data_ptr()`, `numel()`, `element_size()`, `is_cpu` and `is_contiguous()`,
+//! and every access is checked against them: a wrong argument raises, it never reads or
+//! writes outside the tensor. The ring (`_core._IdRing`, private) checks its tensor once
+//! and, on each call, that its memory has not moved; only `kvblocks/device/_staging.py`
+//! uses it.
 
 use pyo3::exceptions::PyOverflowError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
@@ -14,26 +18,94 @@ use crate::device_ids::{check, disjoint, runs, IdError, IdRules};
 use crate::python::errors::{block_index, invalid_argument, invalid_type};
 use crate::python::ids::exact_int_list;
 
-/// A read-only view of `count` `i64` at `address`.
-///
-/// # Safety
-/// `address` must be the 8-byte aligned address of `count` initialized `i64` that stay
-/// alive and unwritten while the slice is used (the caller's staging tensor).
-unsafe fn ids_at<'a>(address: usize, count: usize) -> &'a [i64] {
-    if count == 0 {
-        return &[];
-    }
-    // SAFETY: guaranteed by this function's contract.
-    unsafe { std::slice::from_raw_parts(address as *const i64, count) }
+/// Items `start..start + count` of a contiguous CPU tensor: their address and item size.
+struct Items {
+    address: usize,
+    itemsize: usize,
+    count: usize,
 }
 
-fn aligned(address: usize, what: &str) -> PyResult<()> {
-    if address == 0 || !address.is_multiple_of(std::mem::align_of::<i64>()) {
-        return Err(invalid_argument(format!(
-            "{what}: staging address {address:#x} is not an aligned int64 buffer"
-        )));
+impl Items {
+    /// The items of `tensor` (a torch tensor) from `start`, checked: on the CPU,
+    /// contiguous, items of 4 or 8 bytes, and `start + count` within it.
+    fn of(tensor: &Bound<'_, PyAny>, start: usize, count: usize, what: &str) -> PyResult<Self> {
+        let py = tensor.py();
+        let bad = |why: &str| invalid_argument(format!("{what}: {why}"));
+        let is_cpu: bool = tensor.getattr(intern!(py, "is_cpu"))?.extract()?;
+        let contiguous: bool = tensor
+            .call_method0(intern!(py, "is_contiguous"))?
+            .extract()?;
+        if !is_cpu || !contiguous {
+            return Err(bad("ids must be in a contiguous CPU tensor"));
+        }
+        let itemsize: usize = tensor
+            .call_method0(intern!(py, "element_size"))?
+            .extract()?;
+        let len: usize = tensor.call_method0(intern!(py, "numel"))?.extract()?;
+        let address: usize = tensor.call_method0(intern!(py, "data_ptr"))?.extract()?;
+        if !matches!(itemsize, 4 | 8) || start.checked_add(count).is_none_or(|end| end > len) {
+            return Err(bad(
+                "ids outside their tensor, or not 4- or 8-byte integers",
+            ));
+        }
+        if count > 0 && (address == 0 || !address.is_multiple_of(itemsize)) {
+            return Err(bad("ids not aligned in their tensor"));
+        }
+        Ok(Items {
+            address: address + start * itemsize,
+            itemsize,
+            count,
+        })
     }
-    Ok(())
+
+    /// The items as `i64` (8-byte items only).
+    fn as_i64(&self, what: &str) -> PyResult<&[i64]> {
+        if self.itemsize != 8 {
+            return Err(invalid_argument(format!("{what}: expected int64 ids")));
+        }
+        if self.count == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: `of` checked that the tensor is a contiguous CPU tensor whose items
+        // `start..start + count` exist, are 8 bytes and aligned; the caller holds the tensor
+        // (and the GIL) for this call, and nothing writes it meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts(self.address as *const i64, self.count) })
+    }
+
+    /// The items as `i64` values, widened from int32 where they are 4 bytes.
+    fn to_i64(&self, what: &str) -> PyResult<Vec<i64>> {
+        if self.itemsize == 8 {
+            return Ok(self.as_i64(what)?.to_vec());
+        }
+        if self.count == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: as in `as_i64`, for 4-byte items.
+        let items = unsafe { std::slice::from_raw_parts(self.address as *const i32, self.count) };
+        Ok(items.iter().map(|&v| i64::from(v)).collect())
+    }
+
+    /// Writes `values` over the items (8-byte items, exactly `values.len()` of them).
+    fn write(&self, values: &[i64], what: &str) -> PyResult<()> {
+        if self.itemsize != 8 || values.len() != self.count {
+            return Err(invalid_argument(format!(
+                "{what}: staging slots do not fit the ids"
+            )));
+        }
+        if !values.is_empty() {
+            // SAFETY: `of` checked the slots (contiguous CPU memory, in bounds, aligned
+            // 8-byte items, `count == values.len()` of them); `values` is our own vector,
+            // so the two do not overlap; the GIL is held throughout.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    values.as_ptr(),
+                    self.address as *mut i64,
+                    values.len(),
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 fn id_error(what: &str, e: IdError) -> PyErr {
@@ -62,23 +134,9 @@ fn id_of(item: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
     }
 }
 
-/// Writes the ints of `ids` (any iterable; a list or tuple is read in place) as `i64` to
-/// `out` (room for `capacity`), checks them against the rules, and returns their count.
-/// Nothing is kept when a check fails; the caller's pages are untouched either way.
-#[pyfunction]
-#[pyo3(name = "_stage_block_ids")]
-#[allow(clippy::too_many_arguments)]
-fn stage_block_ids(
-    ids: &Bound<'_, PyAny>,
-    out: usize,
-    capacity: usize,
-    limit: u64,
-    unique: bool,
-    forbid_null: bool,
-    what: &str,
-) -> PyResult<usize> {
-    aligned(out, what)?;
-    let mut values = Vec::with_capacity(ids.len().unwrap_or(0).min(capacity));
+/// The ints of `ids` (any iterable; a list or tuple is read in place) as `i64`.
+fn ids_of(ids: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
+    let mut values = Vec::with_capacity(ids.len().unwrap_or(0));
     let exact = ids.downcast_exact::<PyList>().ok().and_then(exact_int_list);
     if let Some(exact) = exact {
         values.extend(exact.into_iter().map(i64::from));
@@ -95,140 +153,151 @@ fn stage_block_ids(
             values.push(id_of(&item?, what)?);
         }
     }
-    if values.len() > capacity {
-        return Err(invalid_argument(format!(
-            "{what}: {} block ids do not fit the staging buffer of {capacity}",
-            values.len()
-        )));
-    }
-    check(
-        &values,
-        IdRules {
-            limit,
-            unique,
-            forbid_null,
-        },
-    )
-    .map_err(|e| id_error(what, e))?;
-    if !values.is_empty() {
-        // SAFETY: `out` is aligned (checked) and, by the caller's contract, the address of
-        // a live int64 tensor with room for `capacity >= values.len()` values that nothing
-        // else reads or writes during this call (the GIL is held throughout).
-        unsafe {
-            std::ptr::copy_nonoverlapping(values.as_ptr(), out as *mut i64, values.len());
-        }
-    }
-    Ok(values.len())
+    Ok(values)
 }
 
-/// Reads `count` ids of `itemsize` bytes (4: int32, 8: int64) at `source` (a live CPU
-/// tensor's data), checks them against the rules, and writes them as `i64` to `out`.
-#[pyfunction]
-#[pyo3(name = "_stage_block_ids_from")]
-#[allow(clippy::too_many_arguments)]
-fn stage_block_ids_from(
-    source: usize,
-    count: usize,
-    itemsize: usize,
-    out: usize,
-    limit: u64,
-    unique: bool,
-    forbid_null: bool,
-    what: &str,
-) -> PyResult<()> {
-    aligned(out, what)?;
-    if count == 0 {
-        return Ok(());
+fn rules(limit: u64, unique: bool, forbid_null: bool) -> IdRules {
+    IdRules {
+        limit,
+        unique,
+        forbid_null,
     }
-    if source == 0 || !source.is_multiple_of(itemsize.max(1)) {
-        return Err(invalid_argument(format!(
-            "{what}: ids at {source:#x} are not aligned int{}",
-            itemsize * 8
-        )));
-    }
-    let values: Vec<i64> = match itemsize {
-        // SAFETY: aligned (checked); the caller passes a live int32 tensor of `count` values.
-        4 => unsafe { std::slice::from_raw_parts(source as *const i32, count) }
-            .iter()
-            .map(|&v| i64::from(v))
-            .collect(),
-        // SAFETY: as above, an int64 tensor.
-        8 => unsafe { ids_at(source, count) }.to_vec(),
-        _ => {
+}
+
+/// A staging ring: an int64 CPU tensor, checked once when wrapped (contiguous, on the
+/// CPU, 8-byte items) and held, whose slots the methods read and write within its length.
+/// Each call checks that the tensor still has the memory it had (its `data_ptr()`).
+#[pyclass(name = "_IdRing", module = "kvblocks._core", frozen)]
+pub(crate) struct IdRing {
+    tensor: Py<PyAny>,
+    address: usize,
+    len: usize,
+}
+
+impl IdRing {
+    /// Slots `start..start + count`, checked against the ring's length and memory.
+    fn slots(&self, py: Python<'_>, start: usize, count: usize, what: &str) -> PyResult<Items> {
+        let address: usize = self
+            .tensor
+            .bind(py)
+            .call_method0(intern!(py, "data_ptr"))?
+            .extract()?;
+        if address != self.address || start.checked_add(count).is_none_or(|end| end > self.len) {
             return Err(invalid_argument(format!(
-                "{what}: ids of {itemsize} bytes: expected int32 or int64"
-            )))
+                "{what}: slots {start}..{start}+{count} outside the staging ring"
+            )));
         }
-    };
-    check(
-        &values,
-        IdRules {
-            limit,
-            unique,
-            forbid_null,
-        },
-    )
-    .map_err(|e| id_error(what, e))?;
-    // SAFETY: `out` is aligned (checked) and, by the caller's contract, a live int64 tensor
-    // with room for `count` values; `values` is our own copy, so the two cannot overlap.
-    unsafe {
-        std::ptr::copy_nonoverlapping(values.as_ptr(), out as *mut i64, count);
+        Ok(Items {
+            address: address + start * 8,
+            itemsize: 8,
+            count,
+        })
     }
-    Ok(())
+
+    /// Checks `values` and writes them to slots `start..`.
+    fn write_checked(
+        &self,
+        py: Python<'_>,
+        values: &[i64],
+        start: usize,
+        rules: IdRules,
+        what: &str,
+    ) -> PyResult<()> {
+        let slots = self.slots(py, start, values.len(), what)?;
+        check(values, rules).map_err(|e| id_error(what, e))?;
+        slots.write(values, what)
+    }
+}
+
+#[pymethods]
+impl IdRing {
+    /// Wraps `tensor` (a contiguous int64 CPU tensor, kept alive by the ring).
+    #[new]
+    fn new(tensor: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let len: usize = tensor
+            .call_method0(intern!(tensor.py(), "numel"))?
+            .extract()?;
+        let items = Items::of(tensor, 0, len, "staging ring")?;
+        if items.itemsize != 8 {
+            return Err(invalid_argument("staging ring: expected an int64 tensor"));
+        }
+        Ok(IdRing {
+            tensor: tensor.clone().unbind(),
+            address: items.address,
+            len,
+        })
+    }
+
+    /// Writes the ids to slots `start..` after checking them against the rules, and
+    /// returns their count; nothing is written when a check fails. `ids` is a list, tuple
+    /// or other iterable of ints, or a contiguous int32/int64 CPU tensor (read in place).
+    #[allow(clippy::too_many_arguments)]
+    fn stage(
+        &self,
+        py: Python<'_>,
+        ids: &Bound<'_, PyAny>,
+        start: usize,
+        limit: u64,
+        unique: bool,
+        forbid_null: bool,
+        what: &str,
+    ) -> PyResult<usize> {
+        let values = if ids.is_instance_of::<PyList>() || !ids.hasattr(intern!(py, "data_ptr"))? {
+            ids_of(ids, what)?
+        } else {
+            let count: usize = ids.call_method0(intern!(py, "numel"))?.extract()?;
+            Items::of(ids, 0, count, what)?.to_i64(what)?
+        };
+        self.write_checked(py, &values, start, rules(limit, unique, forbid_null), what)?;
+        Ok(values.len())
+    }
+
+    /// Runs of consecutive ids in the `count` slots from `first` (and from `second`, which
+    /// must advance with them) as `(position, length, first id, first id of second)` (the
+    /// second column's is the first's when there is none), `None` when more than `most`.
+    #[pyo3(signature = (first, second, count, most))]
+    fn runs(
+        &self,
+        py: Python<'_>,
+        first: usize,
+        second: Option<usize>,
+        count: usize,
+        most: usize,
+    ) -> PyResult<Option<Vec<RunRow>>> {
+        let a_slots = self.slots(py, first, count, "runs")?;
+        let a = a_slots.as_i64("runs")?;
+        let Some(second) = second else {
+            return Ok(run_rows(a, a, runs(&[a], most)));
+        };
+        let b_slots = self.slots(py, second, count, "runs")?;
+        let b = b_slots.as_i64("runs")?;
+        Ok(run_rows(a, b, runs(&[a, b], most)))
+    }
+
+    /// For a copy from the `count` slots at `first` to those at `second`: whether the two
+    /// lists share no id and, if so, their runs as `runs` gives them.
+    fn pairs(
+        &self,
+        py: Python<'_>,
+        first: usize,
+        second: usize,
+        count: usize,
+        most: usize,
+    ) -> PyResult<(bool, Option<Vec<RunRow>>)> {
+        let (a_slots, b_slots) = (
+            self.slots(py, first, count, "pairs")?,
+            self.slots(py, second, count, "pairs")?,
+        );
+        let (a, b) = (a_slots.as_i64("pairs")?, b_slots.as_i64("pairs")?);
+        if !disjoint(a, b) {
+            return Ok((false, None));
+        }
+        Ok((true, run_rows(a, b, runs(&[a, b], most))))
+    }
 }
 
 /// A run as Python sees it: position, length, first id, first id of the second column.
 type RunRow = (usize, usize, i64, i64);
-
-/// Runs of consecutive ids in the staged column at `first` (and at `second`, which must
-/// advance with it) as `(position, length, first id, first id of second)` (the second
-/// column's is the first's when there is none), `None` when there are more than `most`.
-#[pyfunction]
-#[pyo3(name = "_block_id_runs", signature = (first, second, count, most))]
-fn block_id_runs(
-    first: usize,
-    second: Option<usize>,
-    count: usize,
-    most: usize,
-) -> PyResult<Option<Vec<RunRow>>> {
-    aligned(first, "runs")?;
-    // SAFETY: aligned (checked); the caller passes a live int64 tensor of `count` values.
-    let a = unsafe { ids_at(first, count) };
-    let b = match second {
-        Some(second) => {
-            aligned(second, "runs")?;
-            // SAFETY: as for `a`.
-            unsafe { ids_at(second, count) }
-        }
-        None => a,
-    };
-    let found = if second.is_some() {
-        runs(&[a, b], most)
-    } else {
-        runs(&[a], most)
-    };
-    Ok(run_rows(a, b, found))
-}
-
-/// For a copy of the `count` staged ids at `first` to those at `second`: whether the two
-/// lists share no id and, if so, their runs as `_block_id_runs` gives them (else `None`).
-#[pyfunction]
-#[pyo3(name = "_block_id_pairs")]
-fn block_id_pairs(
-    first: usize,
-    second: usize,
-    count: usize,
-    most: usize,
-) -> PyResult<(bool, Option<Vec<RunRow>>)> {
-    aligned(first, "pairs")?;
-    aligned(second, "pairs")?;
-    // SAFETY: aligned (checked); the caller passes live int64 tensors of `count` values.
-    let (a, b) = unsafe { (ids_at(first, count), ids_at(second, count)) };
-    if !disjoint(a, b) {
-        return Ok((false, None));
-    }
-    Ok((true, run_rows(a, b, runs(&[a, b], most))))
-}
 
 fn run_rows(a: &[i64], b: &[i64], found: Option<Vec<(usize, usize)>>) -> Option<Vec<RunRow>> {
     found.map(|runs| {
@@ -238,11 +307,7 @@ fn run_rows(a: &[i64], b: &[i64], found: Option<Vec<(usize, usize)>>) -> Option<
     })
 }
 
-/// Adds the functions to the module.
+/// Adds the class to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(stage_block_ids, m)?)?;
-    m.add_function(wrap_pyfunction!(stage_block_ids_from, m)?)?;
-    m.add_function(wrap_pyfunction!(block_id_runs, m)?)?;
-    m.add_function(wrap_pyfunction!(block_id_pairs, m)?)?;
-    Ok(())
+    m.add_class::<IdRing>()
 }

@@ -1019,3 +1019,35 @@ def test_fragmented_host_ids_coalesce_into_runs() -> None:
     assert dict(zip(host.tolist(), device.tolist(), strict=True)) == dict(
         zip(host_ids, device_ids, strict=True)
     )
+
+
+def test_core_reads_and_writes_only_inside_its_tensors() -> None:
+    """The core's staging ring finds memory through the tensor it wraps and refuses slots
+    outside it, non-contiguous or non-CPU tensors, items of other sizes, and a tensor
+    whose memory moved."""
+    from kvblocks import _core
+
+    host = torch.zeros(8, dtype=torch.int64)
+    ring = _core._IdRing(host)
+    rule = (10, False, False, "ids")
+    for call in [
+        lambda: ring.stage([1, 2, 3], 6, *rule),
+        lambda: ring.stage(torch.ones(2, dtype=torch.int16), 0, *rule),
+        lambda: ring.stage(torch.ones(9, dtype=torch.int32), 0, *rule),
+        lambda: ring.stage(torch.ones(4, dtype=torch.int32)[::2], 0, *rule),
+        lambda: ring.runs(7, None, 2, 4),
+        lambda: ring.pairs(0, 7, 2, 4),
+        lambda: _core._IdRing(host[::2]),
+        lambda: _core._IdRing(torch.zeros(4, dtype=torch.int32)),
+    ]:
+        with pytest.raises(ValueError):
+            call()
+    assert host.tolist() == [0] * 8
+    assert ring.stage(torch.tensor([3, 4], dtype=torch.int32), 6, *rule) == 2
+    assert host.tolist() == [0] * 6 + [3, 4]
+    host.resize_(1 << 16)  # new memory: the ring refuses to touch it
+    with pytest.raises(ValueError, match="outside"):
+        ring.stage([1], 0, *rule)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError):
+            _core._IdRing(torch.zeros(4, dtype=torch.int64, device="cuda"))

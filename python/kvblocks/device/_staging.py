@@ -77,6 +77,7 @@ class Staging:
         self.capacity = capacity
         self._host = torch.zeros(capacity, dtype=torch.int64, pin_memory=self._cuda)
         self._host_address = self._host.data_ptr()
+        self._ring = _core._IdRing(self._host)
         self._device = (
             torch.zeros(capacity, dtype=torch.int64, device=self.device) if self._cuda else None
         )
@@ -112,15 +113,13 @@ class Staging:
     ) -> None:
         """Check `n` ids (from `_as_ids`) and write them from slot `at` on."""
         _, what, limit, unique, null = rule
-        address = self._host_address + 8 * at
         if not isinstance(values, torch.Tensor):
-            _core._stage_block_ids(values, address, n, limit, unique, null, what)
+            self._ring.stage(values, at, limit, unique, null, what)
             return
         if values.dtype not in (torch.int32, torch.int64) or values.device.type != "cpu":
             values = values.to("cpu", torch.int64)
-        values = values.contiguous()
-        size = values.element_size()
-        _core._stage_block_ids_from(values.data_ptr(), n, size, address, limit, unique, null, what)
+        source = values.contiguous()
+        self._ring.stage(source, at, limit, unique, null, what)
 
     def pair(self, src: Rule, dst: Rule) -> tuple[Span, Span]:
         """`stage` of a source list and a destination list (lists of ints take a shorter
@@ -130,10 +129,9 @@ class Staging:
             first, second = self.stage(src, dst)
             return first, second
         start = self._take(len(a) + len(b))
-        address = self._host_address + 8 * start
-        _core._stage_block_ids(a, address, len(a), *src[2:], src.what)
         mid = start + len(a)
-        _core._stage_block_ids(b, address + 8 * len(a), len(b), *dst[2:], dst.what)
+        self._ring.stage(a, start, *src[2:], src.what)
+        self._ring.stage(b, mid, *dst[2:], dst.what)
         self._next = mid + len(b)
         return Span(start, len(a)), Span(mid, len(b))
 
@@ -160,28 +158,24 @@ class Staging:
         call stages ids, or clone it)."""
         return self._host[span.start : span.start + span.n]
 
-    def address(self, span: Span) -> int:
-        """The host address of the span's first id (for the core's readers)."""
-        return self._host_address + 8 * span.start
-
     def runs(self, first: Span, second: Span | None, most: int) -> list[Run] | None:
         """The runs where the ids of `first` (and `second` with them) advance by 1, or None
         when there are more than `most`."""
-        other = None if second is None else self.address(second)
-        runs: list[Run] | None = _core._block_id_runs(self.address(first), other, first.n, most)
+        other = None if second is None else second.start
+        runs: list[Run] | None = self._ring.runs(first.start, other, first.n, most)
         return runs
 
     @staticmethod
     def runs_in(ids: torch.Tensor, most: int) -> list[Run] | None:
         """`runs` of a contiguous CPU int64 tensor of ids that already passed the checks."""
-        runs: list[Run] | None = _core._block_id_runs(ids.data_ptr(), None, ids.numel(), most)
+        runs: list[Run] | None = _core._IdRing(ids).runs(0, None, ids.numel(), most)
         return runs
 
     def pairs(self, first: Span, second: Span, most: int) -> tuple[bool, list[Run] | None]:
         """For a copy from `first` to `second` (of equal length): whether they share no id,
         and if so their `runs` (None when more than `most`)."""
-        pairs: tuple[bool, list[Run] | None] = _core._block_id_pairs(
-            self.address(first), self.address(second), first.n, most
+        pairs: tuple[bool, list[Run] | None] = self._ring.pairs(
+            first.start, second.start, first.n, most
         )
         return pairs
 
