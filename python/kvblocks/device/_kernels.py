@@ -178,14 +178,21 @@ def _direct(src: torch.Tensor, dst: torch.Tensor) -> bool:
     (not the interpreter), no launch hooks (profilers) installed."""
     if not (src.is_cuda and dst.is_cuda) or os.environ.get("TRITON_INTERPRET") == "1":
         return False
-    runtime = _knobs().runtime
+    knobs = _knobs()
+    if knobs is None:
+        return False
+    runtime = knobs.runtime
     return runtime.launch_enter_hook is None and runtime.launch_exit_hook is None
 
 
 @functools.cache
 def _knobs() -> Any:
-    from triton import knobs  # type: ignore[import-untyped, import-not-found, unused-ignore]
-
+    """Triton's runtime settings (None for a Triton without `triton.knobs`: launches then
+    take the generic path)."""
+    try:
+        from triton import knobs  # type: ignore[import-untyped, import-not-found, unused-ignore]
+    except ImportError:
+        return None
     return knobs
 
 
