@@ -70,6 +70,7 @@ class Staging:
         self.device = device
         self._cuda = device.type == "cuda"
         self._next = 0
+        # The streams that uploaded this lap, by raw handle.
         self._streams: dict[int, torch.cuda.Stream] = {}
         self._allocate(capacity)
 
@@ -90,7 +91,7 @@ class Staging:
         sizes = [_size(ids) for ids in lists]
         at = self._take(sum(sizes))
         spans = []
-        for rule, values, n in zip(rules, lists, sizes):  # noqa: B905
+        for rule, values, n in zip(rules, lists, sizes, strict=True):
             self._write(values, at, n, rule)
             spans.append(Span(at, n))
             at += n
@@ -187,17 +188,29 @@ class Staging:
         elif self._cuda:
             assert self._device is not None
             begin, stop = spans[0].start, spans[-1].start + spans[-1].n
-            stream = torch.cuda.current_stream(self.device)
-            self._streams.setdefault(stream.cuda_stream, stream)
+            if _current_stream(self.device) not in self._streams:
+                stream = torch.cuda.current_stream(self.device)
+                self._streams[stream.cuda_stream] = stream
             self._device[begin:stop].copy_(self._host[begin:stop], non_blocking=True)
             ring, base = self._device, self._device_address
         else:
             own = [self.host(span).to(self.device) for span in spans]
-            return [Staged(ids, 0, span.n, ids.data_ptr()) for ids, span in zip(own, spans)]  # noqa: B905
+            return [
+                Staged(ids, 0, span.n, ids.data_ptr()) for ids, span in zip(own, spans, strict=True)
+            ]
         if len(spans) == 1:
             (span,) = spans
             return [Staged(ring, span.start, span.n, base + 8 * span.start)]
         return [Staged(ring, span.start, span.n, base + 8 * span.start) for span in spans]
+
+
+def _current_stream(device: torch.device) -> int:
+    """The raw handle of `device`'s current CUDA stream (torch's own getter, as Triton's)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        return int(torch.cuda.current_stream(device).cuda_stream)
+    handle: int = raw(device.index)
+    return handle
 
 
 def _as_ids(ids: object, what: str) -> Any:
