@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import array
+import atexit
 import cProfile
 import importlib
 import io
 import os
 import pstats
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -133,7 +135,9 @@ class _NoLaunch:
 
 def base_module(rev: str) -> ModuleType:
     """kvblocks.device as it was at `rev`, imported as `kvblocks_device_base`."""
-    folder = Path(tempfile.mkdtemp(prefix="kvblocks-device-base-")) / "kvblocks_device_base"
+    root = Path(tempfile.mkdtemp(prefix="kvblocks-device-base-"))
+    atexit.register(shutil.rmtree, root, True)
+    folder = root / "kvblocks_device_base"
     folder.mkdir()
     listing = subprocess.run(
         ["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, "python/kvblocks/device/"],
