@@ -56,6 +56,7 @@ pub mod attention;
 pub mod ceilings;
 pub mod config;
 pub mod coordinator;
+pub mod device_ids;
 pub mod error;
 pub mod events;
 pub mod hashing;

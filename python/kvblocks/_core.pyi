@@ -70,6 +70,7 @@ __all__ = [
     "UnknownLayerError",
     "UnknownRequestError",
     "UnsupportedError",
+    "_IdRing",
     "__version__",
     "append_token_ids_batch",
     "ceiling_block_keys",
@@ -502,6 +503,30 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
     def is_uniform_type(cls, kv_cache_specs: Mapping[str, KVCacheSpec]) -> bool: ...
     @classmethod
     def from_specs(cls, kv_cache_specs: Mapping[str, KVCacheSpec]) -> KVCacheSpec | None: ...
+
+# --- Device ids (src/python/device_ids.rs; rules in src/device_ids.rs) -----------------
+
+@final
+class _IdRing:
+    """Private: kvblocks.device's staging ring, a contiguous int64 CPU tensor whose slots
+    the methods read and write within its length."""
+
+    def __new__(cls, tensor: Any) -> Self: ...
+    def stage(
+        self,
+        ids: Any,
+        start: int,
+        limit: int,
+        unique: bool,
+        forbid_null: bool,
+        what: str,
+    ) -> int: ...
+    def runs(
+        self, first: int, second: int | None, count: int, most: int
+    ) -> list[tuple[int, int, int, int]] | None: ...
+    def pairs(
+        self, first: int, second: int, count: int, most: int
+    ) -> tuple[bool, list[tuple[int, int, int, int]] | None]: ...
 
 # --- KV cache config (src/python/config.rs) ------------------------------------------
 

@@ -55,7 +55,8 @@ struct Class {
 }
 
 /// The subclasses: one per `KvError` variant, indexed by [`class_of`], then the binding
-/// layer's own ([`INVALID_TYPE`], [`INT_OVERFLOW`], and two that only Python raises).
+/// layer's own ([`INVALID_TYPE`], [`INT_OVERFLOW`], [`BLOCK_INDEX`], and one that only Python
+/// raises), then the router's variants (appended, so the indices above stay).
 const CLASSES: [Class; 16] = [
     Class {
         name: "InvalidArgumentError",
@@ -148,6 +149,8 @@ const CLASSES: [Class; 16] = [
 const INVALID_TYPE: usize = 9;
 /// The index in [`CLASSES`] of `IntOverflowError`.
 const INT_OVERFLOW: usize = 10;
+/// The index in [`CLASSES`] of `BlockIndexError`.
+const BLOCK_INDEX: usize = 11;
 
 /// The index in [`CLASSES`] of the error's class.
 fn class_of(e: &KvError) -> usize {
@@ -236,4 +239,9 @@ pub(crate) fn invalid_type(msg: impl Into<String>) -> PyErr {
 /// `IntOverflowError(msg)`: an int too large for the type the binding layer converts to.
 pub(crate) fn int_overflow(msg: impl Into<String>) -> PyErr {
     error_of_class(INT_OVERFLOW, msg.into())
+}
+
+/// `BlockIndexError(msg)`: a block id outside the device pages (`kvblocks.device`'s ids).
+pub(crate) fn block_index(msg: impl Into<String>) -> PyErr {
+    error_of_class(BLOCK_INDEX, msg.into())
 }

@@ -42,7 +42,7 @@ fn u32_error(py: Python<'_>, e: PyErr, what: &str) -> PyErr {
 /// The values of a list of exact `int`s within `u32`, read with no new reference per item;
 /// `None` as soon as an item is anything else (the caller then takes the generic path,
 /// which raises the right error).
-fn exact_int_list(list: &Bound<'_, PyList>) -> Option<Vec<u32>> {
+pub(crate) fn exact_int_list(list: &Bound<'_, PyList>) -> Option<Vec<u32>> {
     let n = list.len();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {

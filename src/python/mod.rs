@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod ceilings;
 mod config;
+mod device_ids;
 mod errors;
 mod events;
 mod hashing;
@@ -38,6 +39,7 @@ fn kvblocks_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     publish::register(m)?;
     spec::register(m)?;
     config::register(m)?;
+    device_ids::register(m)?;
     manager::register(m)?;
     offload::register(m)?;
     stats::register(m)?;

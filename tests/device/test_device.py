@@ -836,3 +836,218 @@ def test_manager_block_table_goes_in_as_is() -> None:
     assert torch.equal(block_table(frozen, width), table)
     for device in DEVICES:
         assert torch.equal(block_table(buf, width, device).cpu(), table)
+
+
+# ------------------------------------------------------------------- the per-call path
+
+
+def raw_pages(pages: KVPages) -> list[torch.Tensor]:
+    """Every plane of every batch as `[num_blocks, bytes]` rows of CPU bytes (the reference
+    is torch's own index ops on these)."""
+    out = []
+    for move in pages._moves:
+        view = move.device.cpu()
+        out.append(view.reshape(view.shape[0], -1).view(torch.uint8).clone())
+    return out
+
+
+@pytest.mark.parametrize("config", ["full", "diffkv", "attn+mamba shared", "uniform"])
+def test_kernel_variants_match_torch_index_ops(config: str, kernel: str) -> None:
+    """Each kernel variant (both ids, source ids only, destination ids only, through a
+    scratch tensor) against torch's index ops on random ids, repeated sources included;
+    bad ids (out of range, repeated destinations, the null block) raise and touch nothing."""
+    rng = torch.Generator().manual_seed(11)
+    pages = make(config, DEVICES[-1])
+    for _ in range(4):
+        n = int(torch.randint(1, NB - 1, (1,), generator=rng))
+        src = torch.randint(0, NB, (n,), generator=rng).tolist()  # repeats allowed
+        dst = (torch.randperm(NB - 1, generator=rng)[:n] + 1).tolist()
+        before = raw_pages(pages)
+        blob = pages.gather(src)
+        expect = [plane.index_select(0, torch.tensor(src)) for plane in before]
+        got = [rows.reshape(n, -1) for rows in split_rows(pages, blob.cpu())]
+        assert all(torch.equal(g, e) for g, e in zip(got, expect, strict=True))
+        pages.copy_blocks(src, dst)  # overlapping sets go through the scratch variant
+        after = [p.clone() for p in before]
+        for plane, old in zip(after, before, strict=True):
+            plane.index_copy_(0, torch.tensor(dst), old.index_select(0, torch.tensor(src)))
+        assert all(torch.equal(a, b) for a, b in zip(raw_pages(pages), after, strict=True))
+        pages.scatter(dst[::-1], blob)
+        for plane, rows in zip(after, split_rows(pages, blob.cpu()), strict=True):
+            plane.index_copy_(0, torch.tensor(dst[::-1]), rows.reshape(n, -1))
+        assert all(torch.equal(a, b) for a, b in zip(raw_pages(pages), after, strict=True))
+    before = raw_pages(pages)
+    for call, error in [
+        (lambda: pages.gather([1, NB]), IndexError),
+        (lambda: pages.copy_blocks([1, 2], [3, -1]), IndexError),
+        (lambda: pages.copy_blocks([1, 2], [3, 3]), ValueError),
+        (lambda: pages.scatter([2, 0], pages.gather([1, 1])), ValueError),
+        (lambda: pages.zero_blocks([5, 5]), ValueError),
+    ]:
+        with pytest.raises(error):
+            call()
+    assert all(torch.equal(a, b) for a, b in zip(raw_pages(pages), before, strict=True))
+
+
+def split_rows(pages: KVPages, rows: torch.Tensor) -> list[torch.Tensor]:
+    """Gathered rows cut into each plane's part, `[n, buffers, rows, words]`, as bytes."""
+    return [
+        pages._rows_view(rows, move).contiguous().view(torch.uint8).reshape(rows.shape[0], -1)
+        for move in pages._moves
+    ]
+
+
+def test_ids_in_every_form_and_bad_ones() -> None:
+    """Lists, tuples, ranges, int32/int64 tensors, numpy arrays and int32 buffers (what
+    `KVCacheManager.block_table` returns, a row at a time) all move the same blocks; bad
+    forms raise the module's errors before any page moves."""
+    import array
+
+    np = pytest.importorskip("numpy")
+    pages = make("full", "cpu")
+    want = pages.gather([3, 5, 7])
+    forms = [
+        (3, 5, 7),
+        range(3, 9, 2),
+        torch.tensor([3, 5, 7], dtype=torch.int32),
+        np.array([3, 5, 7], dtype=np.int64),
+        memoryview(array.array("i", [3, 5, 7])),
+        memoryview(bytes(array.array("i", [3, 5, 7]))).cast("i"),  # read-only
+        iter([3, 5, 7]),
+        [np.int64(3), 5, True + 6],
+    ]
+    for ids in forms:
+        assert torch.equal(pages.gather(ids), want), ids
+    before = snapshot(pages)
+    for bad, error, match in [
+        ([3, 2.0], TypeError, "integers"),
+        ([3, "4"], TypeError, "integers"),
+        ([[3]], ValueError, "1-D"),
+        (torch.ones(2, 2, dtype=torch.int64), ValueError, "1-D"),
+        (torch.tensor([1.0]), TypeError, "integers"),
+        ([2**64], IndexError, "int64"),
+        (np.array([NB]), IndexError, "out of range"),
+        (memoryview(array.array("i", [4, 4])), ValueError, "duplicate"),
+        (iter([2, 0]), ValueError, "null block"),
+    ]:
+        with pytest.raises(error, match=match):
+            pages.zero_blocks(bad)
+    assert_same(snapshot(pages), before)
+
+
+def test_staging_ring_wraps_and_grows() -> None:
+    from kvblocks.device._staging import Rule, Staging
+
+    ring = Staging(torch.device("cpu"), capacity=8)
+    a, b = ring.stage(Rule([1, 2, 3], "a", 10), Rule(torch.tensor([4, 5]), "b", 10))
+    assert (a.start, a.n, b.start, b.n) == (0, 3, 3, 2)
+    assert ring.host(a).tolist() + ring.host(b).tolist() == [1, 2, 3, 4, 5]
+    assert [t.tensor().tolist() for t in ring.on_device(a, b)] == [[1, 2, 3], [4, 5]]
+    with pytest.raises(ValueError, match="duplicate"):
+        ring.stage(Rule([9], "c", 10), Rule([6, 6], "d", 10, unique=True))
+    (c,) = ring.stage(Rule([6, 7, 8, 9], "e", 10))  # does not fit after slot 5: a new lap
+    assert (c.start, ring.host(c).tolist()) == (0, [6, 7, 8, 9])
+    (d,) = ring.stage(Rule(list(range(20)), "f", 20))  # more than the ring holds: it grows
+    assert ring.capacity >= 20 and ring.host(d).tolist() == list(range(20))
+    assert ring.runs(d, None, 4) == [(0, 20, 0, 0)]
+    (e, f) = ring.stage(Rule([5, 6, 1, 2, 3], "g", 20), Rule([7, 8, 9, 10, 11], "h", 20))
+    assert ring.runs(e, None, 4) == [(0, 2, 5, 5), (2, 3, 1, 1)]
+    assert ring.runs(e, f, 4) == [(0, 2, 5, 7), (2, 3, 1, 9)] and ring.runs(e, None, 1) is None
+
+
+def test_direct_launch_passes_what_the_generic_launch_passed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bound (direct) launch used on CUDA, checked without a GPU: after the first call
+    of a key has gone through the jitted kernel with tensor views, later calls hand the
+    compiled kernel the same addresses, strides and flags as raw ints."""
+    calls: list[tuple[str, tuple[int, int, int], tuple[Any, ...]]] = []
+
+    class Compiled:
+        def __getitem__(self, grid: tuple[int, int, int]) -> Any:
+            return lambda *args, stream: calls.append(("direct", grid, args))
+
+    class Jitted:
+        def __getitem__(self, grid: tuple[int, int, int]) -> Any:
+            def launch(*args: Any, SRC_IDS: bool, DST_IDS: bool, BLOCK: int, **kw: Any) -> Any:
+                flat = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+                calls.append(("jit", grid, (*flat, SRC_IDS, DST_IDS, BLOCK)))
+                return Compiled()
+
+            return launch
+
+    monkeypatch.setenv("KVBLOCKS_DEVICE_KERNEL", "triton")
+    monkeypatch.setattr(_kernels, "_kernel", lambda: Jitted())
+    monkeypatch.setattr(_kernels, "_direct", lambda src, dst: True)
+    monkeypatch.setattr(_kernels, "_stream", lambda device: 0)
+    monkeypatch.setattr(_kernels, "_BOUND", {})
+    pages = make("diffkv", "cpu")  # two planes: two launches per call
+    out = torch.empty((3, pages.block_bytes), dtype=torch.uint8)
+    for _ in range(2):
+        pages.gather([1, 4, 2], out=out)
+        pages.scatter([5, 6, 7], out)
+        pages.copy_blocks([1, 2, 3], [8, 9, 10])
+        pages.copy_blocks([1, 2, 3], [2, 3, 11])  # overlapping: through a scratch tensor
+    first, second = calls[: len(calls) // 2], calls[len(calls) // 2 :]
+    assert [c[0] for c in first[:6]] == ["jit"] * 6 and all(c[0] == "direct" for c in second)
+    for (_, grid_a, args_a), (_, grid_b, args_b) in zip(first, second, strict=True):
+        assert grid_a == grid_b
+        # The ids and the scratch tensor live elsewhere on the second call; the rest agrees.
+        assert args_a[4:] == args_b[4:]
+        assert (args_a[0] == args_b[0]) or (args_a[1] == args_b[1])
+
+
+def test_fragmented_host_ids_coalesce_into_runs() -> None:
+    """Swaps through the copy engines sort fragmented host ids so that consecutive host
+    blocks move as one copy; each (device, host) pair stays together."""
+    import kvblocks.device._pages as impl
+
+    pages = make("full", "cpu", host_blocks=NB)
+    device_ids = [7, 3, 9, 1, 4, 11]
+    host_ids = [5, 2, 3, 0, 4, 1]  # 0..5, shuffled: five runs as given, one once sorted
+    src, dst = pages._staging.stage(
+        pages._src(device_ids, "device"), pages._dst(host_ids, "host", host_side=True)
+    )
+    assert pages._staging.runs(dst, None, impl.DMA_MAX_RUNS) is not None  # few: kept as is
+    host, device, runs = pages._dma_order(dst, src)
+    assert (host.tolist(), device.tolist()) == (host_ids, device_ids) and len(runs or ()) == 5
+    # With at most one run allowed, the ids are sorted by host id: one run of six.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(impl, "DMA_MAX_RUNS", 1)
+        host, device, runs = pages._dma_order(dst, src)
+    assert host.tolist() == sorted(host_ids) and runs == [(0, 6, 0, 0)]
+    assert dict(zip(host.tolist(), device.tolist(), strict=True)) == dict(
+        zip(host_ids, device_ids, strict=True)
+    )
+
+
+def test_core_reads_and_writes_only_inside_its_tensors() -> None:
+    """The core's staging ring finds memory through the tensor it wraps and refuses slots
+    outside it, non-contiguous or non-CPU tensors, items of other sizes, and a tensor
+    whose memory moved."""
+    from kvblocks import _core
+
+    host = torch.zeros(8, dtype=torch.int64)
+    ring = _core._IdRing(host)
+    rule = (10, False, False, "ids")
+    for call in [
+        lambda: ring.stage([1, 2, 3], 6, *rule),
+        lambda: ring.stage(torch.ones(2, dtype=torch.int16), 0, *rule),
+        lambda: ring.stage(torch.ones(9, dtype=torch.int32), 0, *rule),
+        lambda: ring.stage(torch.ones(4, dtype=torch.int32)[::2], 0, *rule),
+        lambda: ring.runs(7, None, 2, 4),
+        lambda: ring.pairs(0, 7, 2, 4),
+        lambda: _core._IdRing(host[::2]),
+        lambda: _core._IdRing(torch.zeros(4, dtype=torch.int32)),
+    ]:
+        with pytest.raises(ValueError):
+            call()
+    assert host.tolist() == [0] * 8
+    assert ring.stage(torch.tensor([3, 4], dtype=torch.int32), 6, *rule) == 2
+    assert host.tolist() == [0] * 6 + [3, 4]
+    host.resize_(1 << 16)  # new memory: the ring refuses to touch it
+    with pytest.raises(ValueError, match="outside"):
+        ring.stage([1], 0, *rule)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError):
+            _core._IdRing(torch.zeros(4, dtype=torch.int64, device="cuda"))

@@ -35,6 +35,7 @@ from kvblocks.device._layout import (
     dtype_size,
     plan,
 )
+from kvblocks.device._staging import Rule, Run, Span, Staged, Staging, id_tensor
 
 Ids = Union[Sequence[int], torch.Tensor, "npt.NDArray[np.integer[Any]]"]
 """Block ids: a sequence of ints, a 1-D integer tensor (host preferred) or a numpy array."""
@@ -51,18 +52,24 @@ DMA_MIN_RUN_BYTES = 256 << 10
 DMA_MAX_RUNS = 8
 # Temporaries of index copies without the kernel are cut to this size (cache-resident).
 COPY_CHUNK_BYTES = 2 << 20
-# Runs in id lists up to this long are found with a Python loop (cheaper than torch ops).
-SMALL = 64
 
 
 @dataclass(frozen=True, eq=False)
 class _Move:
-    """One plane of one batch: the device view `[num_blocks, buffers, rows, words]`."""
+    """One plane of one batch, with everything a call needs to move it, built once: the
+    device view `[num_blocks, buffers, rows, words]`, its segments, and the kernel's sides
+    for the pages, for `[n, block_bytes]` rows (gather/scatter/host pool) and for a
+    `[n, buffers, rows, words]` scratch tensor."""
 
     batch: Batch
     plane: Plane
     prefix: int  # bytes of the batch's earlier planes within one buffer's block
     device: torch.Tensor
+    seg: _kernels.Segments
+    pages: _kernels.Side
+    rows: _kernels.Side
+    scratch: _kernels.Side
+    fits: bool  # the kernel can move it (else torch's index ops do)
 
 
 class HostIds(NamedTuple):
@@ -86,24 +93,7 @@ def _host_ids(ids: Ids, what: str) -> HostIds:
             if not buffer:
                 return HostIds(torch.empty(0, dtype=torch.int64), [])
             return HostIds(torch.frombuffer(buffer, dtype=torch.int64), buffer.tolist())
-    if isinstance(ids, torch.Tensor):
-        tensor = ids.detach()
-    else:
-        try:
-            tensor = torch.as_tensor(ids)
-        except (TypeError, ValueError, RuntimeError) as err:
-            raise InvalidTypeError(
-                f"{what}: block ids must be a sequence of ints ({err})"
-            ) from None
-        if tensor.numel() == 0:
-            tensor = tensor.reshape(0).to(torch.int64)
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
-        raise InvalidTypeError(f"{what}: block ids must be integers, got {tensor.dtype}")
-    if tensor.dim() != 1:
-        raise InvalidArgumentError(
-            f"{what}: block ids must be 1-D, got shape {tuple(tensor.shape)}"
-        )
-    tensor = tensor.to("cpu", torch.int64)
+    tensor = id_tensor(ids, what).to("cpu", torch.int64)
     return HostIds(tensor, tensor.tolist())
 
 
@@ -117,28 +107,6 @@ def _check_unique(values: list[int], what: str) -> None:
     if len(set(values)) != len(values):
         dup = next(v for v, count in collections.Counter(values).items() if count > 1)
         raise InvalidArgumentError(f"{what}: duplicate destination block id {dup}")
-
-
-def _runs(*columns: HostIds, most: int) -> list[tuple[int, int]] | None:
-    """(position, length) of the maximal runs where every column advances by exactly 1, or
-    None when there are more than `most` runs (then nobody iterates them)."""
-    n = len(columns[0].values)
-    if n == 0:
-        return []
-    if n <= SMALL:
-        cuts = [i for i in range(1, n) if any(c.values[i] - c.values[i - 1] != 1 for c in columns)]
-    else:
-        breaks = torch.zeros(n - 1, dtype=torch.bool)
-        for col in columns:
-            breaks |= col.tensor[1:] - col.tensor[:-1] != 1
-        if int(breaks.sum()) >= most:
-            return None
-        cuts = (torch.nonzero(breaks).flatten() + 1).tolist()
-    if len(cuts) >= most:
-        return None
-    starts = [0, *cuts]
-    ends = [*cuts, n]
-    return [(s, e - s) for s, e in zip(starts, ends, strict=True)]
 
 
 def _copy_indexed(
@@ -273,13 +241,16 @@ class KVPages:
 
     Destination ids must be unique and in range; block 0 (the null block) may not be written
     unless `protect_null_block=False`. Every check runs before any page is touched. Ids are
-    validated on the host: pass Python lists, numpy arrays or CPU tensors (a CUDA tensor of
-    ids costs a device sync).
+    checked on the host by the core while they are written into this KVPages' staging ring
+    (`_staging`), then uploaded with one copy: pass Python lists (the manager's own), numpy
+    arrays, int32 buffers or CPU tensors (a CUDA tensor of ids costs a device sync).
 
     On CUDA, copy_blocks/gather/scatter run one Triton kernel per group of same-shaped
-    buffers (see `_kernels`; the first call of each variant compiles it), copy_blocks with
-    overlapping source and destination sets goes through a temporary, and swaps run on a side
-    stream through the copy engines. Not thread-safe: one owner thread per KVPages.
+    buffers (see `_kernels`; the first call of each variant compiles it and binds it, later
+    calls launch the compiled kernel directly), copy_blocks with overlapping source and
+    destination sets goes through a temporary, and swaps run on a side stream through the
+    copy engines, fragmented host ids sorted into runs first. Not thread-safe: one owner
+    thread per KVPages.
     """
 
     def __init__(
@@ -308,6 +279,7 @@ class KVPages:
         self.block_bytes = self.geometry.block_bytes
         self.host_blocks = host_blocks or 0
         self._null = 1 if protect_null_block else 0
+        self._protect = bool(protect_null_block)
         pin = self.device.type == "cuda" if pin_memory is None else pin_memory
         host_bytes = self.host_blocks * self.block_bytes
         cpu = torch.device("cpu")
@@ -326,6 +298,9 @@ class KVPages:
                 self.host_blocks, self.block_bytes
             )
         self._moves = tuple(self._make_moves())
+        # Bytes of one id in the largest plane (copy_blocks' slice-copy threshold).
+        self._widest = max(m.plane.rows * m.plane.width * len(m.batch.buffers) for m in self._moves)
+        self._staging = Staging(self.device)
         self._row_word = _WORDS[math.gcd(8, self.block_bytes)]
         self._swap_outs: list[Transfer] = []
         self._side: torch.cuda.Stream | None = (
@@ -339,30 +314,33 @@ class KVPages:
     def _make_moves(self) -> list[_Move]:
         moves = []
         for batch in self.geometry.batches:
-            words = self._storage.view(_WORDS[batch.word])
             prefix = 0
+            per_buffer = sum(p.rows * p.width for p in batch.planes)
             for plane in batch.planes:
-                w = batch.word
-                view = words.as_strided(
-                    (batch.num_blocks, len(batch.buffers), plane.rows, plane.width // w),
-                    (plane.width // w, batch.stride // w, batch.num_blocks * plane.width // w, 1),
-                    (batch.base + plane.offset) // w,
+                w, width, buffers = batch.word, plane.width // batch.word, len(batch.buffers)
+                seg = _kernels.segments(buffers, plane.rows, width, _WORDS[w])
+                pages = _kernels.Side(
+                    batch.base + plane.offset,
+                    (width, batch.stride // w, batch.num_blocks * width),
+                    batch.num_blocks,
                 )
-                moves.append(_Move(batch, plane, prefix, view))
+                rows = _kernels.Side(
+                    batch.host_offset + prefix,
+                    (self.block_bytes // w, per_buffer // w, width),
+                )
+                scratch = _kernels.Side(
+                    0, (buffers * plane.rows * width, plane.rows * width, width)
+                )
+                view = _kernels.view(self._storage, pages, seg)
+                fits = _kernels.fits(seg)
+                moves.append(_Move(batch, plane, prefix, view, seg, pages, rows, scratch, fits))
                 prefix += plane.rows * plane.width
         return moves
 
     def _rows_view(self, rows: torch.Tensor, move: _Move) -> torch.Tensor:
         """`move`'s part of a contiguous `[n, block_bytes]` byte tensor, shaped like the device
         view (`[n, buffers, rows, words]`)."""
-        batch, plane, w = move.batch, move.plane, move.batch.word
-        words = rows.view(_WORDS[w])
-        per_buffer = sum(p.rows * p.width for p in batch.planes)
-        return words.as_strided(
-            (rows.shape[0], len(batch.buffers), plane.rows, plane.width // w),
-            (self.block_bytes // w, per_buffer // w, plane.width // w, 1),
-            words.storage_offset() + (batch.host_offset + move.prefix) // w,
-        )
+        return _kernels.view(rows, move.rows, move.seg)
 
     def _words(self, rows: torch.Tensor) -> torch.Tensor:
         """A contiguous uint8 `[n, block_bytes]` tensor as wide words, for fast index ops."""
@@ -462,27 +440,18 @@ class KVPages:
 
     # ------------------------------------------------------------ validation
 
-    def _sources(self, ids: Ids, what: str, limit: int | None = None) -> HostIds:
-        host = _host_ids(ids, what)
-        _check_range(host.values, self.num_blocks if limit is None else limit, what)
-        return host
+    def _src(self, ids: Ids, what: str, limit: int | None = None) -> Rule:
+        return Rule(ids, what, self.num_blocks if limit is None else limit)
 
-    def _destinations(self, ids: Ids, what: str, host_side: bool = False) -> HostIds:
-        host = _host_ids(ids, what)
-        _check_range(host.values, self.host_blocks if host_side else self.num_blocks, what)
-        _check_unique(host.values, what)
-        if not host_side and self._null and 0 in host.values:
-            raise InvalidArgumentError(
-                f"{what}: block 0 is the null block and is never written "
-                f"(protect_null_block=False allows it)"
-            )
-        return host
+    def _dst(self, ids: Ids, what: str, host_side: bool = False) -> Rule:
+        if host_side:
+            return Rule(ids, what, self.host_blocks, True)
+        return Rule(ids, what, self.num_blocks, True, self._protect)
 
-    def _same_length(self, a: HostIds, b: HostIds, what: str) -> None:
-        if len(a.values) != len(b.values):
-            raise InvalidArgumentError(
-                f"{what}: {len(a.values)} source ids but {len(b.values)} destination ids"
-            )
+    @staticmethod
+    def _same_length(a: Span, b: Span, what: str) -> None:
+        if a.n != b.n:
+            raise InvalidArgumentError(f"{what}: {a.n} source ids but {b.n} destination ids")
 
     def _need_host_pool(self, what: str) -> torch.Tensor:
         if self.host_pool is None:
@@ -503,38 +472,43 @@ class KVPages:
     def copy_blocks(self, src: Ids, dst: Ids) -> None:
         """Copy block `src[i]` to block `dst[i]` in every buffer. All sources are read before
         any destination is written (as vLLM's copy_kv_cache_blocks_inplace)."""
-        s = self._sources(src, "copy_blocks src")
-        d = self._destinations(dst, "copy_blocks dst")
+        ids = self._staging
+        s, d = ids.pair(self._src(src, "copy_blocks src"), self._dst(dst, "copy_blocks dst"))
         self._same_length(s, d, "copy_blocks")
-        n = len(s.values)
+        n = s.n
         if n == 0:
             return
-        disjoint = set(s.values).isdisjoint(d.values)
         # Runs of consecutive (src, dst) pairs go as slice copies where they are few or long;
         # they are counted only up to where no plane would take that path.
-        most = [self._slice_runs(n, m) for m in self._moves]
-        runs = _runs(s, d, most=max(most)) if disjoint else None
-        sliced = []
+        most = max(SLICE_COPY_MAX_RUNS, n * self._widest // SLICE_COPY_MIN_RUN_BYTES)
+        disjoint, runs = ids.pairs(s, d, most)
+        sliced: tuple[_Move, ...] = ()
         if runs is not None:
-            sliced = [m for m, k in zip(self._moves, most, strict=True) if len(runs) <= k]
-            for move in sliced:
-                for pos, length in runs:
-                    a, b = s.values[pos], d.values[pos]
-                    move.device[b : b + length].copy_(move.device[a : a + length])
-        rest = [m for m in self._moves if m not in sliced]
+            sliced = tuple(m for m in self._moves if len(runs) <= self._slice_runs(n, m))
+        for move in sliced:
+            for _, length, a, b in runs or ():
+                move.device[b : b + length].copy_(move.device[a : a + length])
+        rest = [m for m in self._moves if m not in sliced] if sliced else self._moves
         if rest:
-            s_dev, d_dev = self._to_device(torch.stack([s.tensor, d.tensor])).unbind(0)
+            s_dev, d_dev = ids.on_device(s, d)
+            kernel = _kernels.usable(self.device)
             for move in rest:
-                if self._kernel_for(move) and disjoint:
-                    _kernels.copy(move.device, move.device, s_dev, d_dev, n)
-                elif self._kernel_for(move):  # all sources read (into tmp) before any write
+                if kernel and move.fits and disjoint:
+                    pages, side = self._storage, move.pages
+                    _kernels.copy(move.seg, pages, side, pages, side, s_dev, d_dev, n)
+                elif kernel and move.fits:  # all sources read (into tmp) before any write
                     tmp = move.device.new_empty((n, *move.device.shape[1:]))
-                    _kernels.copy(move.device, tmp, s_dev, None, n)
-                    _kernels.copy(tmp, move.device, None, d_dev, n)
+                    _kernels.copy(
+                        move.seg, self._storage, move.pages, tmp, move.scratch, s_dev, None, n
+                    )
+                    _kernels.copy(
+                        move.seg, tmp, move.scratch, self._storage, move.pages, None, d_dev, n
+                    )
                 elif disjoint:
-                    _copy_indexed(move.device, s_dev, move.device, d_dev)
+                    _copy_indexed(move.device, s_dev.tensor(), move.device, d_dev.tensor())
                 else:
-                    move.device.index_copy_(0, d_dev, move.device.index_select(0, s_dev))
+                    chosen: torch.Tensor = move.device.index_select(0, s_dev.tensor())
+                    move.device.index_copy_(0, d_dev.tensor(), chosen)
 
     @staticmethod
     def _slice_runs(num_ids: int, move: _Move) -> int:
@@ -544,18 +518,18 @@ class KVPages:
 
     def zero_blocks(self, ids: Ids) -> None:
         """Fill the given blocks of every buffer with zero bytes."""
-        d = self._destinations(ids, "zero_blocks")
-        if not d.values:
+        d = self._staging.one(ids, "zero_blocks", self.num_blocks, True, self._protect)
+        if not d.n:
             return
-        d_dev = self._to_device(d.tensor)
+        d_dev = self._staging.on_device(d)[0].tensor()
         for move in self._moves:
             move.device.index_fill_(0, d_dev, 0)
 
     def gather(self, ids: Ids, out: torch.Tensor | None = None) -> torch.Tensor:
         """The given blocks of every buffer as one contiguous uint8 `[len(ids), block_bytes]`
         tensor on the device (the host-pool row format), written to `out` if given."""
-        s = self._sources(ids, "gather")
-        n = len(s.values)
+        s = self._staging.one(ids, "gather", self.num_blocks)
+        n = s.n
         if out is None:
             out = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
         else:
@@ -563,7 +537,7 @@ class KVPages:
             if not out.is_contiguous():
                 raise InvalidArgumentError("gather out must be contiguous")
         if n:
-            self._gather_into(out, self._to_device(s.tensor))
+            self._gather_into(out, *self._staging.on_device(s))
         return out
 
     def _check_rows(self, rows: object, n: int, what: str) -> None:
@@ -578,37 +552,47 @@ class KVPages:
         if rows.device != self.device:
             raise InvalidArgumentError(f"{what} is on {rows.device}, the pages on {self.device}")
 
-    def _gather_into(self, out: torch.Tensor, ids: torch.Tensor) -> None:
+    def _gather_into(self, out: torch.Tensor, ids: Staged) -> None:
+        kernel = _kernels.usable(self.device)
         for move in self._moves:
-            rows = self._rows_view(out, move)
-            if self._kernel_for(move):
-                _kernels.copy(move.device, rows, ids, None, ids.numel())
+            if kernel and move.fits:
+                n = out.shape[0]
+                _kernels.copy(move.seg, self._storage, move.pages, out, move.rows, ids, None, n)
             else:
-                torch.index_select(move.device, 0, ids, out=rows)
-
-    def _kernel_for(self, move: _Move) -> bool:
-        return _kernels.usable(self.device, len(move.batch.buffers) * move.plane.rows)
+                torch.index_select(move.device, 0, ids.tensor(), out=self._rows_view(out, move))
 
     def scatter(self, ids: Ids, data: torch.Tensor) -> None:
         """Write `data` (as returned by gather: uint8 `[len(ids), block_bytes]` on the
         device) into the given blocks."""
-        d = self._destinations(ids, "scatter")
-        self._check_rows(data, len(d.values), "scatter data")
-        if d.values:
-            self._scatter_from(data.contiguous(), self._to_device(d.tensor))
+        d = self._staging.one(ids, "scatter", self.num_blocks, True, self._protect)
+        self._check_rows(data, d.n, "scatter data")
+        if d.n:
+            self._scatter_from(data.contiguous(), *self._staging.on_device(d))
 
-    def _scatter_from(self, data: torch.Tensor, ids: torch.Tensor) -> None:
+    def _scatter_from(self, data: torch.Tensor, ids: Staged) -> None:
+        kernel = _kernels.usable(self.device)
         for move in self._moves:
-            rows = self._rows_view(data, move)
-            if self._kernel_for(move):
-                _kernels.copy(rows, move.device, None, ids, ids.numel())
+            if kernel and move.fits:
+                n = data.shape[0]
+                _kernels.copy(move.seg, data, move.rows, self._storage, move.pages, None, ids, n)
             else:
-                move.device.index_copy_(0, ids, rows)
+                move.device.index_copy_(0, ids.tensor(), self._rows_view(data, move))
 
-    def _dma_runs(self, ids: HostIds) -> list[tuple[int, int]] | None:
-        """Runs of consecutive host ids, if few or long enough for one DMA each; else None."""
-        n = len(ids.values)
-        return _runs(ids, most=max(DMA_MAX_RUNS, n * self.block_bytes // DMA_MIN_RUN_BYTES))
+    def _dma_order(
+        self, host: Span, other: Span
+    ) -> tuple[torch.Tensor, torch.Tensor, list[Run] | None]:
+        """The ids of a swap (`host` side, `other` side, as CPU tensors of their own) in the
+        order that makes the fewest runs of consecutive host ids (ascending, unless already
+        few), and those runs when few or long enough for one DMA each (else None)."""
+        n = host.n
+        most = max(DMA_MAX_RUNS, n * self.block_bytes // DMA_MIN_RUN_BYTES)
+        host_ids, other_ids = self._staging.host(host).clone(), self._staging.host(other).clone()
+        runs = self._staging.runs(host, None, most)
+        if runs is None:  # coalesce: consecutive host ids side by side
+            host_ids, order = torch.sort(host_ids)
+            other_ids = other_ids[order]
+            runs = self._staging.runs_in(host_ids, most)
+        return host_ids, other_ids, runs
 
     def swap_out(self, device_ids: Ids, host_ids: Ids) -> Transfer:
         """Copy device blocks to host-pool blocks on a side stream; returns the Transfer.
@@ -618,34 +602,39 @@ class KVPages:
         host rows are valid after `synchronize()`.
         """
         host = self._need_host_pool("swap_out")
-        src = self._sources(device_ids, "swap_out device ids")
-        dst = self._destinations(host_ids, "swap_out host ids", host_side=True)
+        src, dst = self._staging.stage(
+            self._src(device_ids, "swap_out device ids"),
+            self._dst(host_ids, "swap_out host ids", host_side=True),
+        )
         self._same_length(src, dst, "swap_out")
-        n = len(src.values)
+        n = src.n
         if n == 0:
             return Transfer()
         self._settle(all_swap_outs=False)
         if self._swap_by_kernel():
             with self._on_side():
-                s_dev, d_dev = self._to_device(torch.stack([src.tensor, dst.tensor])).unbind(0)
+                s_dev, d_dev = self._staging.on_device(src, dst)
                 for move in self._moves:
-                    _kernels.copy(move.device, self._rows_view(host, move), s_dev, d_dev, n)
+                    pages = self._storage
+                    _kernels.copy(move.seg, pages, move.pages, host, move.rows, s_dev, d_dev, n)
                 return self._track(self._transfer(()))
         if self.device.type == "cpu":
+            s_ids, d_ids = self._staging.host(src), self._staging.host(dst)
             for move in self._moves:
-                _copy_indexed(move.device, src.tensor, self._rows_view(host, move), dst.tensor)
+                _copy_indexed(move.device, s_ids, self._rows_view(host, move), d_ids)
             return Transfer()
         if self._side is None:  # another accelerator: synchronous, through host memory
-            rows = self.gather(src.tensor).to("cpu")
-            self._words(host).index_copy_(0, dst.tensor, self._words(rows))
+            rows = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
+            self._gather_into(rows, *self._staging.on_device(src))
+            self._words(host).index_copy_(0, self._staging.host(dst), self._words(rows.cpu()))
             return Transfer()
-        runs = self._dma_runs(dst)
+        host_order, device_order, runs = self._dma_order(dst, src)
         with self._on_side():
             staging = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
-            self._gather_into(staging, self._to_device(src.tensor))
+            (ordered,) = self._staging.stage(self._src(device_order, "swap_out device ids"))
+            self._gather_into(staging, *self._staging.on_device(ordered))
             if runs is not None:
-                for pos, length in runs:
-                    first = dst.values[pos]
+                for pos, length, first, _ in runs:
                     host[first : first + length].copy_(
                         staging[pos : pos + length], non_blocking=True
                     )
@@ -654,7 +643,7 @@ class KVPages:
             pinned.copy_(staging, non_blocking=True)
             transfer = self._transfer(
                 (staging, pinned),
-                lambda: self._words(host).index_copy_(0, dst.tensor, self._words(pinned)),
+                lambda: self._words(host).index_copy_(0, host_order, self._words(pinned)),
             )
         return self._track(transfer)
 
@@ -662,7 +651,9 @@ class KVPages:
         """Swaps run as one kernel per plane reading/writing the pinned host pool directly
         (over unified addressing) when KVBLOCKS_DEVICE_SWAP=kernel and the kernel is usable;
         by default they use the copy engines (DMA)."""
-        return _kernels.swap_mode() == "kernel" and all(self._kernel_for(m) for m in self._moves)
+        if _kernels.swap_mode() != "kernel" or not _kernels.usable(self.device):
+            return False
+        return all(m.fits for m in self._moves)
 
     def _on_side(self) -> contextlib.AbstractContextManager[object]:
         """Run on the side stream after the work queued so far (no-op off CUDA)."""
@@ -709,44 +700,48 @@ class KVPages:
         pages finish first). Call `wait()` on the Transfer before reading the pages.
         """
         host = self._need_host_pool("swap_in")
-        src = self._sources(host_ids, "swap_in host ids", self.host_blocks)
-        dst = self._destinations(device_ids, "swap_in device ids")
+        src, dst = self._staging.stage(
+            self._src(host_ids, "swap_in host ids", self.host_blocks),
+            self._dst(device_ids, "swap_in device ids"),
+        )
         self._same_length(src, dst, "swap_in")
-        n = len(src.values)
+        n = src.n
         if n == 0:
             return Transfer()
         if self._swap_by_kernel():
             self._settle(all_swap_outs=False)
             with self._on_side():
-                s_dev, d_dev = self._to_device(torch.stack([src.tensor, dst.tensor])).unbind(0)
+                s_dev, d_dev = self._staging.on_device(src, dst)
                 for move in self._moves:
-                    _kernels.copy(self._rows_view(host, move), move.device, s_dev, d_dev, n)
+                    pages = self._storage
+                    _kernels.copy(move.seg, host, move.rows, pages, move.pages, s_dev, d_dev, n)
                 return self._transfer(())
         if self.device.type == "cpu":
+            s_ids, d_ids = self._staging.host(src), self._staging.host(dst)
             for move in self._moves:
-                _copy_indexed(self._rows_view(host, move), src.tensor, move.device, dst.tensor)
+                _copy_indexed(self._rows_view(host, move), s_ids, move.device, d_ids)
             return Transfer()
         if self._side is None:  # another accelerator: synchronous, through host memory
-            rows = self._words(host).index_select(0, src.tensor).view(torch.uint8)
-            self._scatter_from(rows.to(self.device), self._to_device(dst.tensor))
+            rows = self._words(host).index_select(0, self._staging.host(src)).view(torch.uint8)
+            self._scatter_from(rows.to(self.device), *self._staging.on_device(dst))
             return Transfer()
-        runs = self._dma_runs(src)
+        host_order, device_order, runs = self._dma_order(src, dst)
         self._settle(all_swap_outs=runs is None)  # the host reads the pool below if None
         with self._on_side():
             staging = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
             keep: tuple[torch.Tensor, ...] = (staging,)
             if runs is not None:
-                for pos, length in runs:
-                    first = src.values[pos]
+                for pos, length, first, _ in runs:
                     staging[pos : pos + length].copy_(
                         host[first : first + length], non_blocking=True
                     )
             else:
                 source = torch.empty((n, self.block_bytes), dtype=torch.uint8, pin_memory=True)
-                torch.index_select(self._words(host), 0, src.tensor, out=self._words(source))
+                torch.index_select(self._words(host), 0, host_order, out=self._words(source))
                 staging.copy_(source, non_blocking=True)
                 keep = (staging, source)
-            self._scatter_from(staging, self._to_device(dst.tensor))
+            (ordered,) = self._staging.stage(self._dst(device_order, "swap_in device ids"))
+            self._scatter_from(staging, *self._staging.on_device(ordered))
             return self._transfer(keep)
 
     def write_slots(
