@@ -179,7 +179,7 @@ def main() -> None:
         pubs[1].publish_from(mgrs[1])
         settle()
         time.sleep(1.0)
-        probe = dup + [2]
+        probe = [*dup, 2]
         want = mgrs[1].get_computed_blocks(kb.Request("q2", probe, hasher))[1]
         cases.append(
             (
