@@ -265,9 +265,10 @@ impl KvIndex {
         Ok(())
     }
 
-    /// The registered engines, in no particular order.
+    /// The registered engines, in slot order (read without waiting for a writer).
     pub fn engines(&self) -> Vec<Arc<str>> {
-        self.writer().engines.keys().cloned().collect()
+        self.read(|fleet| Ok(fleet.iter().map(|(_, s)| s.info.id.clone()).collect()))
+            .unwrap_or_default()
     }
 
     /// Applies one payload of engine `id`'s event stream, `seq` being its sequence
