@@ -1526,6 +1526,7 @@ class KVIndex:
         python_hash_seed: str | None = None,
         data_parallel_rank: int | None = None,
         host_tier: bool = False,
+        started_empty: bool = False,
         scheduler_block_size: int | None = None,
         enable_caching: bool = True,
         use_eagle: bool = False,

@@ -81,7 +81,7 @@ impl PyKVIndex {
 
     #[pyo3(signature = (engine_id, kv_cache_config, *, max_model_len, hash_block_size,
                         hash_algo="sha256_cbor", python_hash_seed=None,
-                        data_parallel_rank=None, host_tier=false,
+                        data_parallel_rank=None, host_tier=false, started_empty=false,
                         scheduler_block_size=None, enable_caching=true, use_eagle=false,
                         dcp_world_size=1, pcp_world_size=1, mamba_none_prefix_caching=false,
                         num_hash_lookahead_tokens=0))]
@@ -96,6 +96,7 @@ impl PyKVIndex {
         python_hash_seed: Option<String>,
         data_parallel_rank: Option<i64>,
         host_tier: bool,
+        started_empty: bool,
         scheduler_block_size: Option<usize>,
         enable_caching: bool,
         use_eagle: bool,
@@ -113,6 +114,7 @@ impl PyKVIndex {
         config.python_hash_seed = python_hash_seed;
         config.data_parallel_rank = data_parallel_rank;
         config.host_tier = host_tier;
+        config.started_empty = started_empty;
         let o = &mut config.options;
         o.scheduler_block_size = scheduler_block_size;
         o.enable_caching = enable_caching;

@@ -39,6 +39,9 @@ pub struct EngineConfig {
     pub data_parallel_rank: Option<i64>,
     /// Whether it has a host-memory tier (CPU offloading) whose events it publishes.
     pub host_tier: bool,
+    /// Whether it is registered before it starts (its cache empty, its stream from batch
+    /// 0): then it is exact from the start, not `catching_up` until its first batch.
+    pub started_empty: bool,
 }
 
 impl EngineConfig {
@@ -51,6 +54,7 @@ impl EngineConfig {
             python_hash_seed: None,
             data_parallel_rank: None,
             host_tier: false,
+            started_empty: false,
         }
     }
 }
@@ -74,6 +78,8 @@ pub struct EngineInfo {
     host_tier: bool,
     /// Freshness and counters, shared with the writer.
     pub status: StatusCell,
+    /// See [`EngineConfig::started_empty`].
+    pub started_empty: bool,
 }
 
 impl EngineInfo {
@@ -107,6 +113,7 @@ impl EngineInfo {
             data_parallel_rank: config.data_parallel_rank,
             host_tier: config.host_tier,
             status: StatusCell::default(),
+            started_empty: config.started_empty,
         })
     }
 

@@ -4,7 +4,8 @@
 //!
 //! An engine is `exact` only while the index has applied every batch from the start of
 //! its stream, in order, or every batch since an `AllBlocksCleared` that followed a loss.
-//! A registered engine starts `catching_up`, expecting batch 0:
+//! A registered engine starts `catching_up`, expecting batch 0 (`exact` if it is
+//! registered before it starts: [`Stream::new`]):
 //!
 //! - the expected batch is applied, then any held batches that now follow in order;
 //! - a later batch (a gap) is held, and the engine is `catching_up` until the missing
@@ -156,6 +157,17 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// The stream of an engine registered before it started (exact, expecting batch 0),
+    /// or not (`catching_up` until batch 0).
+    pub fn new(started_empty: bool, status: &StatusCell) -> Self {
+        let s = Self {
+            state: started_empty.then_some(Freshness::Exact),
+            ..Self::default()
+        };
+        s.publish(status, &[]);
+        s
+    }
+
     fn state(&self) -> Freshness {
         self.state.unwrap_or(Freshness::CatchingUp)
     }
@@ -280,6 +292,15 @@ mod tests {
 
     fn applied(out: &[Action]) -> usize {
         out.iter().filter(|a| matches!(a, Action::Apply(_))).count()
+    }
+
+    #[test]
+    fn an_engine_registered_before_it_starts_is_exact() {
+        let st = StatusCell::default();
+        let mut s = Stream::new(true, &st);
+        assert_eq!(st.freshness(), Freshness::Exact);
+        s.offer(Some(1), batch(false), &st);
+        assert_eq!(st.freshness(), Freshness::CatchingUp);
     }
 
     #[test]

@@ -238,6 +238,7 @@ impl KvIndex {
             w.next_slot += 1;
             w.next_slot - 1
         });
+        let stream = Stream::new(info.started_empty, &info.status);
         w.handle.append(FleetOp::Add {
             slot,
             info: info.clone(),
@@ -248,7 +249,7 @@ impl KvIndex {
             WriterEngine {
                 slot,
                 info,
-                stream: Stream::default(),
+                stream,
                 checks: HashCheck::default(),
             },
         );

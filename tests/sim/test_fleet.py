@@ -109,12 +109,6 @@ def test_sweep_replicas_and_slo(capsys: pytest.CaptureFixture[str]) -> None:
         )
 
 
-def _cached(manager: Any, num_blocks: int) -> set[int]:
-    pool = manager.block_pool
-    hashes = [pool.get_block_hash(b) for b in range(1, num_blocks)]
-    return set(external_block_hashes([h for h in hashes if h is not None]))
-
-
 def test_the_router_keys_a_request_as_the_events_key_its_blocks() -> None:
     layout = model_layout("llama-3.1-8b", num_blocks=64)
     backend = make_backend("kvblocks", layout, events=True)
@@ -127,27 +121,35 @@ def test_the_router_keys_a_request_as_the_events_key_its_blocks() -> None:
     assert all(0 <= h < 2**64 for h in stored)
 
 
-def test_the_router_index_is_the_union_of_the_engines_caches_at_every_step() -> None:
+@pytest.mark.parametrize("router", ["prefix-aware", "kv-aware"])
+def test_the_router_index_answers_each_engines_own_hit_at_every_step(router: str) -> None:
+    """The fleet's router reads `kvblocks.router.KVIndex`, fed only by the engines' events;
+    after every step its hit for a prompt equals each engine's `get_computed_blocks`."""
     trace = generate("agentic", 1, WorkloadParams(12))
     layout = model_layout("llama-3.1-8b", num_blocks=1100, max_model_len=32768)
     tm = StepTimeModel(layout, "llama-3.1-8b", GPU_PRESETS["h100-sxm"])
     backends = [make_backend("kvblocks", layout, batch=True, events=True) for _ in range(3)]
     opts = ReplayOptions(time_model=tm.step_time, digest=False)
-    fleet = Fleet(trace, backends, opts, "prefix-aware", layout)
+    fleet = Fleet(trace, backends, opts, router, layout)
     assert fleet.index is not None
-    steps = 0
+    probes = [rec.prompt_ids(trace.vocab_size) for rec in trace.requests[::7]]
+    steps = hits = 0
     while not fleet.done:
         fleet.step()
         steps += 1
-        union: set[int] = set()
-        for e, b in enumerate(backends):
-            mine = _cached(b.manager, layout.num_blocks)
-            assert fleet.index.per_engine[e] == mine
-            union |= mine
-        assert set(fleet.index.where) == union
+        if steps % 5:
+            continue
+        for k, prompt in enumerate(probes):
+            req, _ = backends[0].make_request(f"probe{k}", prompt, 1)
+            got = fleet.index.hits_from_hashes(list(req.block_hashes), req.num_tokens)
+            for e, b in enumerate(backends):
+                want = b.manager.get_computed_blocks(req)[1]
+                assert got[str(e)].gpu_tokens == want, (steps, k, e)
+                assert got[str(e)].freshness == "exact"
+                hits += want > 0
     res = fleet.run()
-    assert steps > 100
-    assert fleet.index.removed > 0  # evictions happened and were followed
+    assert steps > 100 and hits > 0
+    assert sum(fleet.index.status(str(e))["batches"] for e in range(3)) > 0
     assert sum(r.requests for r in res.engines) == len(trace.requests)
     assert min(r.requests for r in res.engines) > 0
 

@@ -36,6 +36,8 @@ class Backend(Protocol):
     the engine advances the manager's clock (``advance_time``) every step."""
     layout: KVLayout
     """The layout the manager was built from."""
+    hash_algo: str
+    """The requests' hash algorithm (vLLM's ``--prefix-caching-hash-algo``)."""
     partial_hash_hits: bool
     """The manager's ``enable_partial_hash_hits`` (prefix hits inside a block)."""
     hisparse: HiSparseConnector | None
@@ -88,6 +90,7 @@ class KvblocksBackend:
         self.retention = retention
         self.manager = build_kvblocks_manager(layout, events, retention)
         self.layout = layout
+        self.hash_algo = hash_algo
         self.partial_hash_hits: bool = self.manager.enable_partial_hash_hits
         self._request = k.Request
         self._hasher = k.BlockHasher(
@@ -142,6 +145,7 @@ class VllmBackend:
         hashing = importlib.import_module("vllm.utils.hashing")
         self.manager = build_vllm_manager(layout)
         self.layout = layout
+        self.hash_algo = hash_algo
         # vLLM 0.32's coordinator has no partial hits
         self.partial_hash_hits = bool(
             getattr(self.manager.coordinator, "enable_partial_hash_hits", False)

@@ -35,7 +35,13 @@ from kvblocks.sim.engine import (
     ceiling_block_size,
     replay,
 )
-from kvblocks.sim.fleet import DEFAULT_CACHE_THRESHOLD, ROUTERS, Fleet, merged_result
+from kvblocks.sim.fleet import (
+    DEFAULT_CACHE_THRESHOLD,
+    INDEXED_ROUTERS,
+    ROUTERS,
+    Fleet,
+    merged_result,
+)
 from kvblocks.sim.offload import HostTier, chunk_bytes
 from kvblocks.sim.percentiles import percentiles
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, parse_memory
@@ -474,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         metavar="W",
         help="prefix-aware: W > 0 = Dynamo's cost instead, blocks to prefill + W x active "
-        "blocks (default 0: the cache-threshold rule)",
+        "blocks (default 0: the cache-threshold rule); kv-aware: W (default 1)",
     )
     t.add_argument(
         "--router-cache-threshold",
@@ -657,7 +663,7 @@ def _replay(
     replicas = over.get("replicas", args.replicas)
     if replicas > 1 and impl != "kvblocks":
         raise UsageError("--compare-vllm replays one engine; drop --replicas")
-    events = replicas > 1 and args.router == "prefix-aware"
+    events = replicas > 1 and args.router in INDEXED_ROUTERS
     offload = over.get("cpu_offload", args.cpu_offload)
     if offload and replicas > 1:
         raise UsageError("--cpu-offload models one engine's host tier; drop --replicas")
@@ -709,20 +715,13 @@ def _replay(
     if replicas > 1:
         weight = max(0.0, args.router_load_weight)
         threshold = min(1.0, max(0.0, args.router_cache_threshold))
-        fr = Fleet(
-            trace,
-            backends,
-            opts,
-            args.router,
-            layout,
-            weight,
-            threshold,
-        ).run()
+        fleet_run = Fleet(trace, backends, opts, args.router, layout, weight, threshold)
+        fr = fleet_run.run()
         per = [_replica_json(r) for r in fr.engines]
         fleet: dict[str, Any] = {"replicas": replicas, "router": args.router, "per_replica": per}
-        if args.router == "prefix-aware":
+        if args.router in INDEXED_ROUTERS:
             fleet["cache_threshold"] = threshold
-            fleet["load_weight"] = weight
+            fleet["load_weight"] = fleet_run.load_weight
         merged = merged_result(fr)
         merged.step_time_shares = tm.shares()
         return merged, fleet

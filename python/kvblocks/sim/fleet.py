@@ -12,33 +12,37 @@ Routers (:data:`ROUTERS`):
 * ``round-robin``: engines in turn;
 * ``least-loaded``: the fewest running plus waiting requests (lowest index on ties);
 * ``prefix-aware``: as KV-aware routers score engines (SGLang's cache-aware router, llm-d's
-  precise prefix-cache scorer, Dynamo's KV router): by the longest prefix of the request's
-  block hashes cached on each engine, from an index the router builds **only from the
-  engines' KV cache events** (``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``,
-  drained after every step with ``take_events()``). The default is the SGLang Model
-  Gateway's cache-aware rule: when the longest cached prefix covers more than
+  precise prefix-cache scorer, Dynamo's KV router): by the prefix of the request each
+  engine would hit, from :class:`kvblocks.router.KVIndex` fed **only by the engines' KV
+  cache events** (drained after every step with ``take_events()`` and encoded as their
+  ZMQ publisher would send them), so a hit is what that engine's ``get_computed_blocks``
+  would return (its rules, its ``num_tokens - 1`` cap, per group). The default is the
+  SGLang Model Gateway's cache-aware rule: when the longest hit covers more than
   ``cache_threshold`` (default 0.3, its default) of the request's blocks, the engine
   holding it (the load breaks ties); otherwise the least loaded engine (fewest running
   plus waiting requests). A new session, which matches only its shared system prompt,
   thus goes where there is room, and its later turns follow their own context.
   ``cache_threshold = 0`` is the pure longest-prefix rule, which piles every session that
   shares a system prompt onto one engine. ``load_weight > 0`` switches to Dynamo's cost
-  instead: ``blocks to prefill (the request's blocks minus the cached prefix) +
-  load_weight * active blocks`` (blocks of its running and waiting requests), then fewer
-  requests, then the lowest index (no threshold).
+  instead (as ``kv-aware``);
+* ``kv-aware``: Dynamo's cost on the same index: ``blocks to prefill (the request's
+  blocks minus the engine's hit) + load_weight * active blocks`` (blocks of its running
+  and waiting requests; ``load_weight`` 1 unless given), then fewer requests, then the
+  lowest index.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
 import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import kvblocks
-from kvblocks._core import InvalidArgumentError, external_block_hashes
+from kvblocks._core import InvalidArgumentError, encode_event_batch
+from kvblocks.router import KVIndex
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult
 from kvblocks.sim.engine import (
@@ -49,76 +53,55 @@ from kvblocks.sim.engine import (
     StepSeries,
     served_output_tokens,
 )
+from kvblocks.sim.presets import build_kvblocks_config
 from kvblocks.sim.workloads import Trace
 
 __all__ = [
     "DEFAULT_CACHE_THRESHOLD",
+    "DEFAULT_KV_AWARE_WEIGHT",
+    "INDEXED_ROUTERS",
     "ROUTERS",
     "Fleet",
     "FleetResult",
-    "PrefixIndex",
     "merged_result",
+    "router_index",
 ]
 
-ROUTERS = ("round-robin", "least-loaded", "prefix-aware")
+ROUTERS = ("round-robin", "least-loaded", "prefix-aware", "kv-aware")
+
+INDEXED_ROUTERS = ("prefix-aware", "kv-aware")
+"""The routers that read the engines' caches (their engines publish events)."""
+
+DEFAULT_KV_AWARE_WEIGHT = 1.0
+"""``kv-aware``: the weight of an engine's active blocks in Dynamo's cost, unless given."""
 
 DEFAULT_CACHE_THRESHOLD = 0.3
 """``prefix-aware``: the cached share of a request's blocks above which it follows its
 prefix (the SGLang Model Gateway's ``cache_threshold`` default)."""
 
 
-class PrefixIndex:
-    """The router's view of which engine caches which block, from KV cache events only."""
-
-    def __init__(self, replicas: int) -> None:
-        self.where: dict[int, set[int]] = {}
-        self.per_engine: list[set[int]] = [set() for _ in range(replicas)]
-        self.stored = 0
-        self.removed = 0
-        """Hashes the events stored and removed."""
-
-    def apply(self, engine: int, events: Sequence[Any]) -> None:
-        """Applies one engine's events, in order."""
-        where, mine = self.where, self.per_engine[engine]
-        for ev in events:
-            if isinstance(ev, kvblocks.BlockStored):
-                self.stored += len(ev.block_hashes)
-                for h in ev.block_hashes:
-                    if h not in mine:
-                        mine.add(h)
-                        where.setdefault(h, set()).add(engine)
-            elif isinstance(ev, kvblocks.BlockRemoved):
-                self.removed += len(ev.block_hashes)
-                for h in ev.block_hashes:
-                    if h in mine:
-                        mine.discard(h)
-                        s = where[h]
-                        s.discard(engine)
-                        if not s:
-                            del where[h]
-            elif isinstance(ev, kvblocks.AllBlocksCleared):
-                for h in mine:
-                    s = where[h]
-                    s.discard(engine)
-                    if not s:
-                        del where[h]
-                mine.clear()
-
-    def prefix_lengths(self, keys: Sequence[int], replicas: int) -> list[int]:
-        """Per engine: how many leading ``keys`` it caches."""
-        out = [0] * replicas
-        alive: set[int] | None = None
-        where = self.where
-        for i, h in enumerate(keys):
-            on = where.get(h)
-            if not on:
-                break
-            alive = set(on) if alive is None else alive & on
-            if not alive:
-                break
-            for e in alive:
-                out[e] = i + 1
-        return out
+def router_index(backends: Sequence[Backend]) -> KVIndex:
+    """A :class:`kvblocks.router.KVIndex` of the fleet's engines, named ``"0"``,
+    ``"1"``, ...: each registered with its layout and hashing, as a router in front of them
+    would register them."""
+    index = KVIndex()
+    for e, b in enumerate(backends):
+        layout = b.layout
+        index.add_engine(
+            str(e),
+            build_kvblocks_config(layout),
+            max_model_len=layout.max_model_len,
+            hash_block_size=layout.hash_block_size,
+            hash_algo=b.hash_algo,
+            python_hash_seed=os.environ.get("PYTHONHASHSEED"),
+            started_empty=True,
+            scheduler_block_size=layout.scheduler_block_size,
+            enable_caching=layout.enable_caching,
+            use_eagle=layout.use_eagle,
+            dcp_world_size=layout.dcp_world_size,
+            num_hash_lookahead_tokens=layout.num_hash_lookahead_tokens,
+        )
+    return index
 
 
 @dataclass
@@ -180,8 +163,10 @@ class Fleet:
             if rec.after is None:
                 self._arrivals.append((first.arrival_time(rec), idx))
         heapq.heapify(self._arrivals)
-        self.index = PrefixIndex(n) if router == "prefix-aware" else None
+        self.index = router_index(backends) if router in INDEXED_ROUTERS else None
         self._rr = 0
+        if router == "kv-aware" and load_weight <= 0:
+            load_weight = DEFAULT_KV_AWARE_WEIGHT
         self.load_weight = load_weight
         self.cache_threshold = cache_threshold
         self._block: int = int(backends[0].manager.block_pool.hash_block_size)
@@ -208,8 +193,8 @@ class Fleet:
         eng = self.engines[e]
         return len(eng.running) + len(eng.waiting)
 
-    def choose(self, keys: Sequence[int]) -> int:
-        """The engine the router sends a request with block hashes ``keys`` to."""
+    def choose(self, req: Any) -> int:
+        """The engine the router sends request ``req`` to."""
         n = self.replicas
         if self.router == "round-robin":
             e = self._rr
@@ -218,13 +203,15 @@ class Fleet:
         loads = [self.load(e) for e in range(n)]
         if self.index is None:
             return min(range(n), key=lambda e: (loads[e], e))
-        match = self.index.prefix_lengths(keys, n)
+        hits = self.index.hits_from_hashes(list(req.block_hashes), req.num_tokens)
+        b = self._block
+        match = [hits[str(e)].gpu_tokens // b for e in range(n)]
+        nk = len(req.block_hashes)
         w = self.load_weight
         if w == 0:
-            if max(match, default=0) <= self.cache_threshold * len(keys):
+            if max(match, default=0) <= self.cache_threshold * nk:
                 return min(range(n), key=lambda e: (loads[e], -match[e], e))
             return min(range(n), key=lambda e: (-match[e], loads[e], e))
-        nk = len(keys)
         cost = [nk - match[e] + w * self.active_blocks(e) for e in range(n)]
         return min(range(n), key=lambda e: (cost[e], loads[e], e))
 
@@ -250,8 +237,7 @@ class Fleet:
             priority=rec.priority,
             session_id=rec.session_id,
         )
-        keys = external_block_hashes(req.block_hashes) if self.index is not None else []
-        e = self.choose(keys)
+        e = self.choose(req)
         eng = self.engines[e]
         eng.result.request_init_ns += dt
         eng.result.hash_calls += 1
@@ -278,7 +264,9 @@ class Fleet:
         self._queried += after[1] - before[0]
         self._hits += after[2] - before[1]
         if self.index is not None:
-            self.index.apply(i, nxt.backend.manager.take_events())
+            events = nxt.backend.manager.take_events()
+            if events:  # as an engine's publisher: a batch per step with events
+                self.index.ingest(str(i), encode_event_batch(0.0, events))
         self._free[i] = info.free_blocks
         s = self.series
         s.step.append(len(s.step))
