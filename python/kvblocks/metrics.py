@@ -12,13 +12,20 @@ reports. Evictions are the block hashes announced as removed by the published
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from kvblocks._core import InvalidArgumentError, PrefixCacheStats
 
-__all__ = ["KVCacheMetrics", "MetricSample", "PrefixCacheStats", "StatsSource"]
+__all__ = [
+    "KVCacheMetrics",
+    "MetricSample",
+    "PrefixCacheStats",
+    "StatsSource",
+    "prometheus_collector",
+    "prometheus_text",
+]
 
 
 class StatsSource(Protocol):
@@ -35,6 +42,8 @@ class MetricSample:
     kind: Literal["counter", "gauge"]
     help: str
     value: float
+    labels: tuple[tuple[str, str], ...] = ()
+    """The sample's own labels, after the exporter's."""
 
 
 _STEP_COUNTERS = (
@@ -119,38 +128,57 @@ class KVCacheMetrics:
 
     def prometheus_text(self) -> str:
         """The Prometheus text exposition format (version 0.0.4); counters get ``_total``."""
-        label_text = ""
-        if self._labels:
-            pairs = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(self._labels.items()))
-            label_text = "{" + pairs + "}"
-        lines = []
-        for s in self.samples():
-            suffix = "_total" if s.kind == "counter" else ""
-            lines.append(f"# HELP {s.name}{suffix} {s.help}")
-            lines.append(f"# TYPE {s.name}{suffix} {s.kind}")
-            lines.append(f"{s.name}{suffix}{label_text} {_number(s.value)}")
-        return "\n".join(lines) + "\n"
+        return prometheus_text(self.samples(), self._labels)
 
     def collector(self) -> Any:
         """A prometheus_client collector (register it on a registry); needs that package."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        metrics = self
-        names = sorted(metrics._labels)
-        values = [metrics._labels[n] for n in names]
-
-        class _Collector:
-            def collect(self) -> Iterator[Any]:
-                for s in metrics.samples():
-                    cls = CounterMetricFamily if s.kind == "counter" else GaugeMetricFamily
-                    family = cls(s.name, s.help, labels=names)
-                    family.add_metric(values, s.value)
-                    yield family
-
-        return _Collector()
+        return prometheus_collector(self.samples, self._labels)
 
     def _name(self, name: str) -> str:
         return f"{self._prefix}:{name}"
+
+
+def prometheus_text(samples: Iterable[MetricSample], labels: Mapping[str, str]) -> str:
+    """``samples`` in the Prometheus text exposition format (version 0.0.4), each with
+    ``labels`` then its own; counters get ``_total``; samples of one name share their
+    ``HELP`` and ``TYPE`` lines."""
+    lines: list[str] = []
+    seen: set[str] = set()
+    for s in samples:
+        suffix = "_total" if s.kind == "counter" else ""
+        if s.name not in seen:
+            seen.add(s.name)
+            lines.append(f"# HELP {s.name}{suffix} {s.help}")
+            lines.append(f"# TYPE {s.name}{suffix} {s.kind}")
+        pairs = [*sorted(labels.items()), *s.labels]
+        label_text = "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}" if pairs else ""
+        lines.append(f"{s.name}{suffix}{label_text} {_number(s.value)}")
+    return "\n".join(lines) + "\n"
+
+
+def prometheus_collector(
+    samples: Callable[[], Iterable[MetricSample]], labels: Mapping[str, str]
+) -> Any:
+    """A prometheus_client collector of ``samples()`` (called on each scrape), each with
+    ``labels`` then its own; needs that package."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    names = sorted(labels)
+    values = [labels[n] for n in names]
+
+    class _Collector:
+        def collect(self) -> Iterator[Any]:
+            families: dict[str, Any] = {}
+            for s in samples():
+                family = families.get(s.name)
+                if family is None:
+                    cls = CounterMetricFamily if s.kind == "counter" else GaugeMetricFamily
+                    own = [k for k, _ in s.labels]
+                    family = families[s.name] = cls(s.name, s.help, labels=[*names, *own])
+                family.add_metric([*values, *(v for _, v in s.labels)], s.value)
+            yield from families.values()
+
+    return _Collector()
 
 
 def _escape(value: str) -> str:

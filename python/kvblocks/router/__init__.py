@@ -3,7 +3,8 @@ streams, answering for a request how many leading tokens each engine would hit n
 the engine's own rules (docs/router.md).
 
 `KVIndex` is the Rust index (`kvblocks._core`); `Subscriber` feeds it from the engines'
-ZMQ publishers (needs pyzmq), recovering gaps from their replay sockets.
+ZMQ publishers (needs pyzmq), recovering gaps from their replay sockets; `RouterMetrics`
+exports each engine's freshness and stream counters to Prometheus.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from kvblocks._core import (
     KVIndex,
     UnknownEngineError,
 )
+from kvblocks.router._metrics import RouterMetrics
 from kvblocks.router._subscriber import Subscriber
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "HashMismatchError",
     "InvalidEventError",
     "KVIndex",
+    "RouterMetrics",
     "Subscriber",
     "UnknownEngineError",
 ]
