@@ -3,9 +3,8 @@ Prometheus text format and as a prometheus_client collector."""
 
 from __future__ import annotations
 
-import pytest
-
 import kvblocks as kb
+import pytest
 from kvblocks.router import KVIndex, RouterMetrics
 
 
