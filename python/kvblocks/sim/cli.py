@@ -18,9 +18,11 @@ import importlib
 import importlib.util
 import json
 import math
+import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any, NoReturn
 
 import kvblocks
@@ -544,6 +546,14 @@ def build_parser() -> argparse.ArgumentParser:
         "split by commas, one policy's items joined by +: retention=lru,session=30,"
         "session=30+quota=2000); cpu_offload=0,64GiB,256GiB plans the host tier",
     )
+    o.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="--sweep: run the sweep's configurations in N processes at once (default 1); "
+        "the report is the same as one after another",
+    )
     return ap
 
 
@@ -843,6 +853,27 @@ def _run_one(
     return run
 
 
+def _run_job(job: tuple[argparse.Namespace, Trace, int | RetentionSpec | None, bool]) -> Run:
+    """One sweep configuration in a worker process (no progress bar)."""
+    args, trace, value, vllm = job
+    return _run_one(args, trace, value, False, vllm)
+
+
+def _run_parallel(
+    args: argparse.Namespace,
+    trace: Trace,
+    values: Sequence[int | RetentionSpec | None],
+    vllm: bool,
+) -> list[Run]:
+    """``--jobs N``: the sweep's configurations in N spawned processes, in sweep order."""
+    ctx = multiprocessing.get_context("spawn")
+    # The namespace without its parser (which holds argparse's local functions).
+    plain = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "parser"})
+    jobs = [(plain, trace, v, vllm) for v in values]
+    with ProcessPoolExecutor(max_workers=min(args.jobs, len(values)), mp_context=ctx) as ex:
+        return list(ex.map(_run_job, jobs))
+
+
 def _attach_gpu_only(
     args: argparse.Namespace, trace: Trace, runs: list[Run], show_progress: bool
 ) -> None:
@@ -988,7 +1019,10 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.find_max_rate or args.find_min_replicas is not None:
         return _capacity(args, setup, trace, show_progress)
     values: Sequence[int | RetentionSpec | None] = args.sweep[1] if args.sweep else [None]
-    runs = [_run_one(args, trace, v, show_progress, compare) for v in values]
+    if args.jobs > 1 and len(values) > 1:
+        runs = _run_parallel(args, trace, values, compare)
+    else:
+        runs = [_run_one(args, trace, v, show_progress, compare) for v in values]
     _attach_gpu_only(args, trace, runs, show_progress)
     _write_requests(args, runs)
     out = sys.stdout
