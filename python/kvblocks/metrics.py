@@ -21,6 +21,7 @@ from kvblocks._core import InvalidArgumentError, PrefixCacheStats
 __all__ = [
     "KVCacheMetrics",
     "MetricSample",
+    "MetricsExporter",
     "PrefixCacheStats",
     "StatsSource",
     "prometheus_collector",
@@ -70,7 +71,32 @@ _EVENT_COUNTERS = (
 )
 
 
-class KVCacheMetrics:
+class MetricsExporter:
+    """What every kvblocks exporter shares: metric names ``<prefix>:<metric>``, labels on
+    every sample, the text format and the prometheus_client collector. A subclass gives
+    `samples`."""
+
+    def __init__(self, prefix: str, labels: Mapping[str, str] | None) -> None:
+        self._prefix = prefix
+        self._labels = dict(labels or {})
+
+    def samples(self) -> list[MetricSample]:
+        """Every metric's current value."""
+        raise NotImplementedError
+
+    def prometheus_text(self) -> str:
+        """The Prometheus text exposition format (version 0.0.4); counters get ``_total``."""
+        return prometheus_text(self.samples(), self._labels)
+
+    def collector(self) -> Any:
+        """A prometheus_client collector (register it on a registry); needs that package."""
+        return prometheus_collector(self.samples, self._labels)
+
+    def _name(self, name: str) -> str:
+        return f"{self._prefix}:{name}"
+
+
+class KVCacheMetrics(MetricsExporter):
     """Cumulative KV cache metrics, named ``<prefix>:<metric>`` like vLLM's ``vllm:*``."""
 
     def __init__(
@@ -80,9 +106,8 @@ class KVCacheMetrics:
         prefix: str = "kvblocks",
         labels: Mapping[str, str] | None = None,
     ) -> None:
+        super().__init__(prefix, labels)
         self._events = events
-        self._prefix = prefix
-        self._labels = dict(labels or {})
         self._totals = dict.fromkeys((attr for attr, _, _ in _STEP_COUNTERS), 0)
         self._resets = 0
         self._usage = 0.0
@@ -125,17 +150,6 @@ class KVCacheMetrics:
             for key, name, doc in _EVENT_COUNTERS:
                 out.append(MetricSample(self._name(name), "counter", doc, stats[key]))
         return out
-
-    def prometheus_text(self) -> str:
-        """The Prometheus text exposition format (version 0.0.4); counters get ``_total``."""
-        return prometheus_text(self.samples(), self._labels)
-
-    def collector(self) -> Any:
-        """A prometheus_client collector (register it on a registry); needs that package."""
-        return prometheus_collector(self.samples, self._labels)
-
-    def _name(self, name: str) -> str:
-        return f"{self._prefix}:{name}"
 
 
 def prometheus_text(samples: Iterable[MetricSample], labels: Mapping[str, str]) -> str:

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from vllm_engine_run import BLOCK_SIZE
+from vllm_engine_run import engine_args
 
 
 def answer(obj: object) -> None:
@@ -36,16 +36,7 @@ def main() -> None:
     from vllm.config import KVEventsConfig
 
     llm = vllm.LLM(
-        model=args.model,
-        skip_tokenizer_init=True,
-        enable_prefix_caching=True,
-        block_size=BLOCK_SIZE,
-        dtype="float32",
-        max_model_len=1024,
-        max_num_seqs=4,
-        num_gpu_blocks_override=args.blocks,
-        enforce_eager=True,
-        seed=0,
+        **engine_args(args.model, args.blocks, max_num_seqs=4),
         kv_events_config=KVEventsConfig(
             enable_kv_cache_events=True,
             publisher="zmq",

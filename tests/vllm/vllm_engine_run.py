@@ -131,6 +131,23 @@ def all_at_once(llm: Any) -> Any:
     return generate
 
 
+def engine_args(model: str, blocks: int, max_num_seqs: int) -> dict[str, Any]:
+    """`vllm.LLM`'s arguments for the tiny model on this machine: token-id prompts, prefix
+    caching, blocks of 32 (CPU attention's smallest), `blocks` of them, eager, seed 0."""
+    return {
+        "model": model,
+        "skip_tokenizer_init": True,
+        "enable_prefix_caching": True,
+        "block_size": BLOCK_SIZE,
+        "dtype": "float32",
+        "max_model_len": 1024,
+        "max_num_seqs": max_num_seqs,
+        "num_gpu_blocks_override": blocks,
+        "enforce_eager": True,
+        "seed": 0,
+    }
+
+
 def generate(way: str, model: str, out: str, seeds: list[int], blocks: int) -> None:
     """Runs every workload twice on one engine and writes the results to `out`."""
     import kvblocks.vllm
@@ -142,19 +159,7 @@ def generate(way: str, model: str, out: str, seeds: list[int], blocks: int) -> N
         import vllm.v1.engine.core as core
 
         core.get_request_block_hasher = blind_hasher
-    llm = vllm.LLM(
-        model=model,
-        skip_tokenizer_init=True,
-        enable_prefix_caching=True,
-        block_size=BLOCK_SIZE,
-        dtype="float32",
-        max_model_len=1024,
-        max_num_seqs=16,
-        num_gpu_blocks_override=blocks,
-        enforce_eager=True,
-        disable_log_stats=False,
-        seed=0,
-    )
+    llm = vllm.LLM(**engine_args(model, blocks, max_num_seqs=16), disable_log_stats=False)
     params = vllm.SamplingParams(
         temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, detokenize=False
     )

@@ -5,10 +5,9 @@ format or as a prometheus_client collector, like `kvblocks.metrics.KVCacheMetric
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from kvblocks._core import KVIndex
-from kvblocks.metrics import MetricSample, prometheus_collector, prometheus_text
+from kvblocks.metrics import MetricSample, MetricsExporter
 
 __all__ = ["FRESHNESS", "RouterMetrics"]
 
@@ -26,7 +25,7 @@ _COUNTERS = (
 )
 
 
-class RouterMetrics:
+class RouterMetrics(MetricsExporter):
     """Metrics of `index`, named ``<prefix>:<metric>``."""
 
     def __init__(
@@ -36,9 +35,8 @@ class RouterMetrics:
         prefix: str = "kvblocks_router",
         labels: Mapping[str, str] | None = None,
     ) -> None:
+        super().__init__(prefix, labels)
         self._index = index
-        self._prefix = prefix
-        self._labels = dict(labels or {})
 
     def samples(self) -> list[MetricSample]:
         """Every engine's current values."""
@@ -66,14 +64,3 @@ class RouterMetrics:
             for key, name, doc in _COUNTERS:
                 out.append(MetricSample(self._name(name), "counter", doc, st[key], lab))
         return out
-
-    def prometheus_text(self) -> str:
-        """The Prometheus text exposition format (version 0.0.4); counters get ``_total``."""
-        return prometheus_text(self.samples(), self._labels)
-
-    def collector(self) -> Any:
-        """A prometheus_client collector (register it on a registry); needs that package."""
-        return prometheus_collector(self.samples, self._labels)
-
-    def _name(self, name: str) -> str:
-        return f"{self._prefix}:{name}"
