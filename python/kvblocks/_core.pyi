@@ -1518,7 +1518,7 @@ class KVIndex:
     def add_engine(
         self,
         engine_id: str,
-        kv_cache_config: KVCacheConfig,
+        kv_cache_config: KVCacheConfig | Any,
         *,
         max_model_len: int,
         hash_block_size: int,
@@ -1534,7 +1534,9 @@ class KVIndex:
         pcp_world_size: int = 1,
         mamba_none_prefix_caching: bool = False,
         num_hash_lookahead_tokens: int = 0,
-    ) -> None: ...
+    ) -> None:
+        """Registers an engine: its layout (kvblocks' `KVCacheConfig`, or vLLM's, read by
+        `kvblocks.vllm` without importing vLLM), hashing and manager options."""
     def remove_engine(self, engine_id: str) -> None: ...
     def engines(self) -> list[str]: ...
     def ingest(self, engine_id: str, payload: bytes, seq: int | None = None) -> tuple[int, str]:

@@ -56,6 +56,19 @@ pub(crate) struct PyKVIndex {
     inner: KvIndex,
 }
 
+/// kvblocks' `KVCacheConfig`, or vLLM's converted by `kvblocks.vllm` (which reads its
+/// attributes; vLLM itself is not imported).
+fn kvblocks_config<'py>(config: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyKVCacheConfig>> {
+    if let Ok(ours) = config.downcast::<PyKVCacheConfig>() {
+        return Ok(ours.clone());
+    }
+    let convert = config
+        .py()
+        .import("kvblocks.vllm._config")?
+        .getattr("convert_config")?;
+    Ok(convert.call1((config,))?.downcast_into::<PyKVCacheConfig>()?)
+}
+
 fn engine_list(engines: &Option<Vec<String>>) -> Option<Vec<&str>> {
     engines
         .as_ref()
@@ -89,7 +102,7 @@ impl PyKVIndex {
     fn add_engine(
         &self,
         engine_id: &str,
-        kv_cache_config: PyRef<'_, PyKVCacheConfig>,
+        kv_cache_config: &Bound<'_, PyAny>,
         max_model_len: usize,
         hash_block_size: usize,
         hash_algo: &str,
@@ -105,8 +118,9 @@ impl PyKVIndex {
         mamba_none_prefix_caching: bool,
         num_hash_lookahead_tokens: usize,
     ) -> PyResult<()> {
+        let layout = kvblocks_config(kv_cache_config)?;
         let mut config = EngineConfig::new(
-            ManagerParams::from_config(&kv_cache_config.inner)?,
+            ManagerParams::from_config(&layout.borrow().inner)?,
             max_model_len,
             hash_block_size,
         );

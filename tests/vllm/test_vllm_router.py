@@ -23,7 +23,6 @@ pytest.importorskip("vllm")
 pytest.importorskip("zmq")
 pytest.importorskip("torch")
 
-import kvblocks as kb
 from kvblocks.router import KVIndex, Subscriber
 from vllm.distributed.kv_events import KVEventBatch, ZmqEventPublisher
 from vllm.lora.request import LoRARequest
@@ -57,7 +56,8 @@ class Engine:
     name: str
     mgr: Any
     publisher: Any
-    kb_config: kb.KVCacheConfig
+    vllm_config: Any
+    """vLLM's `KVCacheConfig`: the index registers the engine with it as is."""
     waiting: list[Any] = field(default_factory=list)
     running: list[Any] = field(default_factory=list)
     published: int = 0
@@ -76,12 +76,10 @@ def endpoints(where: str) -> tuple[str, str]:
 
 def make_engine(name: str, window: int | None, blocks: int, where: str) -> Engine:
     vspecs = [vi.FullAttentionSpec(**attention(dtype=_torch_dtype()))]
-    kspecs: list[kb.KVCacheSpec] = [kb.FullAttentionSpec(**attention(dtype="float16"))]
     if window is not None:
         vspecs.append(
             vi.SlidingWindowSpec(**attention(dtype=_torch_dtype()), sliding_window=window)
         )
-        kspecs.append(kb.SlidingWindowSpec(**attention(dtype="float16"), sliding_window=window))
     vcfg = vi.KVCacheConfig(
         num_blocks=blocks,
         kv_cache_tensors=[],
@@ -97,10 +95,7 @@ def make_engine(name: str, window: int | None, blocks: int, where: str) -> Engin
     )
     pub, replay = endpoints(where)
     publisher = ZmqEventPublisher(0, endpoint=pub, replay_endpoint=replay)
-    kcfg = kb.KVCacheConfig(
-        blocks, [], [kb.KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(kspecs)]
-    )
-    return Engine(name, mgr, publisher, kcfg)
+    return Engine(name, mgr, publisher, vcfg)
 
 
 def _torch_dtype() -> Any:
@@ -198,7 +193,7 @@ def test_the_index_answers_what_vllm_would(tmp_path: Any) -> None:
     traffic = Traffic(11)
     try:
         for e in engines:
-            index.add_engine(e.name, e.kb_config, max_model_len=MAX_MODEL_LEN, hash_block_size=BS)
+            index.add_engine(e.name, e.vllm_config, max_model_len=MAX_MODEL_LEN, hash_block_size=BS)
         for _ in range(5):  # sent before anyone subscribes: PUB drops them
             for e in engines:
                 traffic.step(e)
