@@ -66,7 +66,9 @@ fn kvblocks_config<'py>(config: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyKVC
         .py()
         .import("kvblocks.vllm._config")?
         .getattr("convert_config")?;
-    Ok(convert.call1((config,))?.downcast_into::<PyKVCacheConfig>()?)
+    Ok(convert
+        .call1((config,))?
+        .downcast_into::<PyKVCacheConfig>()?)
 }
 
 fn engine_list(engines: &Option<Vec<String>>) -> Option<Vec<&str>> {
