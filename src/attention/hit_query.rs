@@ -8,7 +8,7 @@ use crate::hashing::BlockHashView;
 use crate::types::{BlockHash, BlockId, GroupId, NULL_BLOCK_ID};
 
 /// What a hit search reads: which block, if any, caches a hash in a group. The block
-/// pool answers for a manager; `router::EngineView` answers for an engine known only
+/// pool answers for a manager; the router's `TierView` answers for an engine known only
 /// through its events, so both run the same per-type rules (one copy of each).
 pub trait CachedBlocks {
     /// The cached block for `hash` in `group`, if any (first-inserted wins).

@@ -203,7 +203,7 @@ class Fleet:
         loads = [self.load(e) for e in range(n)]
         if self.index is None:
             return min(range(n), key=lambda e: (loads[e], e))
-        hits = self.index.hits_from_hashes(list(req.block_hashes), req.num_tokens)
+        hits = self.index.hits_from_hashes(req.block_hashes, req.num_tokens)
         b = self._block
         match = [hits[str(e)].gpu_tokens // b for e in range(n)]
         nk = len(req.block_hashes)
