@@ -1526,6 +1526,7 @@ class KVIndex:
         python_hash_seed: str | None = None,
         data_parallel_rank: int | None = None,
         host_tier: bool = False,
+        host_block_size: int | None = None,
         started_empty: bool = False,
         scheduler_block_size: int | None = None,
         enable_caching: bool = True,
@@ -1536,7 +1537,9 @@ class KVIndex:
         num_hash_lookahead_tokens: int = 0,
     ) -> None:
         """Registers an engine: its layout (kvblocks' `KVCacheConfig`, or vLLM's, read by
-        `kvblocks.vllm` without importing vLLM), hashing and manager options."""
+        `kvblocks.vllm` without importing vLLM), hashing and manager options. `host_tier`:
+        it runs vLLM's CPU `OffloadingConnector` (full-attention layouts), whose chunks
+        are `host_block_size` tokens (its `block_size`; default: the block size)."""
     def remove_engine(self, engine_id: str) -> None: ...
     def engines(self) -> list[str]: ...
     def ingest(self, engine_id: str, payload: bytes, seq: int | None = None) -> tuple[int, str]:

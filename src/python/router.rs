@@ -96,7 +96,8 @@ impl PyKVIndex {
 
     #[pyo3(signature = (engine_id, kv_cache_config, *, max_model_len, hash_block_size,
                         hash_algo="sha256_cbor", python_hash_seed=None,
-                        data_parallel_rank=None, host_tier=false, started_empty=false,
+                        data_parallel_rank=None, host_tier=false, host_block_size=None,
+                        started_empty=false,
                         scheduler_block_size=None, enable_caching=true, use_eagle=false,
                         dcp_world_size=1, pcp_world_size=1, mamba_none_prefix_caching=false,
                         num_hash_lookahead_tokens=0))]
@@ -111,6 +112,7 @@ impl PyKVIndex {
         python_hash_seed: Option<String>,
         data_parallel_rank: Option<i64>,
         host_tier: bool,
+        host_block_size: Option<usize>,
         started_empty: bool,
         scheduler_block_size: Option<usize>,
         enable_caching: bool,
@@ -130,6 +132,7 @@ impl PyKVIndex {
         config.python_hash_seed = python_hash_seed;
         config.data_parallel_rank = data_parallel_rank;
         config.host_tier = host_tier;
+        config.host_block_size = host_block_size;
         config.started_empty = started_empty;
         let o = &mut config.options;
         o.scheduler_block_size = scheduler_block_size;

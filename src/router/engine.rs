@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use crate::attention::{CachedBlocks, ManagerParams};
+use crate::attention::{AttentionKind, CachedBlocks, ManagerParams};
 use crate::error::{KvError, Result};
 use crate::hashing::{none_hash_for_seed, BlockHashView, BlockHasher, HashAlgo};
 use crate::kv_cache_manager::{KvCacheManager, ManagerOptions};
@@ -37,8 +37,13 @@ pub struct EngineConfig {
     pub python_hash_seed: Option<String>,
     /// Its data-parallel rank, if any.
     pub data_parallel_rank: Option<i64>,
-    /// Whether it has a host-memory tier (CPU offloading) whose events it publishes.
+    /// Whether it has a host-memory tier (vLLM's CPU `OffloadingConnector`) whose events
+    /// it publishes. The host lookup is that connector's (vLLM 0.33): full-attention
+    /// groups of one block size only.
     pub host_tier: bool,
+    /// Tokens per offloaded chunk (the connector's `block_size`); `None`: the groups'
+    /// block size (one block a chunk, the connector's default).
+    pub host_block_size: Option<usize>,
     /// Whether it is registered before it starts (its cache empty, its stream from batch
     /// 0): then it is exact from the start, not `catching_up` until its first batch.
     pub started_empty: bool,
@@ -54,6 +59,7 @@ impl EngineConfig {
             python_hash_seed: None,
             data_parallel_rank: None,
             host_tier: false,
+            host_block_size: None,
             started_empty: false,
         }
     }
@@ -75,7 +81,8 @@ pub struct EngineInfo {
     domain: HashDomain,
     /// Data-parallel rank.
     pub data_parallel_rank: Option<i64>,
-    host_tier: bool,
+    /// Tokens per chunk of its host tier, if it has one.
+    host_chunk: Option<usize>,
     /// Freshness and counters, shared with the writer.
     pub status: StatusCell,
     /// See [`EngineConfig::started_empty`].
@@ -90,6 +97,7 @@ impl EngineInfo {
                 "router index: HiSparse layouts (a host-resident group) are not indexed".into(),
             ));
         }
+        let host_chunk = host_chunk(&config)?;
         let opts = ManagerOptions {
             enable_kv_cache_events: false,
             log_stats: false,
@@ -111,7 +119,7 @@ impl EngineInfo {
             rules,
             domain: HashDomain { hasher, root },
             data_parallel_rank: config.data_parallel_rank,
-            host_tier: config.host_tier,
+            host_chunk,
             status: StatusCell::default(),
             started_empty: config.started_empty,
         })
@@ -157,10 +165,9 @@ impl EngineInfo {
             .rules
             .lookup_in(&gpu, None, hashes, num_tokens, None)?
             .num_hit_tokens;
-        let host_tokens = if self.host_tier {
-            self.host_run(probe, bit, hashes, num_tokens, gpu_tokens)
-        } else {
-            0
+        let host_tokens = match self.host_chunk {
+            Some(chunk) => self.host_load(probe, bit, hashes, num_tokens, gpu_tokens, chunk),
+            None => 0,
         };
         Ok(Hit {
             gpu_tokens,
@@ -168,33 +175,81 @@ impl EngineInfo {
         })
     }
 
-    /// vLLM's CPU offloading lookup after a GPU hit of `gpu_tokens`: the run of chunks
-    /// (one hit unit each, keyed by the hash at the chunk's end, group 0) that the host
-    /// tier holds from the chunk after the GPU hit, at most `(num_tokens - 1) // chunk`
-    /// chunks in all; the tokens it adds past the GPU hit.
-    fn host_run(
+    /// vLLM 0.33's CPU offloading lookup (`OffloadingConnector`'s
+    /// `get_num_new_matched_tokens`) after a GPU hit of `gpu_tokens`, as its scheduler
+    /// asks it: from the GPU hit rounded down to a hit unit, the run of chunks (keyed per
+    /// group by the hash at the chunk's end) that every group's host tier holds, up to the
+    /// request's last whole chunk; nothing unless that run adds a whole chunk. Where the
+    /// GPU hit ends inside a hit unit, the load replaces that tail only if it reaches
+    /// past it. Returns the tokens the host tier adds past `gpu_tokens`. (A load of the
+    /// whole prompt is taken as is: the engine recomputes its last token afterwards.)
+    fn host_load(
         &self,
         probe: &Probe<'_>,
         bit: u8,
         hashes: &[BlockHash],
         num_tokens: usize,
         gpu_tokens: usize,
+        chunk: usize,
     ) -> usize {
-        let chunk = self.hit_block_size();
-        let hbs = self.domain.hasher.hash_block_size();
-        if chunk == 0 || !chunk.is_multiple_of(hbs) {
+        let unit = self.hit_block_size().max(1);
+        let aligned = gpu_tokens - gpu_tokens % unit;
+        let scale = chunk / self.domain.hasher.hash_block_size();
+        let num_keys = hashes.len() / scale;
+        let mut max_hit = num_tokens.min(num_keys * chunk);
+        let start = aligned / chunk;
+        for group in 0..self.num_groups() {
+            if max_hit < aligned + chunk {
+                return 0;
+            }
+            let table = table_of(group as u32, Medium::Cpu);
+            let end = max_hit.div_ceil(chunk).min(num_keys);
+            let run = (start..end)
+                .take_while(|&i| {
+                    probe.holders(table, &hashes[(i + 1) * scale - 1]) & (1 << bit) != 0
+                })
+                .count();
+            max_hit = max_hit.min(chunk * (start + run));
+        }
+        if max_hit < aligned + chunk {
             return 0;
         }
-        let scale = chunk / hbs;
-        let table = table_of(0, Medium::Cpu);
-        let held = |h: &BlockHash| probe.holders(table, h) & (1 << bit) != 0;
-        let last = (num_tokens.saturating_sub(1) / chunk).min(hashes.len() / scale);
-        let mut end = gpu_tokens / chunk;
-        while end < last && held(&hashes[(end + 1) * scale - 1]) {
-            end += 1;
-        }
-        (end * chunk).saturating_sub(gpu_tokens)
+        (max_hit).saturating_sub(gpu_tokens)
     }
+}
+
+/// The host tier's tokens per chunk, if `config` has one: vLLM's connector offloads
+/// full-attention groups of one block size, in chunks of whole blocks and whole hash
+/// blocks.
+fn host_chunk(config: &EngineConfig) -> Result<Option<usize>> {
+    if !config.host_tier {
+        return Ok(None);
+    }
+    let unsupported = |why: &str| {
+        Err(KvError::Unsupported(format!(
+            "router index: host tier {why}"
+        )))
+    };
+    if config
+        .groups
+        .iter()
+        .any(|g| g.kind != AttentionKind::FullAttention)
+    {
+        return unsupported("lookups are indexed for full-attention layouts only");
+    }
+    let bs = config.groups.first().map_or(0, |g| g.block_size);
+    if config.groups.iter().any(|g| g.block_size != bs) {
+        return unsupported("lookups are indexed for groups of one block size only");
+    }
+    let chunk = config.host_block_size.unwrap_or(bs);
+    let hbs = config.options.hash_block_size;
+    if bs == 0 || chunk == 0 || !chunk.is_multiple_of(bs) || !chunk.is_multiple_of(hbs) {
+        return Err(KvError::InvalidArgument(format!(
+            "host_block_size {chunk} must be a positive multiple of the block size {bs} and \
+             of the hash block size {hbs}"
+        )));
+    }
+    Ok(Some(chunk))
 }
 
 /// An engine's hit for one request.

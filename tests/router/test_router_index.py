@@ -291,3 +291,32 @@ def test_host_tier_hits_follow_the_gpu_hit() -> None:
     index.ingest("e", kb.encode_event_batch(0.0, [removed]), 1)
     hit = index.hits(tokens)["e"]
     assert (hit.gpu_tokens, hit.host_tokens) == (4, 0)
+    # Chunks of two blocks: the chunk holding the GPU hit's end is looked up from its
+    # start, and counts only where the run reaches a whole chunk past the GPU hit.
+    index.add_engine(
+        "c", config, max_model_len=80, hash_block_size=4, host_tier=True, host_block_size=8
+    )
+    cpu = kb.BlockStored(hashes[:4], None, tokens[:16], 4, None, "CPU", None, group_idx=0)
+    index.ingest("c", kb.encode_event_batch(0.0, [gpu, cpu]), 0)
+    assert (index.hits(tokens)["c"].gpu_tokens, index.hits(tokens)["c"].host_tokens) == (8, 8)
+    index.ingest("c", kb.encode_event_batch(0.0, [removed]), 1)
+    assert (index.hits(tokens)["c"].gpu_tokens, index.hits(tokens)["c"].host_tokens) == (4, 12)
+    with pytest.raises(kb.InvalidArgumentError, match="host_block_size 6"):
+        index.add_engine(
+            "x", config, max_model_len=80, hash_block_size=4, host_tier=True, host_block_size=6
+        )
+    swa = kb.KVCacheConfig(
+        40,
+        [],
+        [
+            kb.KVCacheGroupSpec(
+                ["l"],
+                kb.SlidingWindowSpec(
+                    block_size=4, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8
+                ),
+            )
+        ],
+    )
+    with pytest.raises(kb.UnsupportedError, match="full-attention"):
+        index.add_engine("x", swa, max_model_len=80, hash_block_size=4, host_tier=True)
+    assert sorted(index.engines()) == ["c", "e"]

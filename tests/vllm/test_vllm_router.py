@@ -187,6 +187,13 @@ def wait_until_ingested(sub: Subscriber, index: KVIndex, engines: list[Engine]) 
     raise AssertionError({e.name: (index.status(e.name), e.published) for e in engines})
 
 
+def assert_exact(index: KVIndex, engines: list[Any]) -> None:
+    """Every engine ends exact, none with a hash mismatch."""
+    for e in engines:
+        st = index.status(e.name)
+        assert (st["freshness"], st["hash_mismatches"]) == ("exact", 0), (e.name, st)
+
+
 def test_the_index_answers_what_vllm_would(tmp_path: Any) -> None:
     index = KVIndex()
     engines = [make_engine(n, w, b, f"{tmp_path}/{n}") for n, w, b in ENGINES]
@@ -221,9 +228,7 @@ def test_the_index_answers_what_vllm_would(tmp_path: Any) -> None:
         assert probes == 120 * PROBES * len(engines)
         assert bad == 0, f"{bad} of {probes} probes differ"
         assert sum(sub.replayed.values()) > 0, "the first batches come from the replay sockets"
-        for e in engines:
-            st = index.status(e.name)
-            assert (st["freshness"], st["hash_mismatches"]) == ("exact", 0)
+        assert_exact(index, engines)
         sub.stop()
     finally:
         for e in engines:

@@ -107,10 +107,16 @@ def kvblocks_vllm() -> Any:
 
 
 def make_scheduler(
-    model_dir: Path, async_scheduling: bool, kv_cache_metrics_sample: float | None = None
+    model_dir: Path,
+    async_scheduling: bool,
+    kv_cache_metrics_sample: float | None = None,
+    *,
+    kv_cache_config: KVCacheConfig | None = None,
+    **parts: Any,
 ) -> Scheduler:
-    """A scheduler as vLLM's engine core builds one: one full-attention group; with
-    `kv_cache_metrics_sample`, vLLM's KV cache metrics collector on at that rate."""
+    """A scheduler as vLLM's engine core builds one: one full-attention group (or
+    `kv_cache_config`'s layout); with `kv_cache_metrics_sample`, vLLM's KV cache metrics
+    collector on at that rate; `parts`: more of `VllmConfig` (a KV connector, KV events)."""
     model_config = ModelConfig(
         model=str(model_dir),
         dtype="float16",
@@ -146,16 +152,18 @@ def make_scheduler(
         model_config=model_config,
         cache_config=cache_config,
         observability_config=observability,
+        **parts,
     )
-    spec = FullAttentionSpec(
-        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
-    )
-    kv_cache_config = KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
-    )
-    cache_config.num_gpu_blocks = NUM_BLOCKS
+    if kv_cache_config is None:
+        spec = FullAttentionSpec(
+            block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
+        )
+        kv_cache_config = KVCacheConfig(
+            num_blocks=NUM_BLOCKS,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+        )
+    cache_config.num_gpu_blocks = kv_cache_config.num_blocks
     register_all_kvcache_specs(vllm_config)
     cls = AsyncScheduler if async_scheduling else Scheduler
     return cls(
