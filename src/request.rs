@@ -291,7 +291,21 @@ impl Request {
 
     /// The tagged extra keys of token range `[start, end)`, as hashed (None if none).
     pub fn block_extra_keys(&self, start: usize, end: usize) -> Option<Vec<KeyValue>> {
-        let src = Self::key_sources(&self.options);
+        self.options.block_extra_keys(start, end)
+    }
+
+    /// The untagged extra keys of token range `[start, end)` that a `BlockStored` event
+    /// publishes (vLLM's `to_event_extra_keys` of the block's keys; None if none).
+    pub fn event_extra_keys(&self, start: usize, end: usize) -> Option<Vec<KeyValue>> {
+        self.options.event_extra_keys(start, end)
+    }
+}
+
+impl RequestOptions {
+    /// The tagged extra keys of token range `[start, end)` of a request with these
+    /// options, as hashed (None if none).
+    pub fn block_extra_keys(&self, start: usize, end: usize) -> Option<Vec<KeyValue>> {
+        let src = Request::key_sources(self);
         let idx = mm_resume_index(src.mm_features, start);
         src.block_keys(start, end, idx).0.map(|k| k.to_tagged())
     }

@@ -22,6 +22,7 @@ use crate::hashing::{
 };
 use crate::python::errors::{int_overflow, invalid_argument, invalid_type};
 use crate::python::vllm_reads::{lora_request, mm_feature, placeholder_range, request as attr};
+use crate::request::RequestOptions;
 use crate::types::BlockHash;
 
 /// Spans at least this many tokens are hashed with the GIL released.
@@ -160,6 +161,21 @@ fn lora_of<'py>(
     };
     strs.objects.extend([Some(name), Some(path)]);
     Ok(Some(adapter))
+}
+
+/// The extra-key sources of a vLLM `request` that its `BlockStored` events publish: its
+/// LoRA adapter, cache salt and multimodal items; None when it has none. (Not its prompt
+/// embeddings: their digests would need vLLM's `tensor_data`, which only the hasher holds.)
+pub(crate) fn event_key_options(request: &Bound<'_, PyAny>) -> PyResult<Option<RequestOptions>> {
+    let mut strs = KeyStrs::default();
+    let options = RequestOptions {
+        lora: lora_of(request, &mut strs)?,
+        cache_salt: salt_of(request, &mut strs)?,
+        mm_features: mm_features_of(request, 0, &mut strs)?,
+        prompt_embeds: None,
+    };
+    let none = options.lora.is_none() && options.cache_salt.is_none();
+    Ok((!none || !options.mm_features.is_empty()).then_some(options))
 }
 
 /// `request.cache_salt`.

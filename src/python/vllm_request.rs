@@ -15,9 +15,10 @@ use crate::attention::RequestView;
 use crate::events::event::{EventExtraKeys, StoredBlockSource};
 use crate::pool::RetentionHints;
 use crate::python::errors::invalid_type;
+use crate::python::request_hasher::event_key_options;
 use crate::python::vllm_reads::{lora_request, request as attr, request_status};
-use crate::request::Request;
 use crate::request::SlotHint;
+use crate::request::{Request, RequestOptions};
 use crate::request_fields::RequestFields;
 use crate::types::BlockHash;
 
@@ -192,6 +193,9 @@ pub(crate) struct VllmRequest<'a> {
     lora: Option<(i64, String)>,
     session_id: Option<String>,
     hints: RetentionHints,
+    /// The extra-key sources its `BlockStored` events publish, where it has any (read
+    /// with the tokens).
+    event_keys: Option<Box<RequestOptions>>,
 }
 
 /// The request's id object.
@@ -243,10 +247,10 @@ impl<'a> VllmRequest<'a> {
         } else {
             None
         };
-        let session_id = if fields.event_tokens {
-            session_of(&a)?
+        let (session_id, event_keys) = if fields.event_tokens {
+            (session_of(&a)?, event_key_options(request)?.map(Box::new))
         } else {
-            None
+            (None, None)
         };
         let hints = if fields.retention {
             retention_hints_of(&a, lora.as_ref())?
@@ -290,6 +294,7 @@ impl<'a> VllmRequest<'a> {
             lora,
             session_id,
             hints,
+            event_keys,
         })
     }
 }
@@ -351,8 +356,8 @@ impl StoredBlockSource for VllmRequest<'_> {
     fn token_ids(&self) -> &[u32] {
         &self.memo.tokens
     }
-    fn event_extra_keys(&self, _start: usize, _end: usize) -> EventExtraKeys {
-        None
+    fn event_extra_keys(&self, start: usize, end: usize) -> EventExtraKeys {
+        self.event_keys.as_ref()?.event_extra_keys(start, end)
     }
     fn lora_id(&self) -> Option<i64> {
         self.lora.as_ref().map(|l| l.0)

@@ -126,6 +126,30 @@ def test_same_answers_as_vllm_call_by_call() -> None:
     assert ours.usage == stock.usage
 
 
+def test_stored_events_carry_each_blocks_extra_keys_as_vllms() -> None:
+    """A salted LoRA request with two images: each `BlockStored` names its blocks' keys
+    (the salt on the first, the adapter on all, the images where they fall), as vLLM's."""
+    from test_vllm_hasher import mm_features
+    from vllm.lora.request import LoRARequest
+
+    stock, ours = managers(config(), enable_kv_cache_events=True)
+    for mgr in (stock, ours):
+        req = Request(
+            "r",
+            list(range(200, 200 + 5 * BS)),
+            SamplingParams(max_tokens=8),
+            None,
+            lora_request=LoRARequest("adapter", 3, "/adapters/a"),
+            cache_salt="tenant",
+            mm_features=mm_features([("img-a", 4, 20), ("img-b", 50, 8)]),
+            block_hasher=get_request_block_hasher(BS, sha256),
+        )
+        admit(mgr, req)
+    events = ours.take_events()
+    assert events == stock.take_events()
+    assert [len(k) for k in events[0].extra_keys] == [3, 2, 1, 2, 1]
+
+
 def test_computed_token_blocks_and_cut_lookups_as_vllm() -> None:
     """`get_block_ids_for_computed_tokens` and `truncate_computed_blocks` of a hybrid
     model: the core decides per attention type, no vLLM class name is read."""

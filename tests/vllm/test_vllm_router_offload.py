@@ -17,10 +17,12 @@ request whose prefill completes and reports every transfer job of the step done.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,8 @@ pytest.importorskip(
     reason="needs the offloading connector's event tracker (vLLM 0.32 and later)",
 )
 
+import kvblocks.vllm  # noqa: E402
+import vllm.v1.core.kv_cache_utils as kv_cache_utils  # noqa: E402
 from kvblocks.router import KVIndex, Subscriber  # noqa: E402
 from test_vllm_router import assert_exact, wait_until_ingested  # noqa: E402
 from test_vllm_scheduler import BLOCK_SIZE as BS  # noqa: E402
@@ -47,7 +51,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # 
 )
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
@@ -61,6 +64,8 @@ MAX_MODEL_LEN = 2048  # make_scheduler's
 EOS = 2
 PROBES = int(os.environ.get("KVBLOCKS_ROUTER_PROBES", "2"))
 STEPS = 150
+# vLLM's CPU tier has a cache policy factory (kvblocks registers in 0.33's).
+POLICY_FACTORY = importlib.util.find_spec("vllm.v1.kv_offload.cpu.policies.factory") is not None
 SALTS = [None, None, None, "tenant-a"]
 # (name, GPU blocks, blocks a chunk, CPU chunks, self-describing events, groups)
 ENGINES = [
@@ -88,6 +93,7 @@ def make_engine(
     cpu_chunks: int,
     described: bool,
     groups: int,
+    policy: str,
     model: Path,
     where: str,
 ) -> Engine:
@@ -118,13 +124,16 @@ def make_engine(
                 "cpu_bytes_to_use": 4096 * cpu_chunks,
                 "block_size": BS * per_chunk,
                 "self_describing_kv_events": described,
+                "eviction_policy": policy,
             },
         ),
         kv_events_config=KVEventsConfig(
             enable_kv_cache_events=True, publisher="zmq", endpoint=pub, replay_endpoint=replay
         ),
     )
-    assert sched.connector.connector_scheduler.manager._num_chunks == cpu_chunks
+    cpu = sched.connector.connector_scheduler.manager
+    assert cpu._num_chunks == cpu_chunks
+    assert type(cpu._policy).__module__.startswith("kvblocks") == (policy != "lru")
     engine = Engine(name, sched, BS * per_chunk, kv_cache_config)
     publish = sched.kv_event_publisher.publish
 
@@ -144,16 +153,12 @@ def endpoints(where: str) -> tuple[str, str]:
     return f"ipc://{where}-pub", f"ipc://{where}-replay"
 
 
-HASHER = None
-
-
 def request(rid: str, tokens: list[int], salt: str | None, max_tokens: int = 1) -> Any:
-    global HASHER
-    if HASHER is None:
-        HASHER = get_request_block_hasher(BS, sha256)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     params.update_from_generation_config({}, EOS)
-    return Request(rid, tokens, params, None, cache_salt=salt, block_hasher=HASHER)
+    # Looked up now: install() swaps the module attribute.
+    hasher = kv_cache_utils.get_request_block_hasher(BS, sha256)
+    return Request(rid, tokens, params, None, cache_salt=salt, block_hasher=hasher)
 
 
 class Traffic:
@@ -234,9 +239,35 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_the_index_answers_what_the_cpu_tier_would(tmp_path: Path, model_dir: Path) -> None:
-    init_none_hash(sha256)
-    engines = [make_engine(*spec, model_dir, f"{tmp_path}/{spec[0]}") for spec in ENGINES]
+@pytest.fixture(params=["vllm", "kvblocks"])
+def source(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """Whose code the engines run, and the CPU tier's cache policy: vLLM's own, or
+    kvblocks installed in vLLM (its KVCacheManager and hashing, and kvblocks' LRU policy
+    for the CPU tier where vLLM takes it, 0.33). Uninstalled afterwards whatever happened."""
+    policy = "lru"
+    if request.param == "kvblocks":
+        if POLICY_FACTORY:
+            from kvblocks.vllm import _offload
+            from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
+
+            _offload.register()  # kvblocks' CPU tier policies in vLLM's factory (0.33)
+            if "kvblocks-lru" in CachePolicyFactory._registry:
+                policy = "kvblocks-lru"
+        kvblocks.vllm.install()
+    try:
+        yield request.param, policy
+    finally:
+        kvblocks.vllm.uninstall()
+
+
+def test_the_index_answers_what_the_cpu_tier_would(
+    tmp_path: Path, model_dir: Path, source: tuple[str, str]
+) -> None:
+    kv_cache_utils.init_none_hash(sha256)
+    who, policy = source
+    engines = [make_engine(*spec, policy, model_dir, f"{tmp_path}/{spec[0]}") for spec in ENGINES]
+    manager = type(engines[0].sched.kv_cache_manager).__module__
+    assert manager.startswith("kvblocks") == (who == "kvblocks"), manager
     index = KVIndex()
     traffic = Traffic(5)
     try:
