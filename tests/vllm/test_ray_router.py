@@ -17,7 +17,9 @@ turns). Skipped where vLLM cannot run a model or ray[serve] is missing
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import random
 import time
@@ -113,7 +115,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         first, rest = code.split("\n", 1)
         assert first.startswith("model_dir = "), first
         recipe: dict[str, Any] = {"model_dir": str(model)}
-        exec(compile(rest, str(README), "exec"), recipe)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(rest, str(README), "exec"), recipe)
+        # It prints what its last line's comment says.
+        assert out.getvalue().strip() == rest.rstrip().rsplit("# ", 1)[1]
         yield Fleet(str(model), turns, recipe)
     finally:
         serve.shutdown()
