@@ -122,9 +122,11 @@ def test_routes_active_blocks_and_a_dropped_replica() -> None:
         assert router.active_blocks("a") == 4
         router.on_request_completed(replicas[0].replica_id, "q-internal")
         assert router.active_blocks("a") == 0
+        assert router.announced("a") == replicas[0].routing_stats["kvblocks"]
         del router._replicas[replicas[0].replica_id]
         router._sync()
         assert sorted(router.index.engines()) == ["b", "c"]
+        assert router.announced("a") is None
     finally:
         router.shutdown()
 

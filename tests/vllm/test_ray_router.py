@@ -184,6 +184,7 @@ def test_kv_router_predicts_hits_and_beats_power_of_two(fleet: Fleet) -> None:
     for e in engines:
         settle(router, e)
         assert router.index.status(e)["freshness"] == "exact"
+        assert router.announced(e)["manager"] == "kvblocks"
     before = len(router.routes)
     kv = send(recipe["handle"], fleet.turns[:TURNS], router)
     routes = list(router.routes)[before:]

@@ -306,6 +306,11 @@ class KVRouter(RequestRouter):  # type: ignore[misc]
         if engine in self._active:
             self._active[engine] -= blocks
 
+    def announced(self, replica: str) -> dict[str, Any] | None:
+        """What ``replica`` last announced (its routing stats' ``"kvblocks"``), if it is
+        indexed."""
+        return self._stats.get(replica)
+
     def active_blocks(self, replica: str) -> int:
         """The prompt blocks of the requests this router sent to ``replica`` that have not
         completed: the load term of Dynamo's cost."""
