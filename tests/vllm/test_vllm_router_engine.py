@@ -79,8 +79,8 @@ def settle(sub: Subscriber, index: KVIndex, names: set[str]) -> None:
         assert index.status(n)["freshness"] == "exact", index.status(n)
 
 
-def test_predicted_hits_equal_the_engines_num_cached_tokens(tmp_path: Path) -> None:
-    model = tmp_path / "llama"
+def make_model(model: Path) -> None:
+    """Writes the tiny random Llama to `model` (`vllm_engine_run.py model`)."""
     subprocess.run(
         [sys.executable, str(Path(engine_run.__file__)), "model", str(model)],
         env=child_env(),
@@ -88,6 +88,11 @@ def test_predicted_hits_equal_the_engines_num_cached_tokens(tmp_path: Path) -> N
         capture_output=True,
         timeout=START_TIMEOUT,
     )
+
+
+def test_predicted_hits_equal_the_engines_num_cached_tokens(tmp_path: Path) -> None:
+    model = tmp_path / "llama"
+    make_model(model)
     engines = [EngineProcess(f"engine{i}", model, tmp_path) for i in range(2)]
     index = KVIndex()
     config = kb.KVCacheConfig(

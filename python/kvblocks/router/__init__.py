@@ -4,7 +4,9 @@ the engine's own rules (docs/router.md).
 
 `KVIndex` is the Rust index (`kvblocks._core`); `Subscriber` feeds it from the engines'
 ZMQ publishers (needs pyzmq), recovering gaps from their replay sockets; `RouterMetrics`
-exports each engine's freshness and stream counters to Prometheus.
+exports each engine's freshness and stream counters to Prometheus. `kvblocks.router.ray`
+(optional: ``pip install 'kvblocks[ray]'``, imported only when asked for) routes a Ray
+Serve deployment on the index.
 """
 
 from __future__ import annotations

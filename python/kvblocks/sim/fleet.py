@@ -29,6 +29,9 @@ Routers (:data:`ROUTERS`):
   blocks minus the engine's hit) + load_weight * active blocks`` (blocks of its running
   and waiting requests; ``load_weight`` 1 unless given), then fewer requests, then the
   lowest index.
+
+Both rules are :func:`kvblocks.router._policy.route_scores`, which the Ray Serve router
+(:mod:`kvblocks.router.ray`) shares.
 """
 
 from __future__ import annotations
@@ -43,6 +46,11 @@ from typing import Any
 
 from kvblocks._core import InvalidArgumentError, encode_event_batch
 from kvblocks.router import KVIndex
+from kvblocks.router._policy import (
+    DEFAULT_CACHE_THRESHOLD,
+    DEFAULT_KV_AWARE_WEIGHT,
+    route_scores,
+)
 from kvblocks.sim.backends import Backend
 from kvblocks.sim.ceilings import CeilingResult
 from kvblocks.sim.engine import (
@@ -71,13 +79,6 @@ ROUTERS = ("round-robin", "least-loaded", "prefix-aware", "kv-aware")
 
 INDEXED_ROUTERS = ("prefix-aware", "kv-aware")
 """The routers that read the engines' caches (their engines publish events)."""
-
-DEFAULT_KV_AWARE_WEIGHT = 1.0
-"""``kv-aware``: the weight of an engine's active blocks in Dynamo's cost, unless given."""
-
-DEFAULT_CACHE_THRESHOLD = 0.3
-"""``prefix-aware``: the cached share of a request's blocks above which it follows its
-prefix (the SGLang Model Gateway's ``cache_threshold`` default)."""
 
 
 def router_index(backends: Sequence[Backend]) -> KVIndex:
@@ -206,14 +207,18 @@ class Fleet:
         hits = self.index.hits_from_hashes(req.block_hashes, req.num_tokens)
         b = self._block
         match = [hits[str(e)].gpu_tokens // b for e in range(n)]
-        nk = len(req.block_hashes)
         w = self.load_weight
-        if w == 0:
-            if max(match, default=0) <= self.cache_threshold * nk:
-                return min(range(n), key=lambda e: (loads[e], -match[e], e))
-            return min(range(n), key=lambda e: (-match[e], loads[e], e))
-        cost = [nk - match[e] + w * self.active_blocks(e) for e in range(n)]
-        return min(range(n), key=lambda e: (cost[e], loads[e], e))
+        active = [self.active_blocks(e) for e in range(n)] if w > 0 else None
+        score = route_scores(
+            match,
+            len(req.block_hashes),
+            load_weight=w,
+            cache_threshold=self.cache_threshold,
+            active_blocks=active,
+        )
+        if score is None:
+            return min(range(n), key=lambda e: (loads[e], -match[e], e))
+        return min(range(n), key=lambda e: (score[e], loads[e], e))
 
     def active_blocks(self, e: int) -> int:
         """Blocks of the requests running or waiting on engine ``e`` (their tokens over

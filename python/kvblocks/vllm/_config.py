@@ -6,7 +6,10 @@ names what is missing: never a wrong answer at step time.
 
 from __future__ import annotations
 
+import enum
+import types
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import kvblocks as kb
@@ -164,3 +167,75 @@ def convert_config(config: Any) -> kb.KVCacheConfig:
         prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         hisparse_host_num_blocks=getattr(config, "hisparse_host_num_blocks", None),
     )
+
+
+def plain_config(config: Any) -> dict[str, Any]:
+    """vLLM's `KVCacheConfig` as plain data (dicts, lists, strings, numbers, None): the
+    fields `convert_config` reads, each object a dict naming its class under ``"type"``,
+    dtypes as strings (``"torch.bfloat16"``), enums by name, fractions as
+    ``{"type": "Fraction", "value": "1/2"}``. What a vLLM process sends a
+    router that has no vLLM to unpickle vLLM's classes (`kvblocks.router.ray`);
+    `config_from_plain` reads it back."""
+    plain = _plain(config)
+    if not isinstance(plain, dict) or plain.get("type") != "KVCacheConfig":
+        raise UnsupportedConfigError(f"not a vLLM KVCacheConfig: {type(config).__name__}")
+    return plain
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value if isinstance(value, str) else value.name
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Fraction):  # a spec's `tokens_per_state`
+        return {"type": "Fraction", "value": str(value)}
+    cls = type(value)
+    if cls.__module__ == "torch" and cls.__name__ == "dtype":
+        return str(value)
+    name = cls.__name__
+    fields = SPECS[name][1] if name in SPECS else CONFIG_FIELDS.get(name)
+    if fields is None:
+        raise UnsupportedConfigError(f"no plain form for vLLM's {name}")
+    out: dict[str, Any] = {"type": name}
+    for f in (*fields, *OPTIONAL_FIELDS):
+        if hasattr(value, f):
+            out[f] = _plain(getattr(value, f))
+    return out
+
+
+#: Stand-ins for vLLM's classes, by name, for `convert_config` to read plain data with.
+_STAND_INS: dict[str, type] = {}
+
+
+def config_from_plain(plain: Any) -> kb.KVCacheConfig:
+    """kvblocks' `KVCacheConfig` for the plain form of vLLM's (`plain_config`)."""
+    if not isinstance(plain, dict) or plain.get("type") != "KVCacheConfig":
+        raise UnsupportedConfigError(
+            f"not the plain form of a vLLM KVCacheConfig (kvblocks.vllm plain_config): {plain!r}"
+        )
+    try:
+        return convert_config(_unplain(plain))
+    except (AttributeError, KeyError, TypeError) as err:
+        raise UnsupportedConfigError(f"malformed plain KVCacheConfig: {err}") from err
+
+
+def _unplain(value: Any, field: str = "") -> Any:
+    if isinstance(value, list):
+        return tuple(_unplain(v) for v in value)
+    if isinstance(value, dict) and value.get("type") == "Fraction":
+        return Fraction(str(value["value"]))
+    if isinstance(value, dict) and "type" in value:
+        name = str(value["type"])
+        if name not in SPECS and name not in CONFIG_FIELDS:
+            raise UnsupportedConfigError(f"unknown class in a plain KVCacheConfig: {name}")
+        cls = _STAND_INS.setdefault(name, type(name, (types.SimpleNamespace,), {}))
+        return cls(**{k: _unplain(v, k) for k, v in value.items() if k != "type"})
+    if isinstance(value, dict):
+        return {k: _unplain(v) for k, v in value.items()}
+    if field == "role" and isinstance(value, str):
+        return types.SimpleNamespace(value=value)  # vLLM's role is an enum read by value
+    return value
