@@ -14,8 +14,10 @@ WHEELS ?= $(HOME)/.cache/kvblocks-wheels
 # One torch for every venv (.venv and the vLLM ones), installed once and shared by all three
 # (tools/vllm_env/torch_site.sh): the wheelhouse holds one ~3 GB copy, the disk one ~4 GB
 # install.
+# Ray (core; ~17 s to install from the wheelhouse) runs tests/sim/test_sweep_jobs.py's
+# `kvblocks simulate --ray local` sweep.
 DEPS := "maturin>=1.9,<2" "pytest>=8" "hypothesis>=6" numpy msgpack pyzmq matplotlib ruff mypy \
-	prometheus_client tqdm
+	prometheus_client tqdm "ray==2.60.0"
 
 .PHONY: venv deps dev test test-rust test-python lint lint-deps lint-ext fmt bench simulate sim-dev \
 	vllm-env test-vllm vllm-scheduler-tests test-core test-vllm-all

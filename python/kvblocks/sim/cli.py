@@ -18,11 +18,9 @@ import importlib
 import importlib.util
 import json
 import math
-import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any, NoReturn
 
 import kvblocks
@@ -45,6 +43,7 @@ from kvblocks.sim.fleet import (
     merged_result,
 )
 from kvblocks.sim.offload import HostTier, chunk_bytes
+from kvblocks.sim.parallel import RayUnavailableError, run_in_processes, run_on_ray
 from kvblocks.sim.percentiles import percentiles
 from kvblocks.sim.presets import MODEL_PRESETS, KVLayout, model_layout, parse_memory
 from kvblocks.sim.report import (
@@ -554,6 +553,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="--sweep: run the sweep's configurations in N processes at once (default 1); "
         "the report is the same as one after another",
     )
+    o.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run the configurations as tasks on a Ray cluster (ray.init(address=ADDRESS); "
+        "needs ray): local starts one on this machine for the run, auto attaches to the one "
+        "running here (ray start --head); the report is the same as one after another",
+    )
     return ap
 
 
@@ -865,13 +872,18 @@ def _run_parallel(
     values: Sequence[int | RetentionSpec | None],
     vllm: bool,
 ) -> list[Run]:
-    """``--jobs N``: the sweep's configurations in N spawned processes, in sweep order."""
-    ctx = multiprocessing.get_context("spawn")
+    """The sweep's configurations elsewhere, each one :func:`_run_job`, in sweep order: as
+    Ray tasks with ``--ray``, else in ``--jobs`` spawned processes
+    (:mod:`kvblocks.sim.parallel`)."""
     # The namespace without its parser (which holds argparse's local functions).
     plain = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "parser"})
     jobs = [(plain, trace, v, vllm) for v in values]
-    with ProcessPoolExecutor(max_workers=min(args.jobs, len(values)), mp_context=ctx) as ex:
-        return list(ex.map(_run_job, jobs))
+    if args.ray is None:
+        return run_in_processes(_run_job, jobs, args.jobs)
+    try:
+        return run_on_ray(_run_job, jobs, args.ray)
+    except RayUnavailableError as e:
+        raise UsageError(str(e)) from None
 
 
 def _attach_gpu_only(
@@ -897,8 +909,10 @@ def _capacity(args: argparse.Namespace, setup: Setup, trace: Trace, show_progres
     """``--find-max-rate`` / ``--find-min-replicas``: the search, its table or JSON."""
     if args.slo_ttft is None and args.slo_tpot is None:
         raise UsageError("a capacity search needs --slo-ttft and/or --slo-tpot")
-    if args.sweep or args.compare_vllm or args.plot:
-        raise UsageError("a capacity search runs alone: drop --sweep, --compare-vllm, --plot")
+    if args.sweep or args.compare_vllm or args.plot or args.ray is not None:
+        raise UsageError(
+            "a capacity search runs alone: drop --sweep, --compare-vllm, --plot, --ray"
+        )
     step_s = args.step_ms / 1e3
     max_rate = args.find_max_rate
     tqdm = importlib.import_module("tqdm").tqdm
@@ -1019,7 +1033,9 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.find_max_rate or args.find_min_replicas is not None:
         return _capacity(args, setup, trace, show_progress)
     values: Sequence[int | RetentionSpec | None] = args.sweep[1] if args.sweep else [None]
-    if args.jobs > 1 and len(values) > 1:
+    if args.ray is not None and args.jobs > 1:
+        raise UsageError("--ray runs the configurations on the Ray cluster: drop --jobs")
+    if args.ray is not None or (args.jobs > 1 and len(values) > 1):
         runs = _run_parallel(args, trace, values, compare)
     else:
         runs = [_run_one(args, trace, v, show_progress, compare) for v in values]

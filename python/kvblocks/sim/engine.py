@@ -402,7 +402,9 @@ class _Slot:
         self.num_computed = 0
         self.num_out = 0
         self.max_out = len(outputs)
-        self.outputs = outputs  # tok(out_seed, k) for every k, computed at arrival
+        # tok(out_seed, k) for every k, computed at arrival; packed (one read per step, and
+        # the Python ints of a tuple lie all over memory once many requests run)
+        self.outputs = array("q", outputs)
         self.prefill_done = False
         self.preempted = False
         self.finished = False
@@ -471,8 +473,8 @@ class Engine:
         self.result = ReplayResult(
             backend.name,
             self.num_blocks,
-            len(records),
-            sum(r.prompt_len for r in records),
+            0 if opt.external else len(records),  # external: counted as they are submitted
+            0 if opt.external else sum(r.prompt_len for r in records),
             {t: array("q") for t in CALL_TYPES},
         )
         self._digest = hashlib.sha256() if opt.digest else None
@@ -506,9 +508,6 @@ class Engine:
         )
         self.now = 0.0
         """The simulated clock (time model only): the end of the last step."""
-        if opt.external:
-            self.result.requests = 0
-            self.result.prompt_tokens = 0
         for idx, rec in enumerate(records):
             if rec.after is not None:
                 self._followers.setdefault(rec.after, []).append(idx)
@@ -521,6 +520,10 @@ class Engine:
         """Requests finished or rejected."""
         self.step_number = 0
         """The number the next executed step gets."""
+        # what every step calls or appends to, looked up once
+        self._new_step_starts = km.new_step_starts
+        self._release_block_copies = backend.release_block_copies
+        self._s_new_step = self.result.samples["new_step_starts"]
         self._t_wall0 = time.perf_counter()
 
     def arrival_time(self, rec: TraceRequest) -> float:
@@ -634,26 +637,27 @@ class Engine:
             ReplayError: ``max_steps`` reached, or the waiting head never fits an idle
                 cache.
         """
-        if self.done:
-            raise ReplayError("the trace is finished")
         opt, res = self.options, self.result
-        self._arrive()
-        if self.idle:  # every remaining request was rejected: no step to run
-            return StepInfo(self.step_number, 0, 0, 0, 0, self._num_free())
+        if self.num_finished >= res.requests:
+            raise ReplayError("the trace is finished")
+        if self._pending or not (self.running or self.waiting):  # else nothing to arrive
+            self._arrive()
+            if self.idle:  # every remaining request was rejected: no step to run
+                return StepInfo(self.step_number, 0, 0, 0, 0, self._num_free())
         if opt.max_steps and res.steps >= opt.max_steps:
             raise ReplayError(f"max_steps {opt.max_steps} reached at step {self.step_number}")
         pc = time.perf_counter_ns
         if self._advance is not None:
             self._advance_clock()
         t0 = pc()
-        self.backend.manager.new_step_starts()
-        res.samples["new_step_starts"].append(pc() - t0)
+        self._new_step_starts()
+        self._s_new_step.append(pc() - t0)
         scheduled: list[tuple[_Slot, int]] = []
         preemptions_before = res.preemptions
         budget = self._schedule_running(opt.max_num_batched_tokens, scheduled)
         preempted = res.preemptions - preemptions_before
         admitted = 0
-        if not preempted:
+        if not preempted and self.waiting:  # (with nothing waiting, nothing to admit)
             admitted = self._schedule_waiting(budget, scheduled)
         if not scheduled and not self.running:
             head = self.waiting[0] if self.waiting else None
@@ -662,7 +666,7 @@ class Engine:
                 f"({head.num_tokens if head else 0} tokens) into an idle cache of "
                 f"{self.num_blocks} blocks; raise the number of blocks"
             )
-        res.block_copies += self.backend.release_block_copies()
+        res.block_copies += self._release_block_copies()
         hisparse = self.backend.hisparse
         if hisparse is not None:
             sent = hisparse.schedule(
@@ -724,12 +728,7 @@ class Engine:
     def _schedule_running(self, budget: int, scheduled: list[tuple[_Slot, int]]) -> int:
         """Step 2; returns the budget left."""
         res, running = self.result, self.running
-        km = self.backend.manager
-        alloc, free, get_ids = km.allocate_slots, self.backend.free_preempted, km.get_block_ids
         S = res.samples
-        s_dec, s_chunk, s_fail, s_free = (
-            S["alloc_decode"], S["alloc_prefill_chunk"], S["alloc_failed"], S["free"]
-        )  # fmt: skip
         digest_on, ev = self._digest_on, self._ev
         track = self.ceilings is not None
         pc = time.perf_counter_ns
@@ -762,16 +761,27 @@ class Engine:
             if ok and out[-1] is None:
                 ok -= 1
                 batch_failed = True
-            for j in range(ok):
-                n = ns[j]
-                slot = running[j]
-                if digest_on:
-                    ev(f"A {slot.rid} {n} 0 {ids_str(out[j])}\n")
-                if track:
-                    self._stored(slot, slot.num_computed + n)
-                scheduled.append((slot, n))
-                budget -= n
+            if digest_on or track:
+                for j in range(ok):
+                    n = ns[j]
+                    slot = running[j]
+                    if digest_on:
+                        ev(f"A {slot.rid} {n} 0 {ids_str(out[j])}\n")
+                    if track:
+                        self._stored(slot, slot.num_computed + n)
+                    scheduled.append((slot, n))
+                    budget -= n
+            else:
+                scheduled.extend(zip(running[:ok], ns[:ok], strict=True))
+                budget -= sum(ns[:ok])
             i = ok
+        if i >= len(running) or budget <= 0:  # all scheduled (the batch's common case)
+            return budget
+        km = self.backend.manager
+        alloc, free, get_ids = km.allocate_slots, self.backend.free_preempted, km.get_block_ids
+        s_dec, s_chunk, s_fail, s_free = (
+            S["alloc_decode"], S["alloc_prefill_chunk"], S["alloc_failed"], S["free"]
+        )  # fmt: skip
         while i < len(running) and budget > 0:
             slot = running[i]
             req = slot.req
@@ -920,62 +930,66 @@ class Engine:
         pc = time.perf_counter_ns
         if append_batch is not None:
             # Every sampling request gets its token in one call; frees below keep their order.
-            sampled = [slot for slot, n in scheduled if slot.num_computed + n >= slot.num_tokens]
-            if sampled:
-                reqs = [s.req for s in sampled]
-                tokens = [s.outputs[s.num_out] for s in sampled]
+            reqs = [s.req for s, n in scheduled if s.num_computed + n >= s.num_tokens]
+            if reqs:
+                tokens = [s.outputs[s.num_out] for s, n in scheduled
+                          if s.num_computed + n >= s.num_tokens]  # fmt: skip
                 t0 = pc()  # only the call is timed, as for the one-by-one appends
                 append_batch(reqs, tokens)
                 res.append_ns += pc() - t0
                 res.hash_calls += 1
-        finished = 0
+        finished = generated = 0
         timed = self._timed
+        now = self.now  # the end of this step (the model step does not move it)
         for slot, n in scheduled:
             c = slot.num_computed + n
             slot.num_computed = c
             req = slot.req
             req.num_computed_tokens = c
-            if c >= slot.num_tokens:
-                slot.prefill_done = True
-                k = slot.num_out
-                if slot.first_s < 0:
-                    slot.first_s = self.now
-                if append_batch is None:
-                    tok = slot.outputs[k]  # outside the timed window, as driver_vllm.py
-                    t0 = pc()
-                    req.append_output_token_ids(tok)
-                    res.append_ns += pc() - t0
-                    res.hash_calls += 1
-                slot.num_out = k + 1
-                slot.num_tokens += 1
-                res.generated_tokens += 1
-                if k + 1 >= slot.max_out:
-                    if digest_on:
-                        ev(f"F {slot.rid} {ids_str(get_ids(slot.rid))}\n")
-                    t0 = pc()
-                    free(req)
-                    s_free.append(pc() - t0)
-                    slot.finished = True
-                    if self.host is not None:
-                        self.host.finish_request(slot.rid)
-                    finished += 1
-                    self.num_finished += 1
-                    if timed:
-                        now = self.now
-                        res.ttft_s.append(slot.first_s - slot.arrival_s)
-                        res.e2e_s.append(now - slot.arrival_s)
-                        res.finish_s.append(now)
-                        n_later = slot.max_out - 1
-                        tpot = (now - slot.first_s) / n_later if n_later else math.nan
-                        res.tpot_s.append(tpot)
-                        res.finished.append(
-                            FinishedRequest(
-                                slot.rid, slot.arrival_s, slot.first_s - slot.arrival_s, tpot,
-                                now - slot.arrival_s, slot.prompt_len, slot.max_out,
-                                slot.gpu_hit, slot.host_hit, slot.preemptions,
-                            )
-                        )  # fmt: skip
-                    self._release_followers(slot.rid, self.now if timed else self.step_number)
+            if c < slot.num_tokens:  # a prefill chunk short of the prompt's end
+                continue
+            slot.prefill_done = True
+            k = slot.num_out
+            if slot.first_s < 0:
+                slot.first_s = now
+            if append_batch is None:
+                tok = slot.outputs[k]  # outside the timed window, as driver_vllm.py
+                t0 = pc()
+                req.append_output_token_ids(tok)
+                res.append_ns += pc() - t0
+                res.hash_calls += 1
+            k += 1
+            slot.num_out = k
+            slot.num_tokens += 1
+            generated += 1
+            if k < slot.max_out:
+                continue
+            if digest_on:
+                ev(f"F {slot.rid} {ids_str(get_ids(slot.rid))}\n")
+            t0 = pc()
+            free(req)
+            s_free.append(pc() - t0)
+            slot.finished = True
+            if self.host is not None:
+                self.host.finish_request(slot.rid)
+            finished += 1
+            self.num_finished += 1
+            if timed:
+                res.ttft_s.append(slot.first_s - slot.arrival_s)
+                res.e2e_s.append(now - slot.arrival_s)
+                res.finish_s.append(now)
+                n_later = slot.max_out - 1
+                tpot = (now - slot.first_s) / n_later if n_later else math.nan
+                res.tpot_s.append(tpot)
+                res.finished.append(
+                    FinishedRequest(
+                        slot.rid, slot.arrival_s, slot.first_s - slot.arrival_s, tpot,
+                        now - slot.arrival_s, slot.prompt_len, slot.max_out,
+                        slot.gpu_hit, slot.host_hit, slot.preemptions,
+                    )
+                )  # fmt: skip
+            self._release_followers(slot.rid, now if timed else self.step_number)
+        res.generated_tokens += generated
         if finished:
             self.running = [s for s in self.running if not s.finished]
         return finished

@@ -178,6 +178,18 @@ class Fleet:
         self._queried = 0
         self._hits = 0
         self._free = [e.num_blocks - 1 for e in self.engines]
+        # Running totals over the engines, kept as each event changes one engine: the sum
+        # of ``_free``, running and waiting requests, finished (or rejected) requests.
+        self._free_sum = sum(self._free)
+        self._running = 0
+        self._waiting = 0
+        self._finished = 0
+        # (clock, engine) of every busy engine, a heap: an engine's clock moves only when it
+        # steps, or when an idle engine is given a request (then it joins the heap).
+        self._busy: list[tuple[float, int]] = []
+        self._names = [str(e) for e in range(n)]
+        # active_blocks per engine, with the (steps, requests) of the engine it counted
+        self._active: list[tuple[int, int, int]] = [(-1, -1, 0)] * n
         self.routed = [0] * n
         self._t0 = time.perf_counter()
 
@@ -187,7 +199,7 @@ class Fleet:
     @property
     def done(self) -> bool:
         """Every request finished."""
-        return sum(e.num_finished for e in self.engines) >= self.total
+        return self._finished >= self.total
 
     def load(self, e: int) -> int:
         """Requests running or waiting on engine ``e``."""
@@ -206,7 +218,7 @@ class Fleet:
             return min(range(n), key=lambda e: (loads[e], e))
         hits = self.index.hits_from_hashes(req.block_hashes, req.num_tokens)
         b = self._block
-        match = [hits[str(e)].gpu_tokens // b for e in range(n)]
+        match = [hits[name].gpu_tokens // b for name in self._names]
         w = self.load_weight
         active = [self.active_blocks(e) for e in range(n)] if w > 0 else None
         score = route_scores(
@@ -224,9 +236,16 @@ class Fleet:
         """Blocks of the requests running or waiting on engine ``e`` (their tokens over
         the block size), as Dynamo's router counts an engine's load."""
         eng = self.engines[e]
+        # counted again only after the engine stepped or was given a request
+        stamp = (eng.result.steps, eng.result.requests)
+        steps, requests, blocks = self._active[e]
+        if (steps, requests) == stamp:
+            return blocks
         b = self._block
         tokens = sum(-(-s.num_tokens // b) for s in eng.running)
-        return tokens + sum(-(-s.num_tokens // b) for s in eng.waiting)
+        blocks = tokens + sum(-(-s.num_tokens // b) for s in eng.waiting)
+        self._active[e] = (*stamp, blocks)
+        return blocks
 
     def _route(self, arrival: float, idx: int) -> None:
         rec = self.trace.requests[idx]
@@ -247,40 +266,54 @@ class Fleet:
         eng.result.request_init_ns += dt
         eng.result.hash_calls += 1
         eng0.result.synth_ns += synth
+        was_idle = eng.idle
+        waiting, finished = len(eng.waiting), eng.num_finished
         eng.submit(idx, req, arrival)
+        self._waiting += len(eng.waiting) - waiting
+        self._finished += eng.num_finished - finished  # a request refused at arrival
+        if was_idle and not eng.idle:
+            heapq.heappush(self._busy, (eng.now, e))
         self.routed[e] += 1
 
     def step(self) -> None:
         """Handles the earliest event: an arrival, or one engine's step."""
-        busy = [e for e in self.engines if not e.idle]
-        nxt = min(busy, key=lambda e: e.now) if busy else None
-        arrivals = self._arrivals
-        if arrivals and (nxt is None or arrivals[0][0] <= nxt.now):
+        arrivals, busy = self._arrivals, self._busy
+        if arrivals and (not busy or arrivals[0][0] <= busy[0][0]):
             arrival, idx = heapq.heappop(arrivals)
             self._route(arrival, idx)
             return
-        if nxt is None:
+        if not busy:
             raise ReplayError("no runnable requests left but the trace is not finished")
-        i = self.engines.index(nxt)
-        n = self.replicas
-        before = nxt.result.first_admission[1:]
+        # the earliest clock, the lowest index among equal ones (as min over the engines)
+        i = heapq.heappop(busy)[1]
+        nxt = self.engines[i]
+        res = nxt.result
+        running, waiting, finished = len(nxt.running), len(nxt.waiting), nxt.num_finished
+        first = res.first_admission
+        queried, hits = first[1], first[2]
         info = nxt.step()
-        after = nxt.result.first_admission
-        self._queried += after[1] - before[0]
-        self._hits += after[2] - before[1]
+        self._queried += first[1] - queried
+        self._hits += first[2] - hits
+        self._running += len(nxt.running) - running
+        self._waiting += len(nxt.waiting) - waiting
+        self._finished += nxt.num_finished - finished
+        if nxt.running or nxt.waiting:
+            heapq.heappush(busy, (nxt.now, i))
         if self.index is not None:
             events = nxt.backend.manager.take_events()
             if events:  # as an engine's publisher: a batch per step with events
-                self.index.ingest(str(i), encode_event_batch(0.0, events))
-        self._free[i] = info.free_blocks
+                self.index.ingest(self._names[i], encode_event_batch(0.0, events))
+        free = info.free_blocks
+        self._free_sum += free - self._free[i]
+        self._free[i] = free
         s = self.series
         s.step.append(len(s.step))
         s.time_s.append(nxt.now)
-        s.free_blocks.append(sum(self._free) // n)  # the mean engine's free blocks
+        s.free_blocks.append(self._free_sum // self.replicas)  # the mean engine's free blocks
         s.queried.append(self._queried)
         s.hits.append(self._hits)
-        s.running.append(sum(len(e.running) for e in self.engines))
-        s.waiting.append(sum(len(e.waiting) for e in self.engines))
+        s.running.append(self._running)
+        s.waiting.append(self._waiting)
         s.preemptions.append(info.preempted)
 
     def run(self) -> FleetResult:

@@ -358,6 +358,9 @@ class StepTimeModel:
                 )
             )  # fmt: skip
         self._acc = [0.0] * len(TERMS)  # seconds per part over the steps step_time timed
+        # _parts' terms by token count and by request count (the model is fixed once built)
+        self._by_tokens: dict[int, tuple[float, float, float, float]] = {}
+        self._by_reqs: dict[int, float] = {}
 
     # ---------------------------------------------------------------- kernels
     def _gemm(self, m: int, g: _Gemm) -> float:
@@ -378,13 +381,10 @@ class StepTimeModel:
         ring = 2.0 * (t - 1) / t * nbytes / (self.link * self.cal.link_efficiency)
         return self.cal.all_reduce_launch_s + ring
 
-    def _parts(self, batch: Sequence[tuple[int, int]]) -> tuple[int, list[float]]:
-        """Tokens, and seconds per :data:`TERMS` entry."""
+    def _token_terms(self, tokens: int) -> tuple[float, float, float, float]:
+        """The terms that depend only on the step's tokens: GEMMs, elementwise kernels
+        (without the mamba states), KV cache writes and all-reduces."""
         cal = self.cal
-        tokens = 0
-        for _, n in batch:
-            tokens += n
-        reqs = len(batch)
         layers = self.num_layers
         gemm = 0.0
         for g in self._gemms:
@@ -396,9 +396,44 @@ class StepTimeModel:
             + self._elementwise(cal.activation, self.mlp_per_token * tokens)
             + self._elementwise(cal.residual_add, 6.0 * h * tokens)
         )
+        kv_write = 0.0
+        for a in self._attention:
+            kv_write += a.layers * self._elementwise(
+                cal.kv_write, 2.0 * a.kv_bytes_per_token * tokens
+            )
+        ar = 2 * layers * self._all_reduce(2.0 * h * tokens) if self.tp > 1 else 0.0
+        return gemm, ew, kv_write, ar
+
+    def _request_terms(self, reqs: int) -> float:
+        """The logits GEMM and the sampler of ``reqs`` requests."""
+        return self._gemm(reqs, self._logits) + self._elementwise(
+            self.cal.activation, 8.0 * reqs * self.vocab
+        )
+
+    def _parts(self, batch: Sequence[tuple[int, int]]) -> tuple[int, list[float]]:
+        """Tokens, and seconds per :data:`TERMS` entry.
+
+        The terms of the token count alone and of the request count alone are computed once
+        per count (the same floats every time), the attention per step."""
+        cal = self.cal
+        tokens = 0
+        for _, n in batch:
+            tokens += n
+        reqs = len(batch)
+        by_tokens = self._by_tokens.get(tokens)
+        if by_tokens is None:
+            if len(self._by_tokens) >= _MEMO_SIZE:
+                self._by_tokens.clear()
+            by_tokens = self._by_tokens[tokens] = self._token_terms(tokens)
+        gemm, ew, kv_write, ar = by_tokens
+        head = self._by_reqs.get(reqs)
+        if head is None:
+            if len(self._by_reqs) >= _MEMO_SIZE:
+                self._by_reqs.clear()
+            head = self._by_reqs[reqs] = self._request_terms(reqs)
         if self._state_bytes:
             ew += self._state_bytes * reqs / (self.bw * cal.norm.efficiency)
-        prefill = decode = kv_write = 0.0
+        prefill = decode = 0.0
         peak, bw = self.peak, self.bw
         pl, pe, pq, ps = (
             cal.prefill_launch_s, cal.prefill_efficiency, cal.prefill_half_q,
@@ -428,13 +463,6 @@ class StepTimeModel:
                 dec = (ctx + b * cal.decode_request_tokens) * a.kv_bytes_per_token / (bw * eff)
                 decode += a.layers * (cal.decode_launch_s + dec)
             prefill += a.layers * pre
-            kv_write += a.layers * self._elementwise(
-                cal.kv_write, 2.0 * a.kv_bytes_per_token * tokens
-            )
-        head = self._gemm(reqs, self._logits) + self._elementwise(
-            cal.activation, 8.0 * reqs * self.vocab
-        )
-        ar = 2 * layers * self._all_reduce(2.0 * h * tokens) if self.tp > 1 else 0.0
         return tokens, [gemm, prefill, decode, kv_write, ew, head, ar, self.cpu_s]
 
     # ---------------------------------------------------------------- public
@@ -463,6 +491,9 @@ class StepTimeModel:
         """The all-reduces' fraction of the timed steps (0 without tensor parallelism)."""
         return self.shares()["all_reduce"]
 
+
+_MEMO_SIZE = 1 << 16
+"""The most token (or request) counts whose terms a model keeps; more start the memo over."""
 
 _ATTENTION = ("full", "sliding_window", "chunked_local", "mla", "sliding_window_mla")
 _LAYER_KINDS = (*_ATTENTION, "mamba", "circular_buffer")
