@@ -35,6 +35,10 @@ pub(crate) struct RequestMemo {
     hint: SlotHint,
     hashes: Vec<BlockHash>,
     tokens: Vec<u32>,
+    /// The extra-key sources its `BlockStored` events publish (`Some(None)`: it has none),
+    /// read on the first call that may publish: vLLM fixes a request's LoRA adapter, salt
+    /// and multimodal items when it makes it.
+    event_keys: Option<Option<Box<RequestOptions>>>,
 }
 
 /// The memos of the vLLM request objects a manager has seen, by object identity.
@@ -82,6 +86,7 @@ impl RequestMemos {
             hint: SlotHint::new(),
             hashes: Vec::new(),
             tokens: Vec::new(),
+            event_keys: None,
         });
         if let Some(old) = self.by_id.insert(id, addr) {
             // Another object under this id: its memo goes (NOTE 2). `old != addr`, as
@@ -193,9 +198,6 @@ pub(crate) struct VllmRequest<'a> {
     lora: Option<(i64, String)>,
     session_id: Option<String>,
     hints: RetentionHints,
-    /// The extra-key sources its `BlockStored` events publish, where it has any (read
-    /// with the tokens).
-    event_keys: Option<Box<RequestOptions>>,
 }
 
 /// The request's id object.
@@ -247,10 +249,10 @@ impl<'a> VllmRequest<'a> {
         } else {
             None
         };
-        let (session_id, event_keys) = if fields.event_tokens {
-            (session_of(&a)?, event_key_options(request)?.map(Box::new))
+        let session_id = if fields.event_tokens {
+            session_of(&a)?
         } else {
-            (None, None)
+            None
         };
         let hints = if fields.retention {
             retention_hints_of(&a, lora.as_ref())?
@@ -280,6 +282,9 @@ impl<'a> VllmRequest<'a> {
         sync(&mut memo.hashes, &hashes, hash_of)?;
         if fields.event_tokens {
             sync(&mut memo.tokens, &tokens, token_of)?;
+            if memo.event_keys.is_none() {
+                memo.event_keys = Some(event_key_options(request)?.map(Box::new));
+            }
         }
         Ok(Self {
             num_tokens: tokens.len(),
@@ -294,7 +299,6 @@ impl<'a> VllmRequest<'a> {
             lora,
             session_id,
             hints,
-            event_keys,
         })
     }
 }
@@ -357,7 +361,11 @@ impl StoredBlockSource for VllmRequest<'_> {
         &self.memo.tokens
     }
     fn event_extra_keys(&self, start: usize, end: usize) -> EventExtraKeys {
-        self.event_keys.as_ref()?.event_extra_keys(start, end)
+        self.memo
+            .event_keys
+            .as_ref()?
+            .as_ref()?
+            .event_extra_keys(start, end)
     }
     fn lora_id(&self) -> Option<i64> {
         self.lora.as_ref().map(|l| l.0)

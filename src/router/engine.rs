@@ -214,7 +214,7 @@ impl EngineInfo {
         if max_hit < aligned + chunk {
             return 0;
         }
-        (max_hit).saturating_sub(gpu_tokens)
+        max_hit.saturating_sub(gpu_tokens)
     }
 }
 
